@@ -1,0 +1,209 @@
+"""Eviction policies: the shared contract for every registered policy, ARC's own behaviour,
+and the registry."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Container, Iterable
+
+import pytest
+
+import tiering.policies as policies
+from tiering.errors import ConfigError, UnknownNameError
+from tiering.policies import (
+    ARCPolicy,
+    EvictionPolicy,
+    LRUPolicy,
+    create_policy,
+    get_policy_class,
+    policy_names,
+    register_policy,
+)
+from tiering.policies.testing import MakePolicy, PolicyContract
+from tiering.primary import PrimaryPool
+
+
+class TestEveryRegisteredPolicy(PolicyContract):
+    @pytest.fixture(params=policy_names())
+    def make_policy(self, request: pytest.FixtureRequest) -> MakePolicy:
+        cls = get_policy_class(request.param)
+        return lambda capacity: cls(capacity)  # type: ignore[return-value]
+
+
+class FIFOPolicy(EvictionPolicy[object, object]):
+    """A minimal custom policy: first in, first out; touches are ignored."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.entries: OrderedDict[object, object] = OrderedDict()
+
+    def get(self, key: object) -> object | None:
+        return self.entries.get(key)
+
+    def insert(self, key: object, value: object) -> None:
+        self.entries[key] = value
+
+    def remove(self, key: object) -> object:
+        return self.entries.pop(key)
+
+    def touch(self, keys: Iterable[object]) -> None:
+        pass
+
+    def evict(self, n: int, protected: Container[object]) -> list[tuple[object, object]] | None:
+        victims = [k for k in self.entries if k not in protected][:n]
+        if len(victims) < n:
+            return None
+        return [(k, self.entries.pop(k)) for k in victims]
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.entries
+
+
+@pytest.fixture
+def clean_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(policies, "_registry", dict(policies._registry))
+
+
+class TestRegistry:
+    def test_builtins(self) -> None:
+        assert policy_names() == ["arc", "lru"]
+        assert get_policy_class("lru") is LRUPolicy and get_policy_class("arc") is ARCPolicy
+        assert isinstance(create_policy("arc", 8), ARCPolicy)
+
+    def test_unknown_name_lists_known_and_suggests(self) -> None:
+        with pytest.raises(
+            UnknownNameError,
+            match=r"unknown eviction policy 'lur' \(did you mean 'lru'\?\); known: arc, lru",
+        ):
+            get_policy_class("lur")
+        with pytest.raises(ValueError, match="known: arc, lru"):
+            create_policy("belady", 4)
+
+    @pytest.mark.usefixtures("clean_registry")
+    def test_custom_policy_class(self) -> None:
+        register_policy("fifo", FIFOPolicy)
+        assert "fifo" in policy_names()
+        pool = PrimaryPool(2, "fifo")
+        keys = [bytes([i]) * 8 for i in range(3)]
+        grant = pool.prepare_store(keys[:2])
+        assert grant is not None
+        pool.complete_store(grant.keys)
+        pool.touch([keys[0]])  # ignored by FIFO
+        grant = pool.prepare_store([keys[2]])
+        assert grant is not None and grant.evicted == (keys[0],)
+
+    @pytest.mark.usefixtures("clean_registry")
+    def test_custom_policy_by_import_path(self) -> None:
+        register_policy("lru2", "tiering.policies.lru:LRUPolicy")
+        assert get_policy_class("lru2") is LRUPolicy
+
+    @pytest.mark.usefixtures("clean_registry")
+    def test_bad_registrations(self) -> None:
+        with pytest.raises(ConfigError, match="already registered"):
+            register_policy("lru", FIFOPolicy)
+        with pytest.raises(ConfigError, match="must be lowercase"):
+            register_policy("My Policy", FIFOPolicy)
+        with pytest.raises(ConfigError, match="not an EvictionPolicy subclass"):
+            register_policy("dict", dict)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="expected 'package.module:Class'"):
+            register_policy("nocolon", "tiering.policies.lru.LRUPolicy")
+        register_policy("missing", "tiering.nowhere:Policy")
+        with pytest.raises(ConfigError, match="cannot import 'tiering.nowhere:Policy'"):
+            get_policy_class("missing")
+        register_policy("notapolicy", "collections:OrderedDict")
+        with pytest.raises(ConfigError, match="is not an EvictionPolicy"):
+            get_policy_class("notapolicy")
+
+
+def _use(policy: EvictionPolicy[str, int], key: str, protected: Container[str] = ()) -> None:
+    """One reference to `key`, the way the primary pool makes it: a hit is a touch; a miss
+    evicts one key if the cache is full, then inserts."""
+    if key in policy:
+        policy.touch([key])
+        return
+    if len(policy) == policy.capacity:
+        assert policy.evict(1, protected) is not None
+    policy.insert(key, 0)
+
+
+class TestARC:
+    def test_scan_does_not_flush_a_frequent_set(self) -> None:
+        hot = [f"hot{i}" for i in range(4)]
+        scan = [f"scan{i}" for i in range(200)]
+        survivors = {}
+        for name in ("arc", "lru"):
+            policy = create_policy(name, 10)
+            for _ in range(3):
+                for key in hot:
+                    _use(policy, key)
+            for key in scan:  # each scanned key is used once, never again
+                _use(policy, key)
+            survivors[name] = sum(key in policy for key in hot)
+        assert survivors["arc"] == 4  # ARC keeps the frequently used set in T2
+        assert survivors["lru"] == 0  # while the same scan flushes LRU (the test can fail)
+
+    def test_ghost_hit_in_b1_grows_target_and_b2_shrinks_it(self) -> None:
+        policy: ARCPolicy[str, int] = ARCPolicy(4)
+        for key in "abcd":
+            policy.insert(key, 0)
+        policy.touch(["c", "d"])  # T1 = a b, T2 = c d
+        assert policy.evict(1, ()) == [("a", 0)]  # |T1| = 2 > p = 0: from T1, into B1
+        assert policy.lists() == (["b"], ["c", "d"], ["a"], [])
+        policy.insert("a", 1)  # a ghost hit in B1: p += max(|B2|/|B1|, 1) = 1; "a" goes to T2
+        assert policy.p == 1.0
+        assert policy.lists() == (["b"], ["c", "d", "a"], [], [])
+        assert policy.evict(1, ()) == [("c", 0)]  # |T1| = 1 is not > p = 1: from T2, into B2
+        policy.insert("e", 0)  # an unknown key goes to T1
+        assert policy.evict(1, ()) == [("b", 0)]  # |T1| = 2 > p: from T1, into B1
+        assert policy.lists() == (["e"], ["d", "a"], ["b"], ["c"])
+        policy.insert("c", 2)  # a ghost hit in B2: p -= max(|B1|/|B2|, 1) = 1
+        assert policy.p == 0.0
+        assert policy.lists() == (["e"], ["d", "a", "c"], ["b"], [])
+
+    def test_target_grows_faster_when_b2_is_larger(self) -> None:
+        policy: ARCPolicy[str, int] = ARCPolicy(4)
+        policy.insert_many(list("abcd"), [0] * 4)
+        policy.touch(list("abc"))  # T1 = d, T2 = a b c
+        policy.p = 2.0
+        assert [k for k, _ in policy.evict(3, ())] == ["a", "b", "c"]  # |T1| = 1 <= p: T2
+        policy.insert_many(["x", "y"], [0, 0])
+        assert [k for k, _ in policy.evict(1, {"x", "y"})] == ["d"]  # |T1| = 3 > p: T1's LRU
+        assert policy.lists()[2:] == (["d"], ["a", "b", "c"])
+        policy.insert("d", 0)  # B1 hit with |B2| = 3, |B1| = 1: p += 3
+        assert policy.p == 4.0  # capped at the capacity
+
+    def test_protected_lru_of_t1_falls_back_to_next(self) -> None:
+        policy: ARCPolicy[str, int] = ARCPolicy(3)
+        policy.insert_many(["a", "b", "c"], [0, 1, 2])
+        assert policy.evict(1, {"a"}) == [("b", 1)]
+        assert policy.lists() == (["a", "c"], [], ["b"], [])
+
+    def test_directory_bounds_hold_under_random_use(self) -> None:
+        rng = random.Random(7)
+        c = 20
+        policy: ARCPolicy[str, int] = ARCPolicy(c)
+        for _ in range(20000):
+            key = f"k{int(rng.paretovariate(1.2)) % 120}"
+            _use(policy, key)
+            t1, t2, b1, b2 = policy.lists()
+            assert len(t1) + len(t2) <= c
+            assert len(t1) + len(b1) <= c
+            assert len(t1) + len(t2) + len(b1) + len(b2) <= 2 * c
+            assert 0.0 <= policy.p <= c
+            assert not set(t1 + t2) & set(b1 + b2)
+
+    def test_clear_resets_target_and_ghosts(self) -> None:
+        policy: ARCPolicy[str, int] = ARCPolicy(2)
+        policy.insert_many(["a", "b"], [0, 0])
+        policy.evict(1, ())
+        policy.insert("a", 0)
+        assert policy.p > 0
+        policy.clear()
+        assert policy.p == 0.0 and policy.lists() == ([], [], [], [])

@@ -1,0 +1,5 @@
+import sys
+
+from tiering.cli import main
+
+sys.exit(main())

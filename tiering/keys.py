@@ -1,0 +1,191 @@
+"""Block keys and namespaces.
+
+A **block key** is `bytes`: vLLM's chained block hash followed by the 4-byte big-endian index of
+the KV-cache group, exactly vLLM 0.32's `OffloadKey` (`make_offload_key`), so keys cross the
+connector without conversion. Its hex form is what tiers store and what operators type; the path
+form fans files out under a directory by the leading bytes of the hash.
+
+A **namespace** is a digest of everything that makes KV bytes interchangeable between two
+engines (`Layout`). Stored objects carry it; a different namespace is a miss, never a load.
+
+Everything here is deterministic across processes, machines and Python versions: digests come
+from SHA-256 over a canonical JSON encoding, never from `hash()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import NewType
+
+from tiering.errors import ConfigError, KeyFormatError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "GROUP_BYTES",
+    "MAX_HASH_BYTES",
+    "NAMESPACE_BYTES",
+    "BlockKey",
+    "Layout",
+    "key_from_hex",
+    "key_from_path",
+    "key_group",
+    "key_hash",
+    "key_hex",
+    "key_path",
+    "make_key",
+]
+
+BlockKey = NewType("BlockKey", bytes)
+"""vLLM's block hash bytes followed by the KV-group index as 4 big-endian bytes."""
+
+GROUP_BYTES = 4
+"""Width of the KV-group index at the end of a key (vLLM's `make_offload_key`)."""
+
+MAX_HASH_BYTES = 64
+"""Longest block hash accepted from outside (sha512); vLLM's default sha256 gives 32."""
+
+NAMESPACE_BYTES = 16
+"""Length of a namespace digest (a truncated SHA-256: 128 bits, collision-free in practice)."""
+
+FORMAT_VERSION = 1
+"""Version of kvtier's on-tier object format and KV byte layout. Part of every namespace, so a
+format change makes old objects foreign (a miss) instead of misread."""
+
+_HEX_DIGITS = frozenset("0123456789abcdef")
+_NAMESPACE_DOMAIN = b"kvtier-namespace\x00"
+
+
+def make_key(block_hash: bytes, group: int = 0) -> BlockKey:
+    """Build the key of a block from vLLM's block hash and the KV-cache group index."""
+    if not block_hash:
+        raise KeyFormatError("block hash is empty")
+    if len(block_hash) > MAX_HASH_BYTES:
+        raise KeyFormatError(
+            f"block hash is {len(block_hash)} bytes; at most {MAX_HASH_BYTES} are accepted"
+        )
+    if not 0 <= group < 1 << (8 * GROUP_BYTES):
+        raise KeyFormatError(f"KV group index {group} does not fit in {GROUP_BYTES} bytes")
+    return BlockKey(bytes(block_hash) + group.to_bytes(GROUP_BYTES, "big"))
+
+
+def key_hash(key: BlockKey) -> bytes:
+    """The block-hash part of a key."""
+    return key[:-GROUP_BYTES]
+
+
+def key_group(key: BlockKey) -> int:
+    """The KV-cache group index of a key."""
+    return int.from_bytes(key[-GROUP_BYTES:], "big")
+
+
+def key_hex(key: BlockKey) -> str:
+    """Lowercase hex of the whole key: the canonical text form stored by tiers."""
+    return key.hex()
+
+
+def key_from_hex(text: str) -> BlockKey:
+    """Parse the canonical hex form of a key; anything else raises `KeyFormatError`.
+
+    Only lowercase hex is canonical: accepting other spellings would give one block two names
+    (two files, two Redis keys).
+    """
+    if not isinstance(text, str):
+        raise KeyFormatError(f"key must be a hex string, got {type(text).__name__}")
+    bad = set(text) - _HEX_DIGITS
+    if bad:
+        shown = "".join(sorted(bad))[:8]
+        raise KeyFormatError(f"key {text[:80]!r} is not lowercase hex (bad characters {shown!r})")
+    if len(text) % 2:
+        raise KeyFormatError(f"key {text[:80]!r} has an odd number of hex digits")
+    n = len(text) // 2
+    if not GROUP_BYTES < n <= GROUP_BYTES + MAX_HASH_BYTES:
+        raise KeyFormatError(
+            f"key {text[:80]!r} is {n} bytes; a key is a 1-{MAX_HASH_BYTES} byte hash "
+            f"plus a {GROUP_BYTES}-byte group index"
+        )
+    return BlockKey(bytes.fromhex(text))
+
+
+def key_path(key: BlockKey, levels: int = 2) -> str:
+    """A relative, path-safe file name for a key, fanned out by its leading hash bytes.
+
+    `levels` directories of one byte each (256 entries per level) keep directories small:
+    `ab/cd/abcd…0000.kv`-style names without the extension, e.g. `ab/cd/abcd…00000000`.
+    """
+    text = key.hex()
+    if len(key) - GROUP_BYTES < levels:
+        raise KeyFormatError(f"key {text!r} is too short for {levels} fan-out levels")
+    parts = [text[2 * i : 2 * i + 2] for i in range(levels)]
+    return "/".join([*parts, text])
+
+
+def key_from_path(path: str) -> BlockKey:
+    """Inverse of `key_path`: the key named by the last component of a relative path."""
+    return key_from_hex(path.rsplit("/", 1)[-1])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """The layout facts that make KV bytes interchangeable; their digest is the namespace.
+
+    Two engines may share a block only when every field is equal. Add a field only together
+    with a `FORMAT_VERSION` bump: the digest covers field names, so a new field alone already
+    changes every namespace.
+    """
+
+    model: str
+    """Model identity as the engine names it: a hub repository id or a local path."""
+    revision: str
+    """Model revision (a commit hash or tag); empty when the engine does not know one."""
+    dtype: str
+    """KV-cache dtype as vLLM names it (`bfloat16`, `fp8_e4m3`); a `torch.` prefix is dropped."""
+    kv_layout: str
+    """The engine's KV-cache memory layout (vLLM 0.32: `LBHNC`), which fixes the byte order."""
+    page_size_bytes: int
+    """Bytes of one engine block on one worker, all layers, padding included."""
+    tokens_per_block: int
+    """Tokens in one kvtier block (one vLLM offload chunk: engine block size x blocks per chunk)."""
+    num_layers: int
+    """Attention layers whose KV the block holds."""
+    num_kv_heads: int
+    """KV heads of the whole model, before tensor-parallel sharding."""
+    head_size: int
+    """Elements per head."""
+    tp_size: int
+    """Tensor-parallel size: how the heads are split across workers' shards."""
+    pp_size: int
+    """Pipeline-parallel size: how the layers are split across workers' shards."""
+    format_version: int = FORMAT_VERSION
+    """kvtier's object format and byte-layout version (`FORMAT_VERSION`)."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type == "str":
+                if not isinstance(value, str):
+                    raise ConfigError(
+                        f"layout.{field.name}: expected a string, got {type(value).__name__}"
+                    )
+                if not value and field.name != "revision":
+                    raise ConfigError(f"layout.{field.name}: must not be empty")
+            elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(
+                    f"layout.{field.name}: expected a positive integer, got {value!r}"
+                )
+        object.__setattr__(self, "dtype", self.dtype.removeprefix("torch."))
+
+    def canonical_json(self) -> bytes:
+        """The canonical encoding the digest is computed from (sorted keys, no spaces, ASCII)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+    def namespace(self) -> bytes:
+        """The namespace digest: the first `NAMESPACE_BYTES` of SHA-256 over the canonical JSON."""
+        return hashlib.sha256(_NAMESPACE_DOMAIN + self.canonical_json()).digest()[:NAMESPACE_BYTES]
+
+    def namespace_hex(self) -> str:
+        """The namespace digest in hex, as shown by the CLI and used in tier key prefixes."""
+        return self.namespace().hex()

@@ -1,0 +1,340 @@
+"""Bookkeeping of the CPU primary tier: which block lives in which slot, and in what state.
+
+The primary tier is a fixed array of slots in one shared-memory region (the bytes live in
+`tiers/`; this module never touches them). Each resident key is in one of three states:
+
+    absent --prepare_store--> WRITING --complete_store(ok)--> READY <--> READING
+       ^                         |                              |    prepare_load /
+       +---complete_store(failed)+                              |    complete_load
+       +--------------------evicted by the policy---------------+    (ref count > 0)
+
+- WRITING: a slot is allocated and a copy into it is in flight; `lookup` answers PENDING.
+- READY: the bytes are in; `lookup` answers HIT; the key may be evicted.
+- READING: READY and pinned by one or more loads (or, later, demotions); never evicted.
+
+A slot that is being written or read is never evicted or reused. The eviction policy (LRU, ARC,
+or a registered one) holds the resident keys with their slots and chooses victims; this class
+owns the states, the ref counts, the free list and the events.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tiering.errors import StateError
+from tiering.keys import BlockKey
+from tiering.policies import EvictionPolicy, create_policy
+
+__all__ = ["KeyState", "LookupResult", "PrimaryEvent", "PrimaryPool", "StoreGrant"]
+
+_WRITING = -1
+_READY = 0
+
+
+class LookupResult(enum.Enum):
+    """What the primary tier can say about a key right now."""
+
+    HIT = "hit"
+    """Ready: a load may be prepared now."""
+    PENDING = "pending"
+    """Being written: ask again next step."""
+    MISS = "miss"
+    """Not here."""
+
+
+class KeyState(enum.Enum):
+    """State of a resident key (see the module docstring)."""
+
+    WRITING = "writing"
+    READY = "ready"
+    READING = "reading"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreGrant:
+    """The answer to a successful `prepare_store`.
+
+    `keys` is the order-preserving subsequence of the requested keys that must be written (the
+    others were present already); `slots[i]` is where `keys[i]` goes. `evicted` lists the keys
+    that were evicted to make room, in eviction order.
+    """
+
+    keys: tuple[BlockKey, ...]
+    slots: tuple[int, ...]
+    evicted: tuple[BlockKey, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrimaryEvent:
+    """Keys that became readable (`removed=False`) or stopped being resident (`removed=True`)."""
+
+    keys: tuple[BlockKey, ...]
+    removed: bool
+
+
+class PrimaryPool:
+    """Slot bookkeeping of the CPU primary tier. Scheduler process, scheduler thread; not
+    thread-safe.
+
+    Every method is synchronous, does no I/O and costs O(keys given) amortized. A caller's
+    misuse (completing a key that is not in flight, loading a key that is not ready) raises
+    `StateError` before anything changes; a broken invariant of this class is an
+    `AssertionError`.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        policy: str | EvictionPolicy[BlockKey, int] = "lru",
+        *,
+        events: bool = False,
+    ) -> None:
+        """`policy` is a registered policy name or an instance sized for `num_slots` keys.
+
+        With `events`, `take_events` reports stored and removed keys (for vLLM's KV events).
+        """
+        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
+            raise ValueError(f"num_slots must be a positive integer, got {num_slots!r}")
+        self.num_slots = num_slots
+        if isinstance(policy, str):
+            policy = create_policy(policy, num_slots)  # type: ignore[assignment]
+        assert isinstance(policy, EvictionPolicy)
+        if len(policy):
+            raise ValueError("the eviction policy must start empty")
+        self._policy: EvictionPolicy[BlockKey, int] = policy
+        # key -> _WRITING, _READY, or the number of readers (> 0). Every key here is resident
+        # in the policy, whose value is the slot.
+        self._ref: dict[BlockKey, int] = {}
+        # Keys whose ref is not _READY, and the subset being written. Kept as sets so that bulk
+        # transitions and the policy's "is this key protected" test run at C speed.
+        self._busy: set[BlockKey] = set()
+        self._writing: set[BlockKey] = set()
+        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() gives slot 0 first
+        self._events: list[PrimaryEvent] | None = [] if events else None
+
+    # -- queries ------------------------------------------------------------------------------
+
+    @property
+    def policy(self) -> EvictionPolicy[BlockKey, int]:
+        return self._policy
+
+    @property
+    def num_used(self) -> int:
+        """Slots holding a key, in any state."""
+        return len(self._ref)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_writing(self) -> int:
+        return len(self._writing)
+
+    @property
+    def num_reading(self) -> int:
+        """Keys pinned by at least one reader."""
+        return len(self._busy) - len(self._writing)
+
+    def lookup(self, key: BlockKey) -> LookupResult:
+        """HIT when ready (pinned or not), PENDING while being written, MISS otherwise.
+
+        Has no effect on recency: a lookup is not a use (vLLM looks keys up again every step
+        while a request waits).
+        """
+        ref = self._ref.get(key)
+        if ref is None:
+            return LookupResult.MISS
+        return LookupResult.PENDING if ref == _WRITING else LookupResult.HIT
+
+    def state(self, key: BlockKey) -> KeyState | None:
+        """The state of a key, or None when it is not resident."""
+        ref = self._ref.get(key)
+        if ref is None:
+            return None
+        if ref == _WRITING:
+            return KeyState.WRITING
+        return KeyState.READY if ref == _READY else KeyState.READING
+
+    def ref_count(self, key: BlockKey) -> int:
+        """Readers of a resident key (0 when ready or being written)."""
+        return max(self._require(key, "ref_count"), 0)
+
+    def slot(self, key: BlockKey) -> int:
+        """The slot of a resident key."""
+        self._require(key, "slot")
+        slot = self._policy.get(key)
+        assert slot is not None, f"resident key {key.hex()} has no slot in the policy"
+        return slot
+
+    def __len__(self) -> int:
+        return len(self._ref)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ref
+
+    # -- store: engine -> primary ---------------------------------------------------------------
+
+    def prepare_store(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
+        """Allocate slots for the keys that are not resident, evicting by policy if needed.
+
+        Keys already resident (in any state) are skipped and are never evicted by this call;
+        duplicates count once. Returns the keys to write with their slots, in the given order,
+        and the evicted keys; or None, changing nothing, when there are not enough free or
+        evictable (ready, unpinned) slots for all of them. New keys are WRITING until
+        `complete_store`.
+        """
+        ref = self._ref
+        wanted = dict.fromkeys(keys)
+        new = [key for key in wanted if key not in ref]
+        if not new:
+            return _EMPTY_GRANT
+        free = self._free
+        shortfall = len(new) - len(free)
+        evicted: list[BlockKey] = []
+        if shortfall > 0:
+            busy = self._busy
+            # Resident, ready keys of this call are protected too: lend them to the busy set
+            # for the duration of the eviction.
+            lent = []
+            if len(new) < len(wanted):
+                lent = [key for key in wanted if ref.get(key) == _READY]
+            # Count first, so that an infeasible request costs O(keys) instead of a policy scan.
+            if shortfall > len(ref) - len(busy) - len(lent):
+                return None
+            busy.update(lent)
+            try:
+                victims = self._policy.evict(shortfall, busy)
+            finally:
+                busy.difference_update(lent)
+            assert victims is not None, f"policy refused to evict {shortfall} evictable keys"
+            for key, slot in victims:
+                del ref[key]
+                free.append(slot)
+                evicted.append(key)
+            if self._events is not None:
+                self._events.append(PrimaryEvent(tuple(evicted), removed=True))
+        n = len(new)
+        slots = free[-n:]
+        slots.reverse()  # the free list is a stack: its end is the next slot to hand out
+        del free[-n:]
+        ref.update(dict.fromkeys(new, _WRITING))
+        self._busy.update(new)
+        self._writing.update(new)
+        self._policy.insert_many(new, slots)
+        return StoreGrant(tuple(new), tuple(slots), tuple(evicted))
+
+    def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
+        """Finish the writes of these keys: READY on success; on failure, free their slots.
+
+        Every key must be WRITING (`StateError` otherwise, and nothing changes).
+        """
+        done = dict.fromkeys(keys)  # ordered, so that events list keys as given
+        writing = self._writing
+        if not done.keys() <= writing:
+            key = next(key for key in done if key not in writing)
+            raise StateError(
+                f"complete_store: key {key.hex()} is {self._describe(key)}, not being written"
+            )
+        writing.difference_update(done)
+        self._busy.difference_update(done)
+        if ok:
+            self._ref.update(dict.fromkeys(done, _READY))
+            if self._events is not None and done:
+                self._events.append(PrimaryEvent(tuple(done), removed=False))
+        else:
+            ref, free, remove = self._ref, self._free, self._policy.remove
+            for key in done:
+                del ref[key]
+                free.append(remove(key))
+
+    # -- load: primary -> engine ----------------------------------------------------------------
+
+    def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
+        """Pin ready keys for reading and return their slots in the given order.
+
+        Each key must be ready (HIT) and appear once (`StateError` otherwise, and nothing
+        changes). Counts as a use of each key, in order, for the eviction policy. A pinned key
+        is never evicted until `complete_load` unpins it.
+        """
+        ref = self._ref
+        for key in keys:
+            r = ref.get(key)
+            if r is None or r == _WRITING:
+                raise StateError(
+                    f"prepare_load: key {key.hex()} is {self._describe(key)}, not ready"
+                )
+        if len(set(keys)) != len(keys):
+            raise StateError("prepare_load: the same key appears more than once")
+        busy_add = self._busy.add
+        for key in keys:
+            r = ref[key]
+            if r == _READY:
+                busy_add(key)
+            ref[key] = r + 1
+        policy = self._policy
+        policy.touch(keys)
+        get = policy.get
+        return [get(key) for key in keys]  # type: ignore[misc]
+
+    def complete_load(self, keys: Iterable[BlockKey]) -> None:
+        """Unpin keys pinned by `prepare_load` (once per key per load)."""
+        ref = self._ref
+        done = dict.fromkeys(keys)
+        for key in done:
+            r = ref.get(key)
+            if r is None or r <= _READY:
+                raise StateError(
+                    f"complete_load: key {key.hex()} is {self._describe(key)}, not being read"
+                )
+        busy_discard = self._busy.discard
+        for key in done:
+            r = ref[key] - 1
+            ref[key] = r
+            if r == _READY:
+                busy_discard(key)
+
+    # -- the rest -------------------------------------------------------------------------------
+
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        """Record a use of each resident key, in order; other keys are ignored."""
+        self._policy.touch(keys)
+
+    def reset(self) -> None:
+        """Forget every key and pin, free every slot and clear the policy (ghosts included).
+
+        For vLLM's `reset_cache`: afterwards no completion of an earlier job arrives. Ready
+        keys are reported as removed; keys still being written were never announced.
+        """
+        if self._events is not None:
+            ready = tuple(key for key, r in self._ref.items() if r != _WRITING)
+            if ready:
+                self._events.append(PrimaryEvent(ready, removed=True))
+        self._ref.clear()
+        self._policy.clear()
+        self._busy.clear()
+        self._writing.clear()
+        self._free = list(range(self.num_slots - 1, -1, -1))
+
+    def take_events(self) -> list[PrimaryEvent]:
+        """Events since the last call, oldest first (empty unless built with `events=True`)."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
+
+    def _require(self, key: BlockKey, what: str) -> int:
+        try:
+            return self._ref[key]
+        except KeyError:
+            raise StateError(f"{what}: key {key.hex()} is not resident") from None
+
+    def _describe(self, key: BlockKey) -> str:
+        state = self.state(key)
+        return "not resident" if state is None else state.value
+
+
+_EMPTY_GRANT = StoreGrant((), (), ())

@@ -1,0 +1,214 @@
+"""Replay a request trace through the real primary pool and measure the prefix hit rate.
+
+The trace format is the Mooncake one (one JSON object per line): `input_length` (tokens) and
+`hash_ids` (prefix block ids, `BLOCK_TOKENS` tokens per block; equal ids mean a reusable prefix),
+plus `timestamp` and `output_length`, which the replay does not need.
+
+Replay semantics (shared/traces/README.md): requests in file order; a request's blocks are
+looked up front to back and count as hit while present, stopping at the first absent one; the
+hit blocks are used in that order (here: pinned by `prepare_load`, which is the use the policy
+sees); then every absent block of the request is stored, evicting by policy but never a block of
+the current request. The hit rate is hit tokens over all tokens of the requests whose index is at
+least `floor(n / 2)`: the first half warms the cache.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tiering.errors import TraceError
+from tiering.keys import BlockKey, make_key
+from tiering.primary import LookupResult, PrimaryPool
+
+__all__ = [
+    "BLOCK_TOKENS",
+    "REFERENCE_HIT_RATES",
+    "ReplayResult",
+    "Trace",
+    "TraceRequest",
+    "load_trace",
+    "replay",
+    "trace_keys",
+]
+
+BLOCK_TOKENS = 512
+"""Tokens per `hash_ids` entry in the Mooncake traces."""
+
+REFERENCE_HIT_RATES: dict[str, dict[str, dict[int, float]]] = {
+    # The Mooncake FAST'25 conversation trace (shared/traces/README.md, "Reference figures"),
+    # keyed by the SHA-256 of its uncompressed JSONL. Printed beside measured figures so a
+    # reader sees at once whether a replay reproduces them; never used as a result.
+    "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df": {
+        "lru": {1638: 5.2, 3276: 7.3, 6553: 15.2, 13107: 25.0, 26214: 32.9},
+        "arc": {1638: 6.5, 3276: 8.4, 6553: 17.7, 13107: 27.5, 26214: 31.9},
+    },
+}
+"""Published prefix hit rates (percent) of known traces: trace digest -> policy -> capacity."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace: its prefix block ids and its prompt length in tokens."""
+
+    hash_ids: tuple[int, ...]
+    input_length: int
+
+    def block_tokens(self) -> list[int]:
+        """Tokens carried by each block: `min(512, input_length - 512*i)`, at least 1."""
+        n = self.input_length
+        return [max(1, min(BLOCK_TOKENS, n - BLOCK_TOKENS * i)) for i in range(len(self.hash_ids))]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """Outcome of one replay. Rates are fractions in [0, 1]."""
+
+    policy: str
+    capacity: int
+    requests: int
+    measured_requests: int
+    """Requests in the measured (second) half."""
+    hit_tokens: int
+    total_tokens: int
+    """Both over the measured half."""
+    block_refs: int
+    """Blocks looked up over the whole trace."""
+    evictions: int
+    unstored_blocks: int
+    """Absent blocks that could not be stored because the request alone exceeds the capacity."""
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.total_tokens if self.total_tokens else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A loaded trace: its requests, where it came from, and the digest of its text."""
+
+    path: Path
+    requests: tuple[TraceRequest, ...]
+    sha256: str
+    """SHA-256 of the uncompressed JSONL, which identifies a trace whatever its file name."""
+
+    def reference_hit_rate(self, policy: str, capacity: int) -> float | None:
+        """The published hit rate (percent) for this trace, policy and capacity, if known."""
+        return REFERENCE_HIT_RATES.get(self.sha256, {}).get(policy, {}).get(capacity)
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Read a JSONL trace (optionally gzip-compressed); a malformed line raises `TraceError`
+    naming the file and the line number."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read trace: {e.strerror or e}") from e
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise TraceError(f"{path}: not a readable gzip file: {e}") from e
+    requests = []
+    for lineno, line in enumerate(io.StringIO(raw.decode("utf-8", errors="replace")), 1):
+        if line.strip():
+            requests.append(_parse_line(line, path, lineno))
+    if not requests:
+        raise TraceError(f"{path}: the trace has no requests")
+    return Trace(path, tuple(requests), hashlib.sha256(raw).hexdigest())
+
+
+def _parse_line(line: str, path: Path, lineno: int) -> TraceRequest:
+    where = f"{path}:{lineno}"
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{where}: not valid JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for field in ("input_length", "hash_ids"):
+        if field not in obj:
+            raise TraceError(f"{where}: missing field {field!r}")
+    length = obj["input_length"]
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise TraceError(f"{where}: input_length must be a non-negative integer, got {length!r}")
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
+        raise TraceError(f"{where}: hash_ids must be a list of non-negative integers")
+    return TraceRequest(tuple(ids), length)
+
+
+def trace_keys(requests: Sequence[TraceRequest]) -> list[list[BlockKey]]:
+    """The block keys of each request, shaped like vLLM's: a 32-byte SHA-256 per distinct hash
+    id (vLLM's default block hash is 32 bytes), KV group 0."""
+    cache: dict[int, BlockKey] = {}
+    out = []
+    for request in requests:
+        keys = []
+        for block_id in request.hash_ids:
+            key = cache.get(block_id)
+            if key is None:
+                digest = hashlib.sha256(block_id.to_bytes(8, "big")).digest()
+                key = cache[block_id] = make_key(digest)
+            keys.append(key)
+        out.append(keys)
+    return out
+
+
+def replay(
+    requests: Sequence[TraceRequest],
+    capacity: int,
+    policy: str = "lru",
+    progress: Callable[[int], None] | None = None,
+) -> ReplayResult:
+    """Replay `requests` through a `PrimaryPool` of `capacity` blocks (module docstring).
+
+    `progress`, when given, is called with the number of requests done so far, now and then.
+    """
+    pool = PrimaryPool(capacity, policy)
+    measured_from = len(requests) // 2
+    hit_tokens = total_tokens = block_refs = evictions = unstored = 0
+    lookup, HIT = pool.lookup, LookupResult.HIT
+    for index, (request, keys) in enumerate(zip(requests, trace_keys(requests), strict=True)):
+        n_hit = 0
+        for key in keys:
+            if lookup(key) is not HIT:
+                break
+            n_hit += 1
+        hits = keys[:n_hit]
+        pool.prepare_load(hits)
+        grant = pool.prepare_store(keys[n_hit:])
+        if grant is None:
+            unstored += len(keys) - n_hit
+        else:
+            evictions += len(grant.evicted)
+            pool.complete_store(grant.keys)
+        pool.complete_load(hits)
+        block_refs += len(keys)
+        if index >= measured_from:
+            tokens = request.block_tokens()
+            hit_tokens += sum(tokens[:n_hit])
+            total_tokens += sum(tokens)
+        if progress is not None and index % 256 == 255:
+            progress(index + 1)
+    if progress is not None:
+        progress(len(requests))
+    return ReplayResult(
+        policy=policy,
+        capacity=capacity,
+        requests=len(requests),
+        measured_requests=len(requests) - measured_from,
+        hit_tokens=hit_tokens,
+        total_tokens=total_tokens,
+        block_refs=block_refs,
+        evictions=evictions,
+        unstored_blocks=unstored,
+    )
