@@ -17,6 +17,7 @@ from tiering import errors
         (errors.KeyFormatError, ValueError),
         (errors.TraceError, ValueError),
         (errors.StateError, RuntimeError),
+        (errors.RegionError, OSError),
         (errors.TierUnavailable, ConnectionError),
         (errors.TierTimeout, TimeoutError),
         (errors.TierFull, OSError),

@@ -11,6 +11,7 @@ errors are translated at the edge where they happen, with `raise ... from e`.
     ├── KeyFormatError (ValueError)         a block key or its encoding is malformed
     ├── TraceError (ValueError)             a request trace has a malformed line
     ├── StateError (RuntimeError)           a caller broke a stateful contract
+    ├── RegionError (OSError)               the shared primary region cannot be made or mapped
     └── TierError                           a secondary tier failed (a miss plus a metric upstairs)
         ├── TierUnavailable (ConnectionError)
         ├── TierTimeout (TimeoutError)
@@ -29,6 +30,7 @@ __all__ = [
     "KeyFormatError",
     "KvtierError",
     "MissingDependencyError",
+    "RegionError",
     "StateError",
     "TierError",
     "TierFull",
@@ -72,6 +74,10 @@ class StateError(KvtierError, RuntimeError):
 
     Raised before anything changes, so the object stays consistent.
     """
+
+
+class RegionError(KvtierError, OSError):
+    """The shared primary region cannot be created, found or mapped (space, name, layout)."""
 
 
 class TierError(KvtierError):

@@ -1,0 +1,315 @@
+"""The CPU copy engine and the byte mapping it shares with the CUDA engine."""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tiering.errors import StateError  # noqa: E402
+from tiers.copy import (  # noqa: E402
+    CpuCopyEngine,
+    Direction,
+    EngineBlocks,
+    GroupRef,
+    KVTensor,
+    plan_copy,
+)
+from tiers.copy.base import Job  # noqa: E402
+from tiers.region import PrimaryRegion, RegionLayout  # noqa: E402
+
+
+@dataclass
+class Setup:
+    """A fake engine KV cache (padded rows, several groups) and a worker shard."""
+
+    tensors: list[KVTensor]
+    groups: list[list[GroupRef]]
+    shard: torch.Tensor
+    bpc: int
+    offsets: list[int]
+
+    def engine(self, **kw: object) -> CpuCopyEngine:
+        return CpuCopyEngine(self.tensors, self.groups, self.shard, self.bpc, **kw)  # type: ignore[arg-type]
+
+
+def make_setup(
+    bpc: int = 1,
+    num_blocks: int = 64,
+    num_slots: int = 32,
+    shard: torch.Tensor | None = None,
+    seed: int = 0,
+) -> Setup:
+    gen = torch.Generator().manual_seed(seed)
+    pages = [256, 512, 128]
+    tensors = []
+    for page in pages:  # rows padded beyond the page, as vLLM's views may be
+        base = torch.randint(-128, 127, (num_blocks, page + 64), dtype=torch.int8, generator=gen)
+        tensors.append(KVTensor(base[:, :page], page))
+    # Group 0 uses tensors 0 and 1 (tensor 1 twice: aliased layers); group 1 uses tensor 2,
+    # with fewer bytes than its page (an unpadded size).
+    groups = [[GroupRef(0, 256), GroupRef(1, 512), GroupRef(1, 512)], [GroupRef(2, 100)]]
+    shard_bytes = sum(pages) * bpc
+    if shard is None:
+        # Two workers' shards side by side; this one is rank 1, so the slot stride is larger.
+        shard = torch.zeros((num_slots, 2 * shard_bytes + 32), dtype=torch.uint8)[
+            :, shard_bytes : 2 * shard_bytes
+        ]
+    offsets = list(np.cumsum([0] + [p * bpc for p in pages])[:-1])
+    return Setup(tensors, groups, shard, bpc, [int(o) for o in offsets])
+
+
+def reference_store(setup: Setup, blocks: EngineBlocks, slots: list[int]) -> torch.Tensor:
+    """vLLM's byte mapping, written as plain loops (independent of plan_copy)."""
+    expected = setup.shard.clone()
+    g_off = s_off = 0
+    for g, n in enumerate(blocks.group_sizes):
+        if n == 0:
+            continue
+        skip = blocks.block_indices[g] % setup.bpc
+        nchunks = -(-(n + skip) // setup.bpc)
+        subs = [(c, j) for c in slots[s_off : s_off + nchunks] for j in range(setup.bpc)]
+        for k in range(n):
+            block = int(blocks.block_ids[g_off + k])
+            slot, j = subs[skip + k]
+            for ref in setup.groups[g]:
+                kv = setup.tensors[ref.tensor_index]
+                at = setup.offsets[ref.tensor_index] + j * kv.page_bytes
+                expected[slot, at : at + ref.nbytes] = kv.tensor[block, : ref.nbytes].view(
+                    torch.uint8
+                )
+        g_off += n
+        s_off += nchunks
+    return expected
+
+
+def random_transfer(
+    rng: random.Random, setup: Setup, free_blocks: list[int], free_slots: list[int]
+) -> tuple[EngineBlocks, list[int]]:
+    sizes, starts, ids, slots = [], [], [], []
+    for _ in setup.groups:
+        n = rng.randrange(0, 6)
+        start = rng.randrange(0, 9) if n else 0  # often not a multiple: a partial first chunk
+        nchunks = -(-(n + start % setup.bpc) // setup.bpc) if n else 0
+        ids += [free_blocks.pop() for _ in range(n)]
+        slots += [free_slots.pop() for _ in range(nchunks)]
+        sizes.append(n)
+        starts.append(start)
+    return EngineBlocks.of(ids, sizes, starts), slots
+
+
+@pytest.mark.parametrize("bpc", [1, 2, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_round_trip_is_byte_exact(bpc: int, seed: int) -> None:
+    rng = random.Random(seed)
+    setup = make_setup(bpc=bpc, seed=seed)
+    engine = setup.engine()
+    free_blocks = rng.sample(range(1, 64), 60)
+    free_blocks[:10] = sorted(free_blocks[:10])  # some consecutive ids: coalesced copies
+    free_slots = rng.sample(range(32), 32)
+    transfers = [random_transfer(rng, setup, free_blocks, free_slots) for _ in range(3)]
+    originals = [kv.tensor.clone() for kv in setup.tensors]
+    for job_id, (blocks, slots) in enumerate(transfers):
+        expected = reference_store(setup, blocks, slots)
+        engine.submit_store(job_id, blocks, slots)
+        engine.wait([job_id])
+        assert torch.equal(setup.shard, expected)
+    for kv in setup.tensors:
+        kv.tensor.zero_()
+    for job_id, (blocks, slots) in enumerate(transfers, start=10):
+        engine.submit_load(job_id, slots, blocks)
+    engine.wait(range(10, 13))
+    for job_id, (blocks, _) in enumerate(transfers):
+        g_off = 0
+        for g, n in enumerate(blocks.group_sizes):
+            for block in blocks.block_ids[g_off : g_off + n]:
+                for ref in setup.groups[g]:
+                    t = ref.tensor_index
+                    got = setup.tensors[t].tensor[block, : ref.nbytes]
+                    assert torch.equal(got, originals[t][block, : ref.nbytes]), (job_id, g, block)
+            g_off += n
+    results = engine.get_finished()
+    assert sorted(r.job_id for r in results) == [0, 1, 2, 10, 11, 12]
+    assert all(r.ok and r.seconds >= 0 for r in results)
+    engine.shutdown()
+
+
+def test_reported_bytes_count_every_copy() -> None:
+    setup = make_setup(bpc=2)
+    engine = setup.engine()
+    # Group 0: 3 blocks x (256 + 512) bytes; group 1: 2 blocks x 100 bytes.
+    engine.submit_store(1, EngineBlocks.of([5, 6, 7, 9, 11], [3, 2], [0, 1]), [4, 5, 6, 7])
+    engine.wait([1])
+    (result,) = engine.get_finished()
+    assert result.ok and result.nbytes == 3 * 768 + 2 * 100 and result.direction is Direction.STORE
+    engine.shutdown()
+
+
+def test_writes_into_a_shared_region_shard(tmp_path: Path) -> None:
+    pages_total = 256 + 512 + 128
+    layout = RegionLayout(num_slots=8, shard_bytes=pages_total, num_workers=2)
+    with PrimaryRegion.create("engine", layout, tmp_path) as region:
+        setup = make_setup(num_slots=8, shard=region.shard_tensor(1))
+        engine = setup.engine()
+        engine.submit_store(1, EngineBlocks.of([3], [1, 0], [0, 0]), [6])
+        engine.wait([1])
+        engine.shutdown()
+        slot = region.slots()[6]  # the scheduler's view of the same pages
+        block = setup.tensors[0].tensor[3].view(torch.uint8).numpy()
+        assert bytes(slot[pages_total : pages_total + 256]) == block.tobytes()
+        assert not slot[:pages_total].any()  # rank 0's shard untouched
+        del setup, engine, slot
+
+
+def test_jobs_finish_in_order_and_loads_follow_their_stores() -> None:
+    setup = make_setup(num_blocks=256, num_slots=128)
+    engine = setup.engine()
+    rng = random.Random(5)
+    order: dict[Direction, list[int]] = {Direction.STORE: [], Direction.LOAD: []}
+    checks = []
+    for job_id in range(0, 400, 2):
+        slot = rng.randrange(128)
+        src, dst = rng.randrange(1, 128), rng.randrange(128, 256)
+        setup.tensors[0].tensor[src].fill_(job_id % 100)
+        # Store block src into a slot, then at once load that slot into another block: the
+        # load must see this store's bytes, not an older one's.
+        engine.submit_store(job_id, EngineBlocks.of([src], [1, 0], [0, 0]), [slot])
+        engine.submit_load(job_id + 1, [slot], EngineBlocks.of([dst], [1, 0], [0, 0]))
+        order[Direction.STORE].append(job_id)
+        order[Direction.LOAD].append(job_id + 1)
+        engine.wait([job_id + 1])
+        checks.append(int(setup.tensors[0].tensor[dst, 0]) == job_id % 100)
+    results = engine.get_finished()
+    for direction, ids in order.items():
+        assert [r.job_id for r in results if r.direction is direction] == ids
+    assert all(checks) and all(r.ok for r in results)
+    engine.shutdown()
+
+
+def test_many_jobs_without_waiting() -> None:
+    setup = make_setup(num_blocks=256, num_slots=128)
+    engine = setup.engine()
+    for job_id in range(300):
+        engine.submit_store(
+            job_id, EngineBlocks.of([job_id % 200 + 1], [1, 0], [0, 0]), [job_id % 128]
+        )
+    seen: list[int] = []
+    while len(seen) < 300:
+        seen += [r.job_id for r in engine.get_finished()]
+    assert seen == list(range(300))  # each exactly once, in order
+    assert engine.get_finished() == []
+    engine.shutdown()
+
+
+def test_wait_semantics() -> None:
+    setup = make_setup()
+    gate = threading.Event()
+
+    def slow(job: Job) -> None:
+        if job.job_id == 1:
+            gate.wait(5)
+
+    engine = setup.engine(fault=slow)
+    engine.submit_store(1, EngineBlocks.of([1], [1, 0], [0, 0]), [0])
+    engine.submit_load(2, [0], EngineBlocks.of([2], [1, 0], [0, 0]))
+    engine.wait([99, 100])  # unknown ids: returns at once
+    assert engine.get_finished() == []  # job 1 is held, job 2 queued behind it
+    threading.Timer(0.2, gate.set).start()
+    engine.wait([2])  # a load id: blocks until it (and the store before it) are done
+    assert sorted(r.job_id for r in engine.get_finished()) == [1, 2]
+    engine.wait([1, 2])  # finished and reported: returns at once
+    assert engine.get_finished() == []
+    engine.shutdown()
+
+
+def test_failed_jobs_are_reported_and_later_jobs_run() -> None:
+    setup = make_setup()
+
+    def fail_three(job: Job) -> None:
+        if job.job_id == 3:
+            raise OSError("injected")
+
+    engine = setup.engine(fault=fail_three)
+    one = EngineBlocks.of([1], [1, 0], [0, 0])
+    engine.submit_store(3, one, [0])
+    engine.submit_store(4, EngineBlocks.of([999], [1, 0], [0, 0]), [1])  # no such block
+    engine.submit_store(5, one, [40])  # no such slot
+    engine.submit_store(6, EngineBlocks.of([1, 2], [2, 0], [0, 0]), [0])  # 2 blocks, 1 slot
+    engine.submit_store(7, one, [2])
+    engine.wait(range(3, 8))
+    results = {r.job_id: r for r in engine.get_finished()}
+    assert "injected" in (results[3].error or "")
+    assert "engine block id out of range 0..63" in (results[4].error or "")
+    assert "slot out of range 0..31" in (results[5].error or "")
+    assert "need 2 slots; only 1 left" in (results[6].error or "")
+    assert [results[i].ok for i in range(3, 8)] == [False, False, False, False, True]
+    assert not setup.shard[1].any() and not setup.shard[0].any()  # failed jobs wrote nothing
+    assert setup.shard[2].any()
+    engine.shutdown()
+
+
+def test_submitting_after_shutdown_fails_the_job() -> None:
+    setup = make_setup()
+    engine = setup.engine()
+    engine.shutdown()
+    engine.submit_store(1, EngineBlocks.of([1], [1, 0], [0, 0]), [0])
+    (result,) = engine.get_finished()
+    assert not result.ok and result.error == "engine is shut down"
+
+
+def test_job_id_twice_is_misuse() -> None:
+    setup = make_setup()
+    engine = setup.engine()
+    blocks = EngineBlocks.of([1], [1, 0], [0, 0])
+    engine.submit_store(1, blocks, [0])
+    with pytest.raises(StateError, match="copy job 1 was submitted twice"):
+        engine.submit_store(1, blocks, [1])
+    engine.wait([1])
+    engine.get_finished()
+    engine.submit_store(1, blocks, [1])  # reported: the id may be used again
+    engine.shutdown()
+
+
+def test_plan_groups_and_partial_first_chunk() -> None:
+    groups = [[GroupRef(0, 8)], [GroupRef(1, 4)]]
+    blocks = EngineBlocks.of([10, 11, 12, 20], [3, 1], [2, 5])
+    rows = plan_copy(blocks, [7, 8, 9], 4, groups)
+    # Group 0 starts at sub-block 2 of slot 7 (index 2 % 4), spans into slot 8; group 1 starts
+    # at sub-block 1 of slot 9.
+    assert [r.tensor_index for r in rows] == [0, 1]
+    assert list(rows[0].engine_rows) == [10, 11, 12]
+    assert list(rows[0].slot_rows) == [7 * 4 + 2, 7 * 4 + 3, 8 * 4 + 0]
+    assert list(rows[1].slot_rows) == [9 * 4 + 1]
+
+
+@pytest.mark.parametrize(
+    ("blocks", "slots", "message"),
+    [
+        (EngineBlocks.of([1, 2], [2], [0]), [0], "transfer names 1 groups"),
+        (EngineBlocks.of([1, 2], [1, 0], [0, 0]), [0], "leaves 1 block ids and 0 slots unused"),
+        (EngineBlocks.of([1], [1, 0], [0, 0]), [0, 1], "leaves 0 block ids and 1 slots unused"),
+        (EngineBlocks.of([1], [2, 0], [0, 0]), [0, 1], "2 blocks, only 1 block ids left"),
+        (EngineBlocks.of([1], [-1, 0], [0, 0]), [0], "negative size"),
+    ],
+)
+def test_plan_rejects_mismatched_sides(
+    blocks: EngineBlocks, slots: list[int], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        plan_copy(blocks, slots, 1, [[GroupRef(0, 8)], [GroupRef(1, 8)]])
+
+
+def test_engine_rejects_a_bad_geometry() -> None:
+    setup = make_setup()
+    with pytest.raises(ValueError, match="the shard has"):
+        CpuCopyEngine(setup.tensors, setup.groups, setup.shard, 2)
+    with pytest.raises(ValueError, match="do not fit the tensor's page"):
+        CpuCopyEngine(setup.tensors, [[GroupRef(2, 129)]], setup.shard, 1)
+    with pytest.raises(ValueError, match="refers to KV tensor 3"):
+        CpuCopyEngine(setup.tensors, [[GroupRef(3, 1)]], setup.shard, 1)

@@ -1,0 +1,230 @@
+"""The copy-engine contract (worker side): jobs that move blocks between the inference engine's
+KV cache and the worker's shard of the primary region.
+
+- A store (engine blocks -> slots) or a load (slots -> engine blocks) is submitted as a job and
+  returns at once; the copy runs in the background (a thread on CPU, streams on CUDA).
+- `get_finished()` returns the jobs finished since the last call, without blocking. Every job
+  is reported exactly once, with its bytes and seconds, including jobs someone `wait`ed for.
+- `wait(job_ids)` blocks until those jobs are finished (loads included); unknown or already
+  finished ids are ignored.
+- Jobs of one direction finish in submission order, and a load never reads a slot before the
+  store that writes it (submitted earlier) has finished.
+- A failed copy (bad ids, a driver error, an injected fault) is a failed job, never an
+  exception raised into the engine. Misusing the contract (a job id twice) raises StateError.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tiers.copy.mapping import EngineBlocks, GroupRef, IntArray, TensorRows, plan_copy
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["CopyEngine", "CopyResult", "Direction", "Job", "KVTensor", "Pieces"]
+
+log = logging.getLogger(__name__)
+
+
+class Direction(enum.Enum):
+    STORE = "store"
+    """Engine KV cache -> primary slots."""
+    LOAD = "load"
+    """Primary slots -> engine KV cache."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVTensor:
+    """One KV-cache tensor of the engine: `(num_blocks, row_bytes)` bytes, a block per row
+    (vLLM's `CanonicalKVCacheTensor`). `page_bytes` is what a block of it takes in a slot: the
+    padded page, at most the row."""
+
+    tensor: torch.Tensor
+    page_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopyResult:
+    job_id: int
+    direction: Direction
+    ok: bool
+    nbytes: int
+    seconds: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    job_id: int
+    direction: Direction
+    blocks: EngineBlocks
+    slots: IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """The byte copies of one job: `nbytes[i]` from `src[i]` to `dst[i]` (addresses)."""
+
+    src: IntArray
+    dst: IntArray
+    nbytes: IntArray
+
+    @property
+    def total(self) -> int:
+        return int(self.nbytes.sum())
+
+    def coalesced(self) -> Pieces:
+        """Merge neighbours that are contiguous on both sides into one larger copy."""
+        if len(self.src) < 2:
+            return self
+        end_src = self.src[:-1] + self.nbytes[:-1]
+        end_dst = self.dst[:-1] + self.nbytes[:-1]
+        breaks = np.flatnonzero((self.src[1:] != end_src) | (self.dst[1:] != end_dst)) + 1
+        if len(breaks) == len(self.src) - 1:
+            return self
+        starts = np.concatenate(([0], breaks))
+        sums = np.add.reduceat(self.nbytes, starts)
+        return Pieces(self.src[starts], self.dst[starts], sums.astype(np.int64))
+
+
+class CopyEngine(ABC):
+    """Base of the copy engines. Worker process; `submit_*`, `get_finished`, `wait` and
+    `shutdown` are called from the engine's thread.
+
+    Geometry (validated here, shared by the engines): tensor t's blocks sit in each slot of the
+    worker's shard at `offset[t] + j * page_bytes[t]` for sub-block j < blocks_per_chunk, with
+    the tensors in order.
+    """
+
+    def __init__(
+        self,
+        tensors: Sequence[KVTensor],
+        groups: Sequence[Sequence[GroupRef]],
+        shard: torch.Tensor,
+        blocks_per_chunk: int = 1,
+    ) -> None:
+        if blocks_per_chunk <= 0:
+            raise ValueError(f"blocks_per_chunk must be positive, got {blocks_per_chunk}")
+        if shard.dim() != 2 or shard.element_size() != 1 or shard.stride(1) != 1:
+            raise ValueError("the shard must be a (num_slots, shard_bytes) byte tensor")
+        self.tensors = list(tensors)
+        self.groups = [list(refs) for refs in groups]
+        self.shard = shard
+        self.blocks_per_chunk = blocks_per_chunk
+        self.num_slots = int(shard.shape[0])
+        self.slot_stride = int(shard.stride(0))
+        offsets, offset = [], 0
+        for t, kv in enumerate(self.tensors):
+            row_bytes = kv.tensor.shape[1] * kv.tensor.element_size()
+            if kv.tensor.dim() != 2 or kv.tensor.stride(1) != 1:
+                raise ValueError(f"KV tensor {t} must be (num_blocks, row) with rows contiguous")
+            if not 0 < kv.page_bytes <= row_bytes:
+                raise ValueError(
+                    f"KV tensor {t}: page of {kv.page_bytes} bytes, rows of {row_bytes}"
+                )
+            offsets.append(offset)
+            offset += kv.page_bytes * blocks_per_chunk
+        if offset != shard.shape[1]:
+            raise ValueError(
+                f"the KV tensors take {offset} bytes per slot ({blocks_per_chunk} blocks each); "
+                f"the shard has {shard.shape[1]}"
+            )
+        for g, refs in enumerate(self.groups):
+            for ref in refs:
+                if not 0 <= ref.tensor_index < len(self.tensors):
+                    raise ValueError(f"group {g} refers to KV tensor {ref.tensor_index}")
+                if not 0 < ref.nbytes <= self.tensors[ref.tensor_index].page_bytes:
+                    raise ValueError(f"group {g}: {ref.nbytes} bytes do not fit the tensor's page")
+        self._offsets = offsets
+        self._known: set[int] = set()  # submitted and not yet reported
+
+    def submit_store(self, job_id: int, blocks: EngineBlocks, slots: Sequence[int] | Any) -> None:
+        """Copy `blocks` of the engine's KV cache into `slots` (in the background)."""
+        self._submit(self._job(job_id, Direction.STORE, blocks, slots))
+
+    def submit_load(self, job_id: int, slots: Sequence[int] | Any, blocks: EngineBlocks) -> None:
+        """Copy `slots` into `blocks` of the engine's KV cache (in the background)."""
+        self._submit(self._job(job_id, Direction.LOAD, blocks, slots))
+
+    @abstractmethod
+    def get_finished(self) -> list[CopyResult]:
+        """Jobs finished since the last call, each exactly once. Never blocks."""
+
+    @abstractmethod
+    def wait(self, job_ids: Iterable[int]) -> None:
+        """Block until every known job among `job_ids` has finished (it is still reported)."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Finish or fail what is in flight and release resources. Idempotent."""
+
+    @abstractmethod
+    def _submit(self, job: Job) -> None: ...
+
+    def _job(self, job_id: int, direction: Direction, blocks: EngineBlocks, slots: Any) -> Job:
+        from tiering.errors import StateError
+
+        if job_id in self._known:
+            raise StateError(f"copy job {job_id} was submitted twice")
+        self._known.add(job_id)
+        # Copies: the caller may reuse its arrays as soon as submit returns.
+        ids = np.array(blocks.block_ids, dtype=np.int64)
+        return Job(
+            job_id,
+            direction,
+            EngineBlocks(ids, blocks.group_sizes, blocks.block_indices),
+            np.array(slots, dtype=np.int64).reshape(-1),
+        )
+
+    def _reported(self, job_id: int) -> None:
+        self._known.discard(job_id)
+
+    def plan(self, job: Job) -> list[TensorRows]:
+        """The copies of a job, bounds-checked against this engine's tensors and slots."""
+        rows = plan_copy(job.blocks, job.slots, self.blocks_per_chunk, self.groups)
+        for r in rows:
+            num_blocks = self.tensors[r.tensor_index].tensor.shape[0]
+            if len(r.engine_rows) and (
+                r.engine_rows.min() < 0 or r.engine_rows.max() >= num_blocks
+            ):
+                raise ValueError(f"engine block id out of range 0..{num_blocks - 1}")
+        if len(job.slots) and (job.slots.min() < 0 or job.slots.max() >= self.num_slots):
+            raise ValueError(f"slot out of range 0..{self.num_slots - 1}")
+        return rows
+
+    def pieces(self, job: Job, rows: list[TensorRows]) -> Pieces:
+        """Addresses of every copy of a job, in plan order (engine side: the tensors' own
+        addresses, host or device)."""
+        engine_side, slot_side, sizes = [], [], []
+        shard_base = self.shard.data_ptr()
+        bpc = self.blocks_per_chunk
+        for r in rows:
+            kv = self.tensors[r.tensor_index]
+            tensor = kv.tensor
+            engine_side.append(
+                tensor.data_ptr() + r.engine_rows * (tensor.stride(0) * tensor.element_size())
+            )
+            slot, sub = np.divmod(r.slot_rows, bpc)
+            slot_side.append(
+                shard_base
+                + slot * self.slot_stride
+                + self._offsets[r.tensor_index]
+                + sub * kv.page_bytes
+            )
+            sizes.append(np.full(len(r.engine_rows), r.nbytes, dtype=np.int64))
+        if not sizes:
+            empty = np.zeros(0, dtype=np.int64)
+            return Pieces(empty, empty, empty)
+        eng, slt = np.concatenate(engine_side), np.concatenate(slot_side)
+        n = np.concatenate(sizes)
+        if job.direction is Direction.STORE:
+            return Pieces(eng, slt, n)
+        return Pieces(slt, eng, n)
