@@ -1,4 +1,5 @@
-"""The CPU copy engine and the byte mapping it shares with the CUDA engine."""
+"""The copy engines and the byte mapping they share. Every engine test runs on the CPU engine
+and, on a machine with CUDA (marker `gpu`), on the CUDA engine."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tiers.copy import (  # noqa: E402
     KVTensor,
     plan_copy,
 )
-from tiers.copy.base import Job  # noqa: E402
+from tiers.copy.base import CopyEngine, Job  # noqa: E402
 from tiers.region import PrimaryRegion, RegionLayout  # noqa: E402
 
 
@@ -35,8 +36,19 @@ class Setup:
     bpc: int
     offsets: list[int]
 
-    def engine(self, **kw: object) -> CpuCopyEngine:
+    def engine(self, **kw: object) -> CopyEngine:
+        if self.tensors[0].tensor.is_cuda:
+            from tiers.copy.cuda import CudaCopyEngine
+
+            return CudaCopyEngine(self.tensors, self.groups, self.shard, self.bpc, **kw)  # type: ignore[arg-type]
         return CpuCopyEngine(self.tensors, self.groups, self.shard, self.bpc, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA is not available on this machine")
+    return str(request.param)
 
 
 def make_setup(
@@ -45,22 +57,24 @@ def make_setup(
     num_slots: int = 32,
     shard: torch.Tensor | None = None,
     seed: int = 0,
+    device: str = "cpu",
 ) -> Setup:
     gen = torch.Generator().manual_seed(seed)
     pages = [256, 512, 128]
     tensors = []
     for page in pages:  # rows padded beyond the page, as vLLM's views may be
         base = torch.randint(-128, 127, (num_blocks, page + 64), dtype=torch.int8, generator=gen)
-        tensors.append(KVTensor(base[:, :page], page))
+        tensors.append(KVTensor(base.to(device)[:, :page], page))
     # Group 0 uses tensors 0 and 1 (tensor 1 twice: aliased layers); group 1 uses tensor 2,
     # with fewer bytes than its page (an unpadded size).
     groups = [[GroupRef(0, 256), GroupRef(1, 512), GroupRef(1, 512)], [GroupRef(2, 100)]]
     shard_bytes = sum(pages) * bpc
     if shard is None:
         # Two workers' shards side by side; this one is rank 1, so the slot stride is larger.
-        shard = torch.zeros((num_slots, 2 * shard_bytes + 32), dtype=torch.uint8)[
-            :, shard_bytes : 2 * shard_bytes
-        ]
+        buffer = torch.zeros((num_slots, 2 * shard_bytes + 32), dtype=torch.uint8)
+        if device == "cuda":
+            buffer = buffer.pin_memory()
+        shard = buffer[:, shard_bytes : 2 * shard_bytes]
     offsets = list(np.cumsum([0] + [p * bpc for p in pages])[:-1])
     return Setup(tensors, groups, shard, bpc, [int(o) for o in offsets])
 
@@ -106,9 +120,9 @@ def random_transfer(
 
 @pytest.mark.parametrize("bpc", [1, 2, 4])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_round_trip_is_byte_exact(bpc: int, seed: int) -> None:
+def test_round_trip_is_byte_exact(device: str, bpc: int, seed: int) -> None:
     rng = random.Random(seed)
-    setup = make_setup(bpc=bpc, seed=seed)
+    setup = make_setup(bpc=bpc, seed=seed, device=device)
     engine = setup.engine()
     free_blocks = rng.sample(range(1, 64), 60)
     free_blocks[:10] = sorted(free_blocks[:10])  # some consecutive ids: coalesced copies
@@ -140,8 +154,8 @@ def test_round_trip_is_byte_exact(bpc: int, seed: int) -> None:
     engine.shutdown()
 
 
-def test_reported_bytes_count_every_copy() -> None:
-    setup = make_setup(bpc=2)
+def test_reported_bytes_count_every_copy(device: str) -> None:
+    setup = make_setup(bpc=2, device=device)
     engine = setup.engine()
     # Group 0: 3 blocks x (256 + 512) bytes; group 1: 2 blocks x 100 bytes.
     engine.submit_store(1, EngineBlocks.of([5, 6, 7, 9, 11], [3, 2], [0, 1]), [4, 5, 6, 7])
@@ -151,11 +165,13 @@ def test_reported_bytes_count_every_copy() -> None:
     engine.shutdown()
 
 
-def test_writes_into_a_shared_region_shard(tmp_path: Path) -> None:
+def test_writes_into_a_shared_region_shard(device: str, tmp_path: Path) -> None:
     pages_total = 256 + 512 + 128
     layout = RegionLayout(num_slots=8, shard_bytes=pages_total, num_workers=2)
     with PrimaryRegion.create("engine", layout, tmp_path) as region:
-        setup = make_setup(num_slots=8, shard=region.shard_tensor(1))
+        if device == "cuda":
+            assert region.pin()
+        setup = make_setup(num_slots=8, shard=region.shard_tensor(1), device=device)
         engine = setup.engine()
         engine.submit_store(1, EngineBlocks.of([3], [1, 0], [0, 0]), [6])
         engine.wait([1])
@@ -167,8 +183,8 @@ def test_writes_into_a_shared_region_shard(tmp_path: Path) -> None:
         del setup, engine, slot
 
 
-def test_jobs_finish_in_order_and_loads_follow_their_stores() -> None:
-    setup = make_setup(num_blocks=256, num_slots=128)
+def test_jobs_finish_in_order_and_loads_follow_their_stores(device: str) -> None:
+    setup = make_setup(num_blocks=256, num_slots=128, device=device)
     engine = setup.engine()
     rng = random.Random(5)
     order: dict[Direction, list[int]] = {Direction.STORE: [], Direction.LOAD: []}
@@ -192,8 +208,8 @@ def test_jobs_finish_in_order_and_loads_follow_their_stores() -> None:
     engine.shutdown()
 
 
-def test_many_jobs_without_waiting() -> None:
-    setup = make_setup(num_blocks=256, num_slots=128)
+def test_many_jobs_without_waiting(device: str) -> None:
+    setup = make_setup(num_blocks=256, num_slots=128, device=device)
     engine = setup.engine()
     for job_id in range(300):
         engine.submit_store(
@@ -207,7 +223,21 @@ def test_many_jobs_without_waiting() -> None:
     engine.shutdown()
 
 
-def test_wait_semantics() -> None:
+def test_wait_for_stores_and_loads(device: str) -> None:
+    setup = make_setup(device=device)
+    engine = setup.engine()
+    setup.tensors[0].tensor[1].fill_(9)
+    engine.submit_store(1, EngineBlocks.of([1], [1, 0], [0, 0]), [0])
+    engine.submit_load(2, [0], EngineBlocks.of([2], [1, 0], [0, 0]))
+    engine.wait([2, 77])  # a load id, and an unknown one
+    assert int(setup.tensors[0].tensor[2, 0]) == 9
+    assert sorted(r.job_id for r in engine.get_finished()) == [1, 2]
+    engine.wait([1, 2])  # finished and reported: returns at once
+    assert engine.get_finished() == []
+    engine.shutdown()
+
+
+def test_wait_blocks_until_a_held_job_finishes() -> None:
     setup = make_setup()
     gate = threading.Event()
 
@@ -228,8 +258,8 @@ def test_wait_semantics() -> None:
     engine.shutdown()
 
 
-def test_failed_jobs_are_reported_and_later_jobs_run() -> None:
-    setup = make_setup()
+def test_failed_jobs_are_reported_and_later_jobs_run(device: str) -> None:
+    setup = make_setup(device=device)
 
     def fail_three(job: Job) -> None:
         if job.job_id == 3:
@@ -263,8 +293,8 @@ def test_submitting_after_shutdown_fails_the_job() -> None:
     assert not result.ok and result.error == "engine is shut down"
 
 
-def test_job_id_twice_is_misuse() -> None:
-    setup = make_setup()
+def test_job_id_twice_is_misuse(device: str) -> None:
+    setup = make_setup(device=device)
     engine = setup.engine()
     blocks = EngineBlocks.of([1], [1, 0], [0, 0])
     engine.submit_store(1, blocks, [0])

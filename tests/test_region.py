@@ -143,3 +143,16 @@ def test_pin_without_cuda_is_a_no_op(tmp_path: Path) -> None:
         pytest.skip("covered by the gpu tests")
     with PrimaryRegion.create("pin", LAYOUT, tmp_path) as region:
         assert region.pin() is False and not region.pinned
+
+
+@pytest.mark.gpu
+def test_pin_registers_with_cuda(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available on this machine")
+    with PrimaryRegion.create("pin-cuda", LAYOUT, tmp_path) as region:
+        assert region.pin() and region.pinned
+        assert region.pin()  # idempotent
+        assert region.shard_tensor(0).is_pinned()
+        region.unpin()
+        assert not region.pinned

@@ -71,28 +71,13 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class Pieces:
-    """The byte copies of one job: `nbytes[i]` from `src[i]` to `dst[i]` (addresses)."""
+    """The byte copies of one job, per KV tensor: `nbytes` from each `src[i]` to `dst[i]`."""
 
-    src: IntArray
-    dst: IntArray
-    nbytes: IntArray
+    segments: list[tuple[IntArray, IntArray, int]]
 
     @property
     def total(self) -> int:
-        return int(self.nbytes.sum())
-
-    def coalesced(self) -> Pieces:
-        """Merge neighbours that are contiguous on both sides into one larger copy."""
-        if len(self.src) < 2:
-            return self
-        end_src = self.src[:-1] + self.nbytes[:-1]
-        end_dst = self.dst[:-1] + self.nbytes[:-1]
-        breaks = np.flatnonzero((self.src[1:] != end_src) | (self.dst[1:] != end_dst)) + 1
-        if len(breaks) == len(self.src) - 1:
-            return self
-        starts = np.concatenate(([0], breaks))
-        sums = np.add.reduceat(self.nbytes, starts)
-        return Pieces(self.src[starts], self.dst[starts], sums.astype(np.int64))
+        return sum(len(src) * nbytes for src, _, nbytes in self.segments)
 
 
 class CopyEngine(ABC):
@@ -143,11 +128,19 @@ class CopyEngine(ABC):
                     raise ValueError(f"group {g} refers to KV tensor {ref.tensor_index}")
                 if not 0 < ref.nbytes <= self.tensors[ref.tensor_index].page_bytes:
                     raise ValueError(f"group {g}: {ref.nbytes} bytes do not fit the tensor's page")
-        self._offsets = offsets
+        # Per tensor: where its rows start and how far apart they are (engine side), and where
+        # its part of slot 0 starts (slot side).
+        self._engine_base = [kv.tensor.data_ptr() for kv in self.tensors]
+        self._engine_stride = [
+            kv.tensor.stride(0) * kv.tensor.element_size() for kv in self.tensors
+        ]
+        self._slot_base = [shard.data_ptr() + offset for offset in offsets]
+        self._num_blocks = min((int(kv.tensor.shape[0]) for kv in self.tensors), default=0)
         self._known: set[int] = set()  # submitted and not yet reported
 
     def submit_store(self, job_id: int, blocks: EngineBlocks, slots: Sequence[int] | Any) -> None:
-        """Copy `blocks` of the engine's KV cache into `slots` (in the background)."""
+        """Copy `blocks` of the engine's KV cache into `slots` (in the background). The arrays
+        are the engine's until the job is reported: do not change them before."""
         self._submit(self._job(job_id, Direction.STORE, blocks, slots))
 
     def submit_load(self, job_id: int, slots: Sequence[int] | Any, blocks: EngineBlocks) -> None:
@@ -175,13 +168,14 @@ class CopyEngine(ABC):
         if job_id in self._known:
             raise StateError(f"copy job {job_id} was submitted twice")
         self._known.add(job_id)
-        # Copies: the caller may reuse its arrays as soon as submit returns.
-        ids = np.array(blocks.block_ids, dtype=np.int64)
+        # No copies: the caller hands the arrays over and must not change them until the job
+        # is reported (vLLM builds fresh ones per transfer).
+        ids = np.asarray(blocks.block_ids, dtype=np.int64)
         return Job(
             job_id,
             direction,
             EngineBlocks(ids, blocks.group_sizes, blocks.block_indices),
-            np.array(slots, dtype=np.int64).reshape(-1),
+            np.asarray(slots, dtype=np.int64).reshape(-1),
         )
 
     def _reported(self, job_id: int) -> None:
@@ -189,42 +183,28 @@ class CopyEngine(ABC):
 
     def plan(self, job: Job) -> list[TensorRows]:
         """The copies of a job, bounds-checked against this engine's tensors and slots."""
-        rows = plan_copy(job.blocks, job.slots, self.blocks_per_chunk, self.groups)
-        for r in rows:
-            num_blocks = self.tensors[r.tensor_index].tensor.shape[0]
-            if len(r.engine_rows) and (
-                r.engine_rows.min() < 0 or r.engine_rows.max() >= num_blocks
-            ):
-                raise ValueError(f"engine block id out of range 0..{num_blocks - 1}")
-        if len(job.slots) and (job.slots.min() < 0 or job.slots.max() >= self.num_slots):
+        ids, slots = job.blocks.block_ids, job.slots
+        if len(ids) and (ids.min() < 0 or ids.max() >= self._num_blocks):
+            raise ValueError(f"engine block id out of range 0..{self._num_blocks - 1}")
+        if len(slots) and (slots.min() < 0 or slots.max() >= self.num_slots):
             raise ValueError(f"slot out of range 0..{self.num_slots - 1}")
-        return rows
+        return plan_copy(job.blocks, slots, self.blocks_per_chunk, self.groups)
 
     def pieces(self, job: Job, rows: list[TensorRows]) -> Pieces:
         """Addresses of every copy of a job, in plan order (engine side: the tensors' own
         addresses, host or device)."""
-        engine_side, slot_side, sizes = [], [], []
-        shard_base = self.shard.data_ptr()
         bpc = self.blocks_per_chunk
+        store = job.direction is Direction.STORE
+        segments = []
         for r in rows:
-            kv = self.tensors[r.tensor_index]
-            tensor = kv.tensor
-            engine_side.append(
-                tensor.data_ptr() + r.engine_rows * (tensor.stride(0) * tensor.element_size())
-            )
-            slot, sub = np.divmod(r.slot_rows, bpc)
-            slot_side.append(
-                shard_base
-                + slot * self.slot_stride
-                + self._offsets[r.tensor_index]
-                + sub * kv.page_bytes
-            )
-            sizes.append(np.full(len(r.engine_rows), r.nbytes, dtype=np.int64))
-        if not sizes:
-            empty = np.zeros(0, dtype=np.int64)
-            return Pieces(empty, empty, empty)
-        eng, slt = np.concatenate(engine_side), np.concatenate(slot_side)
-        n = np.concatenate(sizes)
-        if job.direction is Direction.STORE:
-            return Pieces(eng, slt, n)
-        return Pieces(slt, eng, n)
+            t = r.tensor_index
+            engine = self._engine_base[t] + r.engine_rows * self._engine_stride[t]
+            if bpc == 1:
+                slot = self._slot_base[t] + r.slot_rows * self.slot_stride
+            else:
+                index, sub = np.divmod(r.slot_rows, bpc)
+                slot = (
+                    self._slot_base[t] + index * self.slot_stride + sub * self.tensors[t].page_bytes
+                )
+            segments.append((engine, slot, r.nbytes) if store else (slot, engine, r.nbytes))
+        return Pieces(segments)

@@ -32,7 +32,7 @@ class CpuCopyEngine(CopyEngine):
     merged, and each run is one `memmove`. On these machines that beats torch's int64
     `index_select` + `index_copy_`, which the bytes would need twice (gather into a staging
     buffer, then scatter): measured 3-4.7 GiB/s for 16 KiB-2 MiB pieces against about 1.9 GiB/s
-    for the two passes (bench/copy.py, BENCHMARKS.md).
+    for the two passes (bench/copy_engine.py, BENCHMARKS.md).
     """
 
     def __init__(
@@ -52,6 +52,8 @@ class CpuCopyEngine(CopyEngine):
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
         self._pending: set[int] = set()
+        # The pending jobs `wait` is blocked on; the copy thread wakes it when the last goes.
+        self._awaited: set[int] = set()
         self._results: list[CopyResult] = []
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="kvtier-copy", daemon=True)
@@ -76,9 +78,9 @@ class CpuCopyEngine(CopyEngine):
         return results
 
     def wait(self, job_ids: Iterable[int]) -> None:
-        wanted = set(job_ids)
         with self._cond:
-            while self._pending & wanted:
+            self._awaited = self._pending.intersection(job_ids)
+            while self._awaited:
                 if not self._thread.is_alive():  # cannot happen unless the thread was killed
                     self._fail_pending("copy thread died")
                     return
@@ -102,18 +104,19 @@ class CpuCopyEngine(CopyEngine):
             with self._cond:
                 self._results.append(result)
                 self._pending.discard(job.job_id)
-                self._cond.notify_all()
+                if job.job_id in self._awaited:
+                    self._awaited.discard(job.job_id)
+                    if not self._awaited:
+                        self._cond.notify_all()
 
     def _execute(self, job: Job) -> CopyResult:
         start = time.perf_counter()
         try:
             if self._fault is not None:
                 self._fault(job)
-            pieces = self.pieces(job, self.plan(job)).coalesced()
-            for src, dst, n in zip(
-                pieces.src.tolist(), pieces.dst.tolist(), pieces.nbytes.tolist(), strict=True
-            ):
-                _memmove(dst, src, n)
+            pieces = self.pieces(job, self.plan(job))
+            for src, dst, nbytes in pieces.segments:
+                _copy(src.tolist(), dst.tolist(), nbytes)
         except Exception as e:  # any failure is this job's, reported as data
             log.warning("copy job %d (%s) failed: %s", job.job_id, job.direction.value, e)
             return CopyResult(
@@ -128,3 +131,19 @@ class CpuCopyEngine(CopyEngine):
             self._results.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, why))
         self._queue.clear()
         self._pending.clear()
+        self._awaited.clear()
+
+
+def _copy(src: list[int], dst: list[int], nbytes: int) -> None:
+    """memmove `nbytes` per piece, merging neighbours that are contiguous on both sides into
+    one call (consecutive blocks into consecutive sub-blocks of a slot, typically)."""
+    run_src = run_dst = run_len = 0
+    for s, d in zip(src, dst, strict=True):
+        if s == run_src + run_len and d == run_dst + run_len:
+            run_len += nbytes
+            continue
+        if run_len:
+            _memmove(run_dst, run_src, run_len)
+        run_src, run_dst, run_len = s, d, nbytes
+    if run_len:
+        _memmove(run_dst, run_src, run_len)

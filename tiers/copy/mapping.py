@@ -112,7 +112,10 @@ def plan_copy(
         engine = ids[g_off : g_off + n]
         if len(engine) < n:
             raise ValueError(f"group {g}: {n} blocks, only {len(engine)} block ids left")
-        flat = (group_slots[:, None] * blocks_per_chunk + sub).reshape(-1)[skip : skip + n]
+        if blocks_per_chunk == 1:
+            flat = group_slots
+        else:
+            flat = (group_slots[:, None] * blocks_per_chunk + sub).reshape(-1)[skip : skip + n]
         seen: set[int] = set()
         for ref in groups[g]:
             if ref.tensor_index in seen:  # layers aliasing one tensor: copy its bytes once
