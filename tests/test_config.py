@@ -50,11 +50,12 @@ def test_sizes(text: str, size: int) -> None:
         ({"primary": {"eviction": "lfu"}}, "primary.eviction: unknown eviction policy 'lfu'"),
         (
             {"primary": {"capcity": "1GiB"}},
-            "primary.capcity: unknown key; expected one of capacity, eviction",
+            "primary.capcity: unknown key; expected one of capacity, directory, eviction",
         ),
         ({"tiers": []}, "tiers: unknown key"),
         ({"version": 2}, "version: this kvtier reads config version 1, got 2"),
         ({"primary": "8GiB"}, "primary: expected a mapping, got str"),
+        ({"primary": {"directory": ""}}, "primary.directory: expected a directory path"),
         (["primary"], "config: expected a mapping, got list"),
     ],
 )

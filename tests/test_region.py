@@ -156,3 +156,17 @@ def test_pin_registers_with_cuda(tmp_path: Path) -> None:
         assert region.shard_tensor(0).is_pinned()
         region.unpin()
         assert not region.pinned
+
+
+def test_open_creates_or_joins(tmp_path: Path) -> None:
+    first = PrimaryRegion.open("engine-1", LAYOUT, tmp_path)
+    second = PrimaryRegion.open("engine-1", LAYOUT, tmp_path)
+    assert first.owner and not second.owner
+    second.slots()[1, :2] = 5
+    assert list(first.slots()[1, :2]) == [5, 5]
+    with pytest.raises(RegionError, match="has layout"):
+        PrimaryRegion.open("engine-1", RegionLayout(8, 100), tmp_path)
+    second.close()
+    assert first.path.exists()
+    first.close()
+    assert not first.path.exists()

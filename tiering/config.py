@@ -64,6 +64,8 @@ class PrimaryConfig:
     """Bytes over all workers; None takes vLLM's `cpu_bytes_to_use`."""
     eviction: str = "lru"
     """A registered eviction policy name (`lru`, `arc`, or a custom one)."""
+    directory: str = "/dev/shm"
+    """Where the shared-memory file of the primary region is created (a tmpfs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +101,7 @@ def parse_config(data: object) -> Config:
             f"version: this kvtier reads config version {SCHEMA_VERSION}, got {version!r}"
         )
     primary = _mapping(top.get("primary", {}), "primary")
-    _only(primary, {"capacity", "eviction"}, "primary.")
+    _only(primary, {"capacity", "eviction", "directory"}, "primary.")
     capacity = primary.get("capacity")
     eviction = primary.get("eviction", "lru")
     if not isinstance(eviction, str):
@@ -108,11 +110,15 @@ def parse_config(data: object) -> Config:
         get_policy_class(eviction)
     except ConfigError as e:
         raise ConfigError(f"primary.eviction: {e}") from None
+    directory = primary.get("directory", "/dev/shm")
+    if not isinstance(directory, str) or not directory:
+        raise ConfigError(f"primary.directory: expected a directory path, got {directory!r}")
     return Config(
         version=version,
         primary=PrimaryConfig(
             capacity=None if capacity is None else parse_size(capacity, "primary.capacity"),
             eviction=eviction,
+            directory=directory,
         ),
     )
 

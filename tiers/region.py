@@ -124,7 +124,7 @@ class PrimaryRegion:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             pid = _creator_pid(path)
-            raise RegionError(
+            raise _RegionExists(
                 f"primary region {path} already exists and belongs to live process {pid}: "
                 "two engines share one engine id"
             ) from None
@@ -156,6 +156,22 @@ class PrimaryRegion:
             "primary region %s: %d slots of %d bytes", path, layout.num_slots, layout.slot_stride
         )
         return region
+
+    @classmethod
+    def open(
+        cls,
+        name: str,
+        layout: RegionLayout,
+        directory: str | Path = DEFAULT_DIRECTORY,
+        timeout: float = 30.0,
+    ) -> PrimaryRegion:
+        """Create the region, or join it when another process of the same engine created it
+        first (vLLM builds its workers before its scheduler; either may come first). Joining
+        checks the layout; the creator removes the file at its close."""
+        try:
+            return cls.create(name, layout, directory)
+        except _RegionExists:
+            return cls.attach(name, layout, directory, timeout)
 
     @classmethod
     def attach(
@@ -290,6 +306,10 @@ class PrimaryRegion:
     @property
     def pinned(self) -> bool:
         return self._pinned_ptr is not None
+
+
+class _RegionExists(RegionError):
+    """A live process holds a region of that name (internal: `open` joins it)."""
 
 
 def region_path(name: str, directory: Path) -> Path:

