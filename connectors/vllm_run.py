@@ -123,28 +123,45 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     )
     outputs = []
     start = time.perf_counter()
-    for prompt in scenario["prompts"]:  # one at a time: each turn sees the previous ones' KV
+
+    def generate(prompt: list[int], llm: Any = llm) -> list[int]:
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         completion = out.outputs[0]
+        logprobs = completion.logprobs or []
         outputs.append(
             {
                 "prompt_tokens": len(prompt),
                 "tokens": list(completion.token_ids),
                 "logprobs": [
-                    lp[t].logprob
-                    for lp, t in zip(completion.logprobs, completion.token_ids, strict=True)
+                    lp[t].logprob for lp, t in zip(logprobs, completion.token_ids, strict=True)
                 ],
                 "cached_tokens": out.num_cached_tokens,
             }
         )
+        return list(completion.token_ids)
+
+    for prompt in scenario.get("prompts", []):  # one at a time: each sees the earlier ones' KV
+        generate(prompt)
+    # Chats: turn t of every conversation, then turn t + 1; a turn's prompt is the whole
+    # conversation so far (earlier prompts and answers) followed by the new user message.
+    histories: list[list[int]] = [[] for _ in scenario.get("conversations", [])]
+    for turn in range(max((len(c) for c in scenario.get("conversations", [])), default=0)):
+        for history, messages in zip(histories, scenario["conversations"], strict=True):
+            if turn < len(messages):
+                history += messages[turn]
+                history += generate(history)
     elapsed = time.perf_counter() - start
+    # Straight from the Prometheus registry: LLM.get_metrics() rounds counters to integers,
+    # which turns the copy-time counters (seconds) into zeros.
+    from prometheus_client import REGISTRY
+
     totals = {key: 0.0 for key in _METRICS.values()}
-    for metric in llm.get_metrics():
-        labels = dict(metric.labels or {})
-        key = _METRICS.get((metric.name, labels.get("source")))
-        value = getattr(metric, "value", None)
-        if key is not None and isinstance(value, int | float):
-            totals[key] += value
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                key = _METRICS.get((sample.name[: -len("_total")], sample.labels.get("source")))
+                if key is not None:
+                    totals[key] += sample.value
     del llm
     return {"outputs": outputs, "metrics": totals, "seconds": elapsed}
 

@@ -343,3 +343,18 @@ def test_engine_rejects_a_bad_geometry() -> None:
         CpuCopyEngine(setup.tensors, [[GroupRef(2, 129)]], setup.shard, 1)
     with pytest.raises(ValueError, match="refers to KV tensor 3"):
         CpuCopyEngine(setup.tensors, [[GroupRef(3, 1)]], setup.shard, 1)
+
+
+def test_fallback_without_the_compiled_helper(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tiers.copy.cpu as cpu
+
+    assert cpu._copy_batch is not None  # an install builds the helper
+    monkeypatch.setattr(cpu, "_copy_batch", None)
+    setup = make_setup(bpc=2)
+    engine = setup.engine()
+    blocks = EngineBlocks.of([3, 4, 5, 9], [3, 1], [1, 0])
+    expected = reference_store(setup, blocks, [6, 7, 2])
+    engine.submit_store(1, blocks, [6, 7, 2])
+    engine.wait([1])
+    assert torch.equal(setup.shard, expected)
+    engine.shutdown()

@@ -141,3 +141,20 @@ def test_bad_config_stops_the_engine_at_start_with_the_reason(
     with pytest.raises(RuntimeError, match="vLLM run failed") as info:
         run_scenario(vllm_python, scenario(workdir, extra), workdir)
     assert message in str(info.value)
+
+
+def test_demo_serves_chat_turns_from_kvtier(
+    vllm_python: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from tiering.cli import main
+
+    assert main(["demo", "--compare", "--json", "--conversations", "3", "--turns", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    ours, alone = report["kvtier"], report["vLLM alone"]
+    assert report["identical_outputs"] is True
+    assert ours["requests"] == alone["requests"] == 9
+    assert ours["kvtier_tokens"] > 0 and alone["kvtier_tokens"] == 0
+    assert ours["recomputed_tokens"] == alone["recomputed_tokens"] - ours["kvtier_tokens"]
+    assert ours["bytes_loaded"] == ours["kvtier_tokens"] // 32 * BLOCK_BYTES

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tiering.cli import replay
+from tiering.cli import demo, replay
 from tiering.errors import ConfigError, KvtierError
 
 __all__ = ["build_parser", "main"]
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Multi-tier KV-cache storage for vLLM: inspect, move and measure cached KV.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    demo.add_parser(commands)
     replay.add_parser(commands)
     return parser
 

@@ -79,6 +79,17 @@ class Pieces:
     def total(self) -> int:
         return sum(len(src) * nbytes for src, _, nbytes in self.segments)
 
+    def flat(self) -> tuple[IntArray, IntArray, IntArray]:
+        """Sources, destinations and sizes of every piece as three int64 arrays."""
+        if len(self.segments) == 1:
+            src, dst, nbytes = self.segments[0]
+            return src, dst, np.full(len(src), nbytes, dtype=np.int64)
+        return (
+            np.concatenate([s for s, _, _ in self.segments]),
+            np.concatenate([d for _, d, _ in self.segments]),
+            np.concatenate([np.full(len(s), n, dtype=np.int64) for s, _, n in self.segments]),
+        )
+
 
 class CopyEngine(ABC):
     """Base of the copy engines. Worker process; `submit_*`, `get_finished`, `wait` and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
 import threading
 import time
@@ -23,16 +24,39 @@ log = logging.getLogger(__name__)
 _memmove = ctypes.memmove  # a foreign call: releases the GIL while it copies
 
 
+def _load_batch_copy() -> Callable[..., None] | None:
+    """`kvtier_copy_batch` from the compiled helper (tiers/copy/_hostcopy.c), or None."""
+    try:
+        helper = importlib.import_module("tiers.copy._hostcopy")  # built by setup.py
+        function = ctypes.CDLL(helper.__file__).kvtier_copy_batch
+    except (ImportError, OSError, AttributeError) as e:
+        log.warning(
+            "kvtier's compiled copy helper is missing (%s): copies fall back to one memmove "
+            "per piece, which waits for the GIL between pieces (reinstall kvtier with a C "
+            "compiler present)",
+            e,
+        )
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    function.restype = None
+    return function
+
+
+_copy_batch = _load_batch_copy()
+
+
 class CpuCopyEngine(CopyEngine):
     """Copies on one background thread, in submission order across both directions (so a
     load never overtakes the store of its slot). Worker process; the public methods are called
     from the engine's thread.
 
-    Each job becomes address arrays (vectorized), neighbours contiguous on both sides are
-    merged, and each run is one `memmove`. On these machines that beats torch's int64
-    `index_select` + `index_copy_`, which the bytes would need twice (gather into a staging
-    buffer, then scatter): measured 3-4.7 GiB/s for 16 KiB-2 MiB pieces against about 1.9 GiB/s
-    for the two passes (bench/copy_engine.py, BENCHMARKS.md).
+    Each job becomes address arrays (vectorized), and one call into the compiled helper copies
+    every piece (merging neighbours contiguous on both sides), with the GIL released once for
+    the whole job: the engine's main thread keeps running Python meanwhile, and a copy that
+    handed the GIL back after every piece would wait up to a switch interval (5 ms) each time.
+    Plain copies beat torch's int64 `index_select` + `index_copy_` here, which need the bytes
+    twice (gather into a staging buffer, then scatter): 3-5 GiB/s for 16 KiB-2 MiB pieces
+    against about 1.9 GiB/s (bench/copy_engine.py, BENCHMARKS.md).
     """
 
     def __init__(
@@ -115,8 +139,12 @@ class CpuCopyEngine(CopyEngine):
             if self._fault is not None:
                 self._fault(job)
             pieces = self.pieces(job, self.plan(job))
-            for src, dst, nbytes in pieces.segments:
-                _copy(src.tolist(), dst.tolist(), nbytes)
+            if _copy_batch is not None and pieces.segments:
+                src, dst, nbytes = pieces.flat()
+                _copy_batch(src.ctypes.data, dst.ctypes.data, nbytes.ctypes.data, len(src))
+            else:
+                for src_list, dst_list, size in pieces.segments:
+                    _copy(src_list.tolist(), dst_list.tolist(), size)
         except Exception as e:  # any failure is this job's, reported as data
             log.warning("copy job %d (%s) failed: %s", job.job_id, job.direction.value, e)
             return CopyResult(

@@ -225,11 +225,7 @@ class CudaCopyEngine(CopyEngine):
             return
         handle = stream.cuda_stream
         if self.batched:
-            dst = np.concatenate([d for _, d, _ in pieces.segments])
-            src = np.concatenate([s for s, _, _ in pieces.segments])
-            sizes = np.concatenate(
-                [np.full(len(s), n, dtype=np.int64) for s, _, n in pieces.segments]
-            )
+            src, dst, sizes = pieces.flat()
             to_device = direction is Direction.LOAD
             self._driver.memcpy_batch(
                 dst, src, sizes, to_device, self.device.index or 0, to_device, handle

@@ -1,0 +1,79 @@
+"""`kvtier demo`: kvtier inside a real vLLM engine on a short multi-turn chat workload."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tiering.config import load_config
+
+if TYPE_CHECKING:
+    from connectors.demo import DemoResult
+
+__all__ = ["add_parser", "run"]
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+
+
+def add_parser(commands: Any) -> None:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "demo",
+        help="run a real vLLM engine with kvtier on a multi-turn chat workload",
+        description=(
+            "Run vLLM 0.32 (CPU build, in its own virtual environment, prepared on first use) "
+            "with kvtier on a short multi-turn chat workload, and print where the prompt "
+            "tokens came from: the engine's own prefix cache, kvtier, or recomputation."
+        ),
+    )
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="kvtier YAML file")
+    parser.add_argument("--conversations", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument(
+        "--compare", action="store_true", help="also run without kvtier, and compare"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    load_config(args.config)  # a bad file fails here, before minutes of engine start-up
+    from connectors.demo import run_demo
+
+    results = run_demo(args.config, args.conversations, args.turns, args.compare)
+    if args.json:
+        report = {name: asdict(r) for name, r in results.items()}
+        for r in report.values():
+            del r["outputs"]
+        if args.compare:
+            report["identical_outputs"] = _identical(results)  # type: ignore[assignment]
+        print(json.dumps(report, indent=2))
+        return 0
+    rows: list[tuple[str, Callable[[DemoResult], str]]] = [
+        ("requests", lambda r: f"{r.requests:,}"),
+        ("prompt tokens", lambda r: f"{r.prompt_tokens:,}"),
+        ("from the engine's prefix cache", lambda r: f"{r.engine_cached_tokens:,}"),
+        ("from kvtier", lambda r: f"{r.kvtier_tokens:,}"),
+        ("recomputed", lambda r: f"{r.recomputed_tokens:,}"),
+        ("bytes loaded from kvtier", lambda r: f"{r.bytes_loaded:,}"),
+        ("bytes stored to kvtier", lambda r: f"{r.bytes_stored:,}"),
+        ("time copying blocks", lambda r: f"{1e3 * r.copy_seconds:.1f} ms"),
+        ("time for the workload", lambda r: f"{r.seconds:.1f} s"),
+    ]
+    names = list(results)
+    width = max(len(label) for label, _ in rows)
+    print(f"kvtier demo: {args.conversations} conversations x {args.turns} turns, {args.config}")
+    print("  ".join([" " * width, *(n.rjust(12) for n in names)]))
+    for label, cell in rows:
+        print("  ".join([label.ljust(width), *(cell(results[n]).rjust(12) for n in names)]))
+    if args.compare:
+        print("identical outputs:", "yes" if _identical(results) else "NO")
+    return 0
+
+
+def _identical(results: dict[str, Any]) -> bool:
+    outputs = [r.outputs for r in results.values()]
+    return all(o == outputs[0] for o in outputs)
