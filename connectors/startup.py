@@ -9,12 +9,14 @@ from typing import Any
 
 from tiering.config import Config, load_config, parse_config
 from tiering.errors import ConfigError
+from tiering.keys import Layout
 
 __all__ = [
     "SUPPORTED_VLLM",
     "UNSTABLE_HASHES",
     "check_block_hashing",
     "check_vllm_version",
+    "namespace_layout",
     "read_config",
 ]
 
@@ -62,3 +64,29 @@ def read_config(extra: Mapping[str, Any]) -> Config:
         except ConfigError as e:
             raise ConfigError(f"kv_connector_extra_config.kvtier: {e}") from None
     return parse_config({})
+
+
+def namespace_layout(config: Any, vllm_config: Any, blocks_per_chunk: int) -> Layout:
+    """The namespace facts of an engine, from vLLM's `OffloadingConfig` and, when the engine
+    has one current, its `VllmConfig` (model revision, KV heads, head size)."""
+    layers = sum(len(group.layer_names) for group in config.groups)
+    kv_heads = head_size = 0
+    revision = ""
+    if vllm_config is not None:
+        model = vllm_config.model_config
+        revision = model.revision or ""
+        kv_heads = model.get_total_num_kv_heads()
+        head_size = model.get_head_size()
+    return Layout(
+        model=config.model.name,
+        revision=revision,
+        dtype=config.model.dtype,
+        kv_layout=config.kv_cache_layout or "LBHNC",
+        page_size_bytes=config.worker_kv_bytes_per_block,
+        tokens_per_block=config.groups[0].tokens_per_block * blocks_per_chunk,
+        num_layers=max(layers, 1),
+        num_kv_heads=max(kv_heads, 1),
+        head_size=max(head_size, 1),
+        tp_size=config.parallel.tp_size,
+        pp_size=config.parallel.pp_size,
+    )

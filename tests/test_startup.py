@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from connectors.startup import check_block_hashing, check_vllm_version, read_config
+from connectors.startup import (
+    check_block_hashing,
+    check_vllm_version,
+    namespace_layout,
+    read_config,
+)
 from tiering.config import PrimaryConfig
 from tiering.errors import ConfigError
+from tiering.keys import Layout
 
 
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.3", "0.32.1rc1"])
@@ -57,3 +64,51 @@ def test_config_inline_and_default() -> None:
 def test_config_errors(extra: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         read_config(extra)
+
+
+def offloading_config(**changes: object) -> SimpleNamespace:
+    config = SimpleNamespace(
+        model=SimpleNamespace(name="meta-llama/Llama-3.1-8B", dtype="bfloat16"),
+        groups=[SimpleNamespace(tokens_per_block=16, layer_names=[f"l{i}" for i in range(32)])],
+        kv_cache_layout="LBHNC",
+        worker_kv_bytes_per_block=2 * 32 * 16 * 8 * 128 * 2,
+        parallel=SimpleNamespace(tp_size=2, pp_size=1),
+    )
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return config
+
+
+def vllm_config(revision: str | None = "abc123") -> SimpleNamespace:
+    model = SimpleNamespace(
+        revision=revision, get_total_num_kv_heads=lambda: 8, get_head_size=lambda: 128
+    )
+    return SimpleNamespace(model_config=model)
+
+
+def test_namespace_from_the_engine_config() -> None:
+    layout = namespace_layout(offloading_config(), vllm_config(), blocks_per_chunk=4)
+    assert layout == Layout(
+        model="meta-llama/Llama-3.1-8B",
+        revision="abc123",
+        dtype="bfloat16",
+        kv_layout="LBHNC",
+        page_size_bytes=2 * 32 * 16 * 8 * 128 * 2,
+        tokens_per_block=64,
+        num_layers=32,
+        num_kv_heads=8,
+        head_size=128,
+        tp_size=2,
+        pp_size=1,
+    )
+
+
+def test_namespace_separates_what_makes_kv_differ() -> None:
+    base = namespace_layout(offloading_config(), vllm_config(), 1).namespace()
+    assert namespace_layout(offloading_config(), vllm_config(), 2).namespace() != base
+    assert namespace_layout(offloading_config(), vllm_config("other"), 1).namespace() != base
+    tp4 = offloading_config(parallel=SimpleNamespace(tp_size=4, pp_size=1))
+    assert namespace_layout(tp4, vllm_config(), 1).namespace() != base
+    fp8 = offloading_config(model=SimpleNamespace(name="meta-llama/Llama-3.1-8B", dtype="fp8"))
+    assert namespace_layout(fp8, vllm_config(), 1).namespace() != base
+    assert namespace_layout(offloading_config(), vllm_config(None), 1).revision == ""

@@ -28,12 +28,16 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
 
-from connectors.startup import check_block_hashing, check_vllm_version, read_config
+from connectors.startup import (
+    check_block_hashing,
+    check_vllm_version,
+    namespace_layout,
+    read_config,
+)
 from connectors.vllm.manager import KvtierManager, metric_definitions
 from connectors.vllm.worker import KvtierWorker, engine_layout
 from tiering.config import parse_size
 from tiering.errors import ConfigError
-from tiering.keys import Layout
 from tiering.primary import PrimaryPool
 from tiers.copy import CopyEngine, CpuCopyEngine
 from tiers.region import PrimaryRegion, RegionLayout
@@ -87,7 +91,7 @@ class TieredOffloadingSpec(OffloadingSpec):
                 f"bytes over {workers} worker(s)"
             )
         self.region_layout = RegionLayout(num_slots, shard_bytes, workers)
-        self.namespace = _layout(config, vllm_config, self.blocks_per_chunk)
+        self.namespace = namespace_layout(config, vllm_config, self.blocks_per_chunk)
         log.info(
             "kvtier: %d primary slots of %d bytes (%s eviction), namespace %s",
             num_slots,
@@ -129,28 +133,3 @@ def _current_vllm_config() -> Any:
     from vllm.config import get_current_vllm_config_or_none
 
     return get_current_vllm_config_or_none()
-
-
-def _layout(config: OffloadingConfig, vllm_config: Any, blocks_per_chunk: int) -> Layout:
-    """The namespace facts, from vLLM's configuration."""
-    layers = sum(len(group.layer_names) for group in config.groups)
-    kv_heads = head_size = 0
-    revision = ""
-    if vllm_config is not None:
-        model = vllm_config.model_config
-        revision = model.revision or ""
-        kv_heads = model.get_total_num_kv_heads()
-        head_size = model.get_head_size()
-    return Layout(
-        model=config.model.name,
-        revision=revision,
-        dtype=config.model.dtype,
-        kv_layout=config.kv_cache_layout or "LBHNC",
-        page_size_bytes=config.worker_kv_bytes_per_block,
-        tokens_per_block=config.groups[0].tokens_per_block * blocks_per_chunk,
-        num_layers=max(layers, 1),
-        num_kv_heads=max(kv_heads, 1),
-        head_size=max(head_size, 1),
-        tp_size=config.parallel.tp_size,
-        pp_size=config.parallel.pp_size,
-    )
