@@ -1,0 +1,77 @@
+"""The memory tier against the shipped conformance suite, plus the tier base and registry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tiering.errors import ConfigError, MissingDependencyError, UnknownNameError
+from tiering.keys import BlockKey
+from tiering.registry import create_tier, get_tier_class, register_tier, tier_types
+from tiering.testing import NAMESPACE, MakeTier, TierConformance
+from tiering.tier import Tier
+from tiers.memory import MemoryTier
+
+
+class TestMemoryTier(TierConformance):
+    @pytest.fixture
+    def make_tier(self) -> MakeTier:
+        def make(**options: Any) -> Tier:
+            return MemoryTier(namespace=NAMESPACE, **options)
+
+        return make
+
+    async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
+        assert isinstance(tier, MemoryTier)
+        tier.raw_put(key, blob)
+
+    async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
+        assert isinstance(tier, MemoryTier)
+        return tier.raw_get(key)
+
+
+class TestRegistry:
+    def test_builtin_types(self) -> None:
+        assert {"memory", "file", "redis", "s3"} <= set(tier_types())
+        assert get_tier_class("memory") is MemoryTier
+        assert isinstance(create_tier("memory", namespace=NAMESPACE, capacity=10), MemoryTier)
+
+    def test_unknown_type(self) -> None:
+        with pytest.raises(
+            UnknownNameError,
+            match=r"unknown tier type 'rediss' \(did you mean 'redis'\?\); known: .*file, memory",
+        ):
+            get_tier_class("rediss")
+
+    def test_missing_package_says_what_to_install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import sys
+
+        monkeypatch.setitem(sys.modules, "redis", None)  # as if redis-py were not installed
+        monkeypatch.delitem(sys.modules, "tiers.redis", raising=False)
+        with pytest.raises(
+            MissingDependencyError,
+            match=r"tier type 'redis' needs the redis package: pip install kvtier\[redis\]",
+        ):
+            get_tier_class("redis")
+
+    def test_bad_options_name_the_type(self) -> None:
+        with pytest.raises(
+            ConfigError, match="tier type 'memory': .*unexpected keyword argument 'colour'"
+        ):
+            create_tier("memory", namespace=NAMESPACE, colour="blue")
+        with pytest.raises(ConfigError, match="codec: expected one of raw, lz4, zstd"):
+            create_tier("memory", namespace=NAMESPACE, codec="gzip")
+
+    def test_register_a_custom_type(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import tiering.registry as registry
+
+        monkeypatch.setattr(registry, "_registered", {})
+        register_tier("ram", MemoryTier)
+        register_tier("ram2", "tiers.memory:MemoryTier")
+        assert get_tier_class("ram") is MemoryTier and get_tier_class("ram2") is MemoryTier
+        with pytest.raises(ConfigError, match="already registered"):
+            register_tier("memory", MemoryTier)
+        register_tier("bad", "collections:OrderedDict")
+        with pytest.raises(ConfigError, match="is not a Tier subclass"):
+            get_tier_class("bad")

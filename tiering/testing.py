@@ -1,0 +1,315 @@
+"""The conformance suite every tier inherits (pytest), shipped for authors of backends.
+
+    from tiering.testing import TierConformance
+
+    class TestMyTier(TierConformance):
+        @pytest.fixture
+        def make_tier(self, tmp_path):
+            def make(**options):           # a fresh tier object on the same storage each call
+                return MyTier(namespace=NAMESPACE, root=tmp_path, **options)
+            return make
+
+        async def raw_put(self, tier, key, blob): ...   # store object bytes, bypassing `tier`
+        async def raw_get(self, tier, key): ...         # stored object bytes or None, likewise
+
+`make_tier` is called inside the test's event loop (tiers may bind to it); options it passes on
+are `capacity`, `read_only` and `codec`. Every test runs its body with `asyncio.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from tiering.errors import KeyFormatError, StateError
+from tiering.format import encode
+from tiering.keys import BlockKey, make_key
+from tiering.tier import Tier
+
+__all__ = ["NAMESPACE", "OTHER_NAMESPACE", "TierConformance", "key"]
+
+NAMESPACE = bytes(range(16))
+OTHER_NAMESPACE = bytes(range(1, 17))
+MakeTier = Callable[..., Tier]
+
+
+def key(i: int, group: int = 0) -> BlockKey:
+    return make_key(i.to_bytes(4, "big") + bytes(28), group)
+
+
+def payload(size: int, seed: int = 0) -> bytes:
+    """Deterministic, incompressible bytes."""
+    return random.Random(seed * 1_000_003 + size).randbytes(size)
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coro)
+
+
+class TierConformance:
+    """The behaviour every tier must show. Subclasses provide `make_tier`, `raw_put` and
+    `raw_get`; tests of capabilities a tier does not declare are skipped for it."""
+
+    @pytest.fixture
+    def make_tier(self) -> MakeTier:
+        raise NotImplementedError("a TierConformance subclass provides the make_tier fixture")
+
+    async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
+        raise NotImplementedError("a TierConformance subclass provides raw_put")
+
+    async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
+        raise NotImplementedError("a TierConformance subclass provides raw_get")
+
+    def object(self, tier: Tier, k: BlockKey, data: bytes, namespace: bytes | None = None) -> bytes:
+        header, body = encode(k, namespace or tier.namespace, data, align=tier.align)
+        return header + bytes(body)
+
+    # -- round trips ----------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 65539, 2 << 20, 8 << 20])
+    def test_round_trip(self, make_tier: MakeTier, size: int) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                data = payload(size, seed=size)
+                await tier.put(key(size), data)
+                into = bytearray(size)
+                assert await tier.get(key(size), into) is True
+                assert into == data
+                assert tier.counters["hits"] == 1
+
+        run(body())
+
+    def test_round_trip_into_a_memoryview_slice(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                data = payload(8192, seed=3)
+                await tier.put(key(1), memoryview(data))
+                region = bytearray(3 * 8192)
+                assert await tier.get(key(1), memoryview(region)[8192:16384])
+                assert region[8192:16384] == data and not any(region[:8192])
+
+        run(body())
+
+    def test_compressed_codecs(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            for codec in ("lz4", "zstd"):
+                async with make_tier(codec=codec) as tier:
+                    data = bytes(100_000)  # compresses well
+                    await tier.put(key(7), data)
+                    assert await tier.get_bytes(key(7), len(data)) == data
+                    stored = await self.raw_get(tier, key(7))
+                    assert stored is not None and len(stored) < 10_000
+
+        run(body())
+
+    def test_miss_is_a_miss(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                into = bytearray(b"untouched")
+                assert await tier.get(key(404), into) is False
+                assert into == b"untouched"
+                assert tier.counters["misses"] == 1 and not any(
+                    k.startswith("corrupt") for k in tier.counters
+                )
+
+        run(body())
+
+    def test_overwrite(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                await tier.put(key(1), payload(5000, 1))
+                await tier.put(key(1), payload(5000, 2))
+                assert await tier.get_bytes(key(1), 5000) == payload(5000, 2)
+                assert (await tier.stat()).objects == 1
+
+        run(body())
+
+    def test_delete(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                await tier.put(key(1), b"x" * 100)
+                assert await tier.delete(key(1)) is True
+                assert await tier.delete(key(1)) is False
+                assert await tier.get_bytes(key(1), 100) is None
+                assert await self.raw_get(tier, key(1)) is None
+
+        run(body())
+
+    def test_contains_is_batched(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                await tier.put_many([(key(i), b"v" * 10) for i in range(0, 20, 2)])
+                assert await tier.contains([key(i) for i in range(20)]) == [
+                    i % 2 == 0 for i in range(20)
+                ]
+                assert await tier.contains([]) == []
+
+        run(body())
+
+    def test_batches(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                results = await tier.put_many([(key(i), payload(3000, i)) for i in range(40)])
+                assert results == [None] * 40
+                buffers = [bytearray(3000) for _ in range(41)]
+                found = await tier.get_many([(key(i), buffers[i]) for i in range(41)])
+                assert found == [True] * 40 + [False]
+                assert all(buffers[i] == payload(3000, i) for i in range(40))
+                assert await tier.delete_many([key(0), key(999)]) == [True, False]
+
+        run(body())
+
+    def test_invalid_keys_are_rejected(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                for bad in ("not-hex", "ABCDEF0123456789AB", "../../etc/passwd", "0" * 7):
+                    with pytest.raises(KeyFormatError):
+                        await tier.put(bad, b"x")
+                    with pytest.raises(KeyFormatError):
+                        await tier.get(bad, bytearray(1))
+                await tier.put(key(5).hex(), b"by hex")
+                assert await tier.get_bytes(key(5), 6) == b"by hex"
+
+        run(body())
+
+    # -- verification -----------------------------------------------------------------------------
+
+    def corrupt_variants(self, tier: Tier, k: BlockKey, data: bytes) -> dict[str, bytes]:
+        good = self.object(tier, k, data)
+        flipped = bytearray(good)
+        flipped[-1] ^= 0xFF
+        old_version = bytearray(good)
+        old_version[8:10] = (99).to_bytes(2, "little")
+        return {
+            "checksum": bytes(flipped),
+            "truncated": good[:-7],
+            "namespace": self.object(tier, k, data, namespace=OTHER_NAMESPACE),
+            "version": bytes(old_version),
+            "magic": b"garbage" * 20,
+            "key": self.object(tier, key(12345), data),
+        }
+
+    def test_corrupt_and_foreign_objects_are_misses_and_deleted(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                data = payload(4096, 9)
+                for i, reason in enumerate(self.corrupt_variants(tier, key(1), data)):
+                    k = key(100 + i)
+                    await self.raw_put(tier, k, self.corrupt_variants(tier, k, data)[reason])
+                    assert await tier.get(k, bytearray(4096)) is False, reason
+                    assert tier.counters[f"corrupt.{reason}"] == 1, reason
+                    assert await self.raw_get(tier, k) is None, f"{reason}: not deleted"
+                assert tier.counters["hits"] == 0
+
+        run(body())
+
+    def test_a_block_of_another_size_is_refused(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                await tier.put(key(1), payload(4096))
+                assert await tier.get(key(1), bytearray(8192)) is False
+                assert tier.counters["corrupt.truncated"] == 1
+
+        run(body())
+
+    def test_read_only(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as writer:
+                await writer.put(key(1), b"kept")
+            async with make_tier(read_only=True) as tier:
+                with pytest.raises(StateError, match="read-only"):
+                    await tier.put(key(2), b"x")
+                with pytest.raises(StateError, match="read-only"):
+                    await tier.delete(key(1))
+                await self.raw_put(tier, key(3), b"garbage" * 10)
+                assert await tier.get(key(3), bytearray(4)) is False
+                assert await self.raw_get(tier, key(3)) is not None  # refused, but not deleted
+                if tier.persistent or tier.shared:
+                    assert await tier.get_bytes(key(1), 4) == b"kept"
+
+        run(body())
+
+    # -- concurrency ------------------------------------------------------------------------------
+
+    def test_concurrent_puts_and_gets_never_tear(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                size = 256 << 10
+                versions = [payload(size, seed) for seed in range(4)]
+                await tier.put(key(1), versions[0])
+
+                async def reader() -> None:
+                    for _ in range(12):
+                        got = await tier.get_bytes(key(1), size)
+                        assert got in versions
+
+                async def writer(i: int) -> None:
+                    for _ in range(6):
+                        await tier.put(key(1), versions[i])
+
+                await asyncio.gather(*(reader() for _ in range(3)), *(writer(i) for i in range(4)))
+                assert not any(k.startswith("corrupt") for k in tier.counters), tier.counters
+
+        run(body())
+
+    # -- capabilities ---------------------------------------------------------------------------
+
+    def test_capacity_evicts_least_recently_used(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier(capacity=1 << 20) as tier:
+                if not tier.evicts:
+                    pytest.skip(f"{tier.type_name} does not evict by itself")
+                for i in range(6):
+                    await tier.put(key(i), payload(200_000, i))
+                    if i == 3:
+                        assert await tier.get_bytes(key(0), 200_000) is not None  # a use
+                stat = await tier.stat()
+                assert stat.bytes_used <= 1 << 20 and stat.capacity == 1 << 20
+                present = await tier.contains([key(i) for i in range(6)])
+                assert present[0] and present[4] and present[5]  # used, and newest
+                assert not present[1]  # least recently used
+                assert tier.counters["evictions"] >= 1
+
+        run(body())
+
+    def test_listing(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                if not tier.supports_listing:
+                    with pytest.raises(StateError):
+                        [k async for k in tier.keys()]
+                    return
+                wanted = {key(i, group=i % 2) for i in range(25)}
+                for k in wanted:
+                    await tier.put(k, b"v")
+                assert {k async for k in tier.keys()} == wanted
+                assert (await tier.stat()).objects == 25
+
+        run(body())
+
+    def test_close_and_reopen(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                await tier.put(key(1), payload(10_000, 1))
+                persistent = tier.persistent
+            async with make_tier() as again:
+                found = await again.get_bytes(key(1), 10_000)
+                if persistent:
+                    assert found == payload(10_000, 1)
+
+        run(body())
+
+    def test_stat_counts_objects_and_bytes(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier() as tier:
+                for i in range(3):
+                    await tier.put(key(i), payload(1000 * (i + 1), i))
+                stat = await tier.stat()
+                assert stat.objects == 3
+                assert stat.bytes_used >= 6000
+
+        run(body())

@@ -1,0 +1,77 @@
+"""The memory tier: the reference implementation of the tier contract, and a test double."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from tiering.errors import TierFull
+from tiering.keys import BlockKey
+from tiering.tier import Buffer, Tier, TierStat
+
+__all__ = ["MemoryTier"]
+
+
+class MemoryTier(Tier):
+    """Objects in a dict, least recently used first; evicts to stay within `capacity` bytes.
+    Runs on the runtime's event loop (no I/O, so no thread pool)."""
+
+    type_name = "memory"
+    supports_listing = True
+    evicts = True
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._objects: OrderedDict[BlockKey, bytes] = OrderedDict()
+        self._bytes = 0
+
+    async def _read(self, key: BlockKey) -> Buffer | None:
+        blob = self._objects.get(key)
+        if blob is not None:
+            self._objects.move_to_end(key)
+        return blob
+
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+        blob = b"".join(parts)
+        if self.capacity is not None and len(blob) > self.capacity:
+            raise TierFull(
+                f"tier {self.name!r}: an object of {len(blob)} bytes exceeds the capacity"
+            )
+        self._delete_now(key)
+        if self.capacity is not None:
+            while self._bytes + len(blob) > self.capacity:
+                _, evicted = self._objects.popitem(last=False)
+                self._bytes -= len(evicted)
+                self.counters["evictions"] += 1
+        self._objects[key] = blob
+        self._bytes += len(blob)
+
+    async def _delete(self, key: BlockKey) -> bool:
+        return self._delete_now(key)
+
+    async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
+        return [key in self._objects for key in keys]
+
+    async def _stat(self) -> TierStat:
+        return TierStat(len(self._objects), self._bytes, self.capacity)
+
+    async def _list(self) -> AsyncIterator[BlockKey]:
+        for key in list(self._objects):
+            yield key
+
+    def raw_put(self, key: BlockKey, blob: bytes) -> None:
+        """Store object bytes as they are, bypassing encoding (white-box tests)."""
+        self._delete_now(key)
+        self._objects[key] = blob
+        self._bytes += len(blob)
+
+    def raw_get(self, key: BlockKey) -> bytes | None:
+        return self._objects.get(key)
+
+    def _delete_now(self, key: BlockKey) -> bool:
+        blob = self._objects.pop(key, None)
+        if blob is None:
+            return False
+        self._bytes -= len(blob)
+        return True
