@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tiering.config import Config, PrimaryConfig, load_config, parse_config, parse_size
+from tiering.config import (
+    Config,
+    PrimaryConfig,
+    load_config,
+    parse_config,
+    parse_duration,
+    parse_size,
+)
 from tiering.errors import ConfigError
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -74,3 +81,17 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
         load_config(bad)
     with pytest.raises(ConfigError, match="cannot read config"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("200ms", 0.2), ("10s", 10.0), ("5m", 300.0), ("1h", 3600.0), ("2d", 172800.0), ("1.5", 1.5)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text, "x") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["soon", "-1s", 0, "1 week"])
+def test_bad_durations(bad: object) -> None:
+    with pytest.raises(ConfigError, match="ttl"):
+        parse_duration(bad, "ttl")

@@ -21,7 +21,15 @@ import yaml
 from tiering.errors import ConfigError
 from tiering.policies import get_policy_class
 
-__all__ = ["SCHEMA_VERSION", "Config", "PrimaryConfig", "load_config", "parse_config", "parse_size"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Config",
+    "PrimaryConfig",
+    "load_config",
+    "parse_config",
+    "parse_duration",
+    "parse_size",
+]
 
 SCHEMA_VERSION = 1
 
@@ -54,6 +62,23 @@ def parse_size(value: object, where: str) -> int:
     if size <= 0:
         raise ConfigError(f"{where}: must be positive, got {value!r}")
     return size
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*\Z")
+_SECONDS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: object, where: str) -> float:
+    """Seconds from a number or a string like `200ms`, `10s`, `5m`, `1h`, `2d`."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _SECONDS[m.group(2) or "s"]
+    else:
+        raise ConfigError(f"{where}: expected a duration like '200ms' or '1h', got {value!r}")
+    if seconds <= 0:
+        raise ConfigError(f"{where}: must be positive, got {value!r}")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

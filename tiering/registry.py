@@ -66,9 +66,9 @@ def get_tier_class(name: str) -> type[Tier]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         if extra is not None:
+            package = (e.name or extra).split(".")[0]
             raise MissingDependencyError(
-                f"tier type {name!r} needs the {e.name or extra} package: "
-                f"pip install kvtier[{extra}]"
+                f"tier type {name!r} needs the {package} package: pip install kvtier[{extra}]"
             ) from e
         raise MissingDependencyError(f"tier type {name!r}: cannot import {target!r}: {e}") from e
     cls = getattr(module, class_name, None)

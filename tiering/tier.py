@@ -178,31 +178,37 @@ class Tier(ABC):
                     raise Corrupt("codec", f"expected a raw object, found {header.codec}")
                 self._check_length(header.raw_length, len(view))
                 verify_payload(header, view[: header.stored_length])
-            else:
-                blob = await self._call(self._read(block))
-                if blob is None:
-                    return self._miss()
-                blob = memoryview(blob)
-                header = decode_header(blob, block, self.namespace)
-                payload = blob[header.payload_offset : header.object_length]
-                verify_payload(header, payload)
-                self._check_length(header.raw_length, len(view))
-                view[:] = decompress(header.codec, payload, header.raw_length)
+                return self._hit(len(view))
+            blob = await self._call(self._read(block))
         except Corrupt as e:
             await self._refuse(block, e)
             return False
+        return await self._accept(block, blob, view)
+
+    async def _accept(self, block: BlockKey, blob: Buffer | None, view: memoryview) -> bool:
+        """Verify a stored object read by a backend and copy its block into `view`."""
+        if blob is None:
+            return self._miss()
+        try:
+            blob = memoryview(blob)
+            header = decode_header(blob, block, self.namespace)
+            payload = blob[header.payload_offset : header.object_length]
+            verify_payload(header, payload)
+            self._check_length(header.raw_length, len(view))
+            view[:] = decompress(header.codec, payload, header.raw_length)
+        except Corrupt as e:
+            await self._refuse(block, e)
+            return False
+        return self._hit(len(view))
+
+    def _hit(self, size: int) -> bool:
         self.counters["hits"] += 1
-        self.counters["bytes_read"] += len(view)
+        self.counters["bytes_read"] += size
         return True
 
-    async def get_bytes(self, key: KeyLike, size: int) -> bytes | None:
-        """The block of `key` (of `size` bytes) as bytes, or None: `get` for callers without a
-        buffer of their own."""
-        out = bytearray(size)
-        return bytes(out) if await self.get(key, out) else None
-
-    async def put(self, key: KeyLike, data: Buffer | bytearray) -> None:
-        """Store `data` as the block of `key`, replacing any."""
+    def _encode(
+        self, key: KeyLike, data: Buffer | bytearray
+    ) -> tuple[BlockKey, tuple[Buffer, Buffer]]:
         block = as_key(key)
         self._writable("put")
         header, payload = encode(
@@ -213,7 +219,18 @@ class Tier(ABC):
             checksum_kind=self.checksum,
             align=self.align,
         )
-        await self._call(self._write(block, (header, payload)))
+        return block, (header, payload)
+
+    async def get_bytes(self, key: KeyLike, size: int) -> bytes | None:
+        """The block of `key` (of `size` bytes) as bytes, or None: `get` for callers without a
+        buffer of their own."""
+        out = bytearray(size)
+        return bytes(out) if await self.get(key, out) else None
+
+    async def put(self, key: KeyLike, data: Buffer | bytearray) -> None:
+        """Store `data` as the block of `key`, replacing any."""
+        block, parts = self._encode(key, data)
+        await self._call(self._write(block, parts))
         self.counters["puts"] += 1
         self.counters["bytes_written"] += len(data)
 

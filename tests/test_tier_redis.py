@@ -1,0 +1,146 @@
+"""The Redis tier against real redis-server processes: one server, one with AUTH, and a
+three-node Redis Cluster, all through the conformance suite; then TTL and a server that dies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from tests.servers import RedisClusterServers, RedisServer
+from tiering.errors import TierError, TierTimeout, TierUnavailable
+from tiering.keys import BlockKey
+from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
+from tiering.tier import Tier
+from tiers.redis import RedisTier
+
+pytestmark = pytest.mark.redis
+
+
+def flush(port: int, password: str | None = None) -> None:
+    client = redis.Redis(host="127.0.0.1", port=port, password=password)
+    client.flushall()
+    client.close()
+
+
+class RedisHooks(TierConformance):
+    async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
+        assert isinstance(tier, RedisTier)
+        await tier.raw_set(key, blob)
+
+    async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
+        assert isinstance(tier, RedisTier)
+        return await tier.raw_get(key)
+
+
+class TestRedisTier(RedisHooks):
+    @pytest.fixture
+    def make_tier(self, redis_server: RedisServer) -> MakeTier:
+        flush(redis_server.port)
+
+        def make(**options: Any) -> Tier:
+            return RedisTier(namespace=NAMESPACE, url=redis_server.url, **options)
+
+        return make
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis-auth"), password="s3cret")
+    server.start()
+    yield server
+    server.stop()
+
+
+class TestRedisTierWithAuth(RedisHooks):
+    @pytest.fixture
+    def make_tier(self, auth_server: RedisServer) -> MakeTier:
+        flush(auth_server.port, "s3cret")
+
+        def make(**options: Any) -> Tier:
+            return RedisTier(namespace=NAMESPACE, url=auth_server.url, password="s3cret", **options)
+
+        return make
+
+
+class TestRedisClusterTier(RedisHooks):
+    @pytest.fixture
+    def make_tier(self, redis_cluster: RedisClusterServers) -> MakeTier:
+        for node in redis_cluster.nodes:
+            flush(node.port)
+
+        def make(**options: Any) -> Tier:
+            return RedisTier(namespace=NAMESPACE, url=redis_cluster.url, cluster=True, **options)
+
+        return make
+
+
+def test_wrong_password_is_refused(auth_server: RedisServer) -> None:
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=auth_server.url, password="wrong") as tier:
+            with pytest.raises(TierError, match="(?i)password|auth"):
+                await tier.put(key(1), b"x")
+
+    asyncio.run(body())
+
+
+def test_ttl_expires_blocks(redis_server: RedisServer) -> None:
+    flush(redis_server.port)
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url, ttl="1s") as tier:
+            await tier.put(key(1), b"short-lived")
+            assert await tier.contains([key(1)]) == [True]
+            await asyncio.sleep(2.2)
+            assert await tier.contains([key(1)]) == [False]
+
+    asyncio.run(body())
+
+
+def test_keys_are_prefixed_by_namespace(redis_server: RedisServer) -> None:
+    flush(redis_server.port)
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url) as tier:
+            await tier.put(key(1), b"v")
+        client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+        assert client.keys() == [f"kvtier:{NAMESPACE.hex()}:{key(1).hex()}".encode()]
+        client.close()
+
+    asyncio.run(body())
+
+
+def test_server_killed_mid_run_then_back(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Calls fail fast as TierUnavailable while the server is down (no hang), and the same tier
+    object works again once it is back."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-dies"))
+    server.start()
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=server.url, timeout=3.0) as tier:
+            await tier.put(key(1), payload(100_000, 1))
+            server.stop()
+            for call in (
+                tier.get(key(1), bytearray(100_000)),
+                tier.put(key(2), b"x"),
+                tier.contains([key(1), key(2)]),
+            ):
+                start = time.monotonic()
+                with pytest.raises((TierUnavailable, TierTimeout)):
+                    await call
+                assert time.monotonic() - start < 3.5
+            results = await tier.put_many([(key(3), b"y")])
+            assert isinstance(results[0], TierUnavailable | TierTimeout)
+            server.start()  # same port, empty (no persistence configured)
+            await tier.put(key(4), payload(1000, 4))
+            assert await tier.get_bytes(key(4), 1000) == payload(1000, 4)
+            assert tier.counters["errors"] >= 4
+
+    try:
+        asyncio.run(body())
+    finally:
+        server.stop()

@@ -1,0 +1,99 @@
+"""The forwarding base (through the conformance suite) and the fault injector."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from tiering.errors import TierTimeout, TierUnavailable
+from tiering.keys import BlockKey
+from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
+from tiering.tier import Tier
+from tiering.wrappers import FaultyTier, ForwardingTier
+from tiers.memory import MemoryTier
+
+
+class TestForwardingTier(TierConformance):
+    @pytest.fixture
+    def make_tier(self) -> MakeTier:
+        def make(**options: Any) -> Tier:
+            return ForwardingTier(MemoryTier(namespace=NAMESPACE, **options))
+
+        return make
+
+    async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
+        assert isinstance(tier, ForwardingTier) and isinstance(tier.inner, MemoryTier)
+        tier.inner.raw_put(key, blob)
+
+    async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
+        assert isinstance(tier, ForwardingTier) and isinstance(tier.inner, MemoryTier)
+        return tier.inner.raw_get(key)
+
+
+def faulty(**faults: Any) -> FaultyTier:
+    return FaultyTier(MemoryTier(namespace=NAMESPACE), seed=1, **faults)
+
+
+def test_injected_corruption_is_caught_by_verification() -> None:
+    async def body() -> None:
+        tier = faulty(corrupt=1.0)
+        await tier.put(key(1), payload(10_000, 1))
+        assert await tier.get(key(1), bytearray(10_000)) is False
+        reasons = [k for k in tier.counters if k.startswith("corrupt.")]
+        assert reasons and tier.injected["corrupt"] == 1
+        assert isinstance(tier.inner, MemoryTier) and tier.inner.raw_get(key(1)) is None
+        assert await tier.contains([key(1)]) == [False]  # deleted as refused
+
+    asyncio.run(body())
+
+
+def test_injected_failures_raise_unavailable() -> None:
+    async def body() -> None:
+        tier = faulty(fail=1.0)
+        for call in (
+            tier.put(key(1), b"x"),
+            tier.get(key(1), bytearray(1)),
+            tier.contains([key(1)]),
+        ):
+            with pytest.raises(TierUnavailable, match="injected"):
+                await call
+        tier.fail = 0.0
+        await tier.put(key(1), b"x")  # recovers as soon as the fault goes
+        assert tier.counters["errors"] == 3
+
+    asyncio.run(body())
+
+
+def test_injected_delay_hits_the_deadline() -> None:
+    async def body() -> None:
+        tier = faulty(delay=1.0, delay_seconds=10.0, timeout=0.2)
+        start = time.monotonic()
+        with pytest.raises(TierTimeout, match="no answer within 0.2s"):
+            await tier.get(key(1), bytearray(1))
+        assert time.monotonic() - start < 1.0
+
+    asyncio.run(body())
+
+
+def test_dropped_writes_are_misses_later() -> None:
+    async def body() -> None:
+        tier = faulty(drop=1.0)
+        await tier.put(key(1), b"lost")
+        tier.drop = 0.0
+        assert await tier.get_bytes(key(1), 4) is None
+
+    asyncio.run(body())
+
+
+def test_batches_report_failures_in_place() -> None:
+    async def body() -> None:
+        tier = FaultyTier(MemoryTier(namespace=NAMESPACE), fail=0.5, seed=3)
+        results = await tier.put_many([(key(i), b"v") for i in range(40)])
+        failed = [r for r in results if isinstance(r, TierUnavailable)]
+        assert 5 < len(failed) < 35 and len(failed) == tier.injected["fail"]
+        assert all(r is None or isinstance(r, TierUnavailable) for r in results)
+
+    asyncio.run(body())

@@ -1,0 +1,192 @@
+"""The Redis tier: blocks as Redis strings, one server or a Redis Cluster.
+
+Keys are `kvtier:<namespace hex>:<key hex>`, so several models share a server without seeing
+each other's blocks and `kvtier ls` can scan one namespace. Batches (`contains`, `get_many`,
+`put_many`) go in one pipeline per batch. `redis.asyncio` packs commands in Python, which is
+the fast path for large values (hiredis's packer copies them slowly; shared/services.md);
+hiredis, when installed, still parses the replies. Every call has socket timeouts; connection
+and timeout errors become `TierUnavailable` / `TierTimeout`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
+
+from tiering.config import parse_duration
+from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
+from tiering.keys import BlockKey, key_from_hex
+from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
+
+__all__ = ["RedisTier"]
+
+
+class RedisTier(Tier):
+    """Blocks in Redis. Runs on the runtime's event loop (redis.asyncio)."""
+
+    type_name = "redis"
+    persistent = True  # the server keeps blocks when this process restarts
+    shared = True
+    supports_listing = True
+
+    def __init__(
+        self,
+        *,
+        url: str = "redis://127.0.0.1:6379/0",
+        username: str | None = None,
+        password: str | None = None,
+        ttl: float | str | None = None,
+        cluster: bool = False,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        socket_timeout: float = 2.0,
+        connect_timeout: float = 1.0,
+        **options: Any,
+    ) -> None:
+        """`url` as redis-py reads it (`rediss://` for TLS); `ttl` (seconds or a duration such
+        as `1h`) expires blocks; `cluster` talks to a Redis Cluster through any of its nodes."""
+        super().__init__(**options)
+        self.ttl = None if ttl is None else parse_duration(ttl, "ttl")
+        self._prefix = f"kvtier:{self.namespace.hex()}:".encode()
+        kwargs: dict[str, Any] = {
+            "username": username,
+            "password": password,
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            "max_connections": 2 * self.concurrency,
+        }
+        if tls_ca_file or tls_cert_file or tls_key_file:
+            kwargs |= {
+                "ssl_ca_certs": tls_ca_file,
+                "ssl_certfile": tls_cert_file,
+                "ssl_keyfile": tls_key_file,
+            }
+            if url.startswith("redis://"):
+                url = "rediss://" + url[len("redis://") :]
+        try:
+            if cluster:
+                del kwargs["max_connections"]
+                self._client: Any = RedisCluster.from_url(url, **kwargs)
+            else:
+                self._client = aioredis.Redis.from_url(url, **kwargs)
+        except ValueError as e:
+            raise ConfigError(f"tier {self.name!r}: url {url!r}: {e}") from e
+        self.url = url
+
+    def _name(self, key: BlockKey) -> bytes:
+        return self._prefix + key.hex().encode()
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except redis_errors.TimeoutError as e:
+            raise TierTimeout(f"tier {self.name!r}: {what} timed out ({self.url})") from e
+        except (redis_errors.ConnectionError, OSError) as e:
+            raise TierUnavailable(f"tier {self.name!r}: {what} failed: {e} ({self.url})") from e
+        except redis_errors.RedisError as e:
+            raise TierError(f"tier {self.name!r}: {what} failed: {e}") from e
+
+    async def _read(self, key: BlockKey) -> Buffer | None:
+        with self._errors("GET"):
+            blob: bytes | None = await self._client.get(self._name(key))
+            return blob
+
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+        with self._errors("SET"):
+            await self._client.set(self._name(key), b"".join(parts), ex=self._ex())
+
+    async def _delete(self, key: BlockKey) -> bool:
+        with self._errors("DEL"):
+            return bool(await self._client.delete(self._name(key)))
+
+    async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
+        with self._errors("EXISTS"):
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(self._name(key))
+            return [bool(n) for n in await pipe.execute()]
+
+    async def _list(self) -> AsyncIterator[BlockKey]:
+        with self._errors("SCAN"):
+            async for name in self._client.scan_iter(match=self._prefix + b"*", count=1000):
+                yield key_from_hex(name[len(self._prefix) :].decode())
+
+    async def _stat(self) -> TierStat:
+        with self._errors("SCAN"):
+            names = [n async for n in self._client.scan_iter(match=self._prefix + b"*", count=1000)]
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.strlen(name)
+            sizes = await pipe.execute() if names else []
+        return TierStat(len(names), sum(sizes), self.capacity)
+
+    async def _close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._client.aclose()
+
+    def _ex(self) -> int | None:
+        return None if self.ttl is None else max(1, round(self.ttl))
+
+    # -- pipelined batches ------------------------------------------------------------------------
+
+    async def get_many(
+        self, items: Sequence[tuple[KeyLike, memoryview | bytearray]]
+    ) -> list[bool | BaseException]:
+        """One pipeline of GETs; each object is verified like `get`'s."""
+        if not items:
+            return []
+        blocks = [as_key(k) for k, _ in items]
+
+        async def fetch() -> list[Any]:
+            with self._errors("GET (pipelined)"):
+                pipe = self._client.pipeline(transaction=False)
+                for block in blocks:
+                    pipe.get(self._name(block))
+                return list(await pipe.execute())
+
+        try:
+            blobs = await self._call(fetch())
+        except TierError as e:
+            return [e] * len(items)
+        return [
+            await self._accept(block, blob, memoryview(buffer).cast("B"))
+            for block, blob, (_, buffer) in zip(blocks, blobs, items, strict=True)
+        ]
+
+    async def put_many(
+        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
+    ) -> list[None | BaseException]:
+        """One pipeline of SETs."""
+        if not items:
+            return []
+        encoded = [self._encode(k, d) for k, d in items]
+
+        async def store() -> None:
+            with self._errors("SET (pipelined)"):
+                pipe = self._client.pipeline(transaction=False)
+                for block, parts in encoded:
+                    pipe.set(self._name(block), b"".join(parts), ex=self._ex())
+                await pipe.execute()
+
+        try:
+            await self._call(store())
+        except TierError as e:
+            return [e] * len(items)
+        self.counters["puts"] += len(items)
+        self.counters["bytes_written"] += sum(len(d) for _, d in items)
+        return [None] * len(items)
+
+    async def raw_set(self, key: BlockKey, blob: bytes) -> None:
+        """Store object bytes as they are (white-box tests)."""
+        await self._client.set(self._name(key), blob)
+
+    async def raw_get(self, key: BlockKey) -> bytes | None:
+        value: bytes | None = await self._client.get(self._name(key))
+        return value

@@ -1,0 +1,387 @@
+"""The S3 tier: blocks as objects in a bucket (AWS S3 or any S3-compatible server).
+
+Object names: `<prefix><namespace hex>/<ab>/<key hex>` — spread over 256 prefixes by the key's
+first byte, since S3 scales request rates per prefix. One boto3 client (thread-safe) serves a
+bounded thread pool; retries use botocore's standard mode. Objects above
+`multipart_threshold` go up in parts.
+
+With `blocks_per_object` > 1, puts are gathered and written `blocks_per_object` at a time as one
+*pack* (`<prefix><namespace hex>/packs/<id>`): a 4-byte index length, a JSON index of
+`key hex -> [offset, length]`, then the objects back to back. A hit reads only its byte range
+(ranged GET). The tier's index of packs is rebuilt from the packs' own indexes when the tier
+starts (and by `refresh_packs`), so packs survive restarts; blocks not yet packed are held in
+memory and written out at `close`. Deleting a packed block forgets it in this process; the pack
+object itself goes when all its blocks are deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import boto3
+from botocore.config import Config as BotoConfig
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
+
+from tiering.config import parse_size
+from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
+from tiering.keys import BlockKey, key_from_hex
+from tiering.tier import Buffer, Tier, TierStat
+
+__all__ = ["S3Tier"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_MISSING = ("404", "NoSuchKey", "NotFound")
+
+
+class S3Tier(Tier):
+    """Blocks in an S3 bucket. Runs on the runtime's event loop; boto3 calls in a pool of
+    `concurrency` threads."""
+
+    type_name = "s3"
+    persistent = True
+    shared = True
+    supports_listing = True
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        session_token: str | None = None,
+        blocks_per_object: int = 1,
+        multipart_threshold: int | str = "64MiB",
+        part_size: int | str = "16MiB",
+        retries: int = 3,
+        connect_timeout: float = 2.0,
+        read_timeout: float = 10.0,
+        **options: Any,
+    ) -> None:
+        """Credentials come from the standard chain (environment, profile, instance role)
+        unless given; `endpoint_url` points at an S3-compatible server."""
+        super().__init__(**options)
+        if not bucket:
+            raise ConfigError(f"tier {self.name!r}: bucket must not be empty")
+        if blocks_per_object < 1:
+            raise ConfigError(f"tier {self.name!r}: blocks_per_object must be at least 1")
+        self.bucket = bucket
+        self.prefix = prefix
+        self.blocks_per_object = blocks_per_object
+        self.multipart_threshold = parse_size(multipart_threshold, "multipart_threshold")
+        self.part_size = max(parse_size(part_size, "part_size"), 5 << 20)
+        self.endpoint_url = endpoint_url
+        self._base = f"{prefix}{self.namespace.hex()}/"
+        self._client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region or "us-east-1",
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            aws_session_token=session_token,
+            config=BotoConfig(
+                retries={"mode": "standard", "max_attempts": retries},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+                max_pool_connections=self.concurrency,
+            ),
+        )
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"kvtier-{self.name}")
+        # Packing: key -> (pack name, offset, length); blocks waiting for a pack; live blocks
+        # per pack. Touched from pool threads, hence the lock.
+        self._lock = threading.Lock()
+        self._packed: dict[BlockKey, tuple[str, int, int]] = {}
+        self._pending: dict[BlockKey, bytes] = {}
+        self._pack_members: dict[str, set[BlockKey]] = {}
+        self._packs_loaded = blocks_per_object == 1
+
+    # -- naming and errors ---------------------------------------------------------------------
+
+    def _name(self, key: BlockKey) -> str:
+        text = key.hex()
+        return f"{self._base}{text[:2]}/{text}"
+
+    async def _run(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._guard, function, args
+        )
+
+    def _guard(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
+        try:
+            return function(*args)
+        except (ConnectTimeoutError, ReadTimeoutError) as e:
+            raise TierTimeout(f"tier {self.name!r}: {e} ({self.endpoint_url or 'AWS'})") from e
+        except EndpointConnectionError as e:
+            raise TierUnavailable(f"tier {self.name!r}: {e}") from e
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("SlowDown", "ServiceUnavailable", "InternalError", "503", "500"):
+                raise TierUnavailable(f"tier {self.name!r}: {code}: {e}") from e
+            raise TierError(f"tier {self.name!r}: {e}") from e
+        except BotoCoreError as e:
+            raise TierUnavailable(f"tier {self.name!r}: {e}") from e
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    async def _read(self, key: BlockKey) -> Buffer | None:
+        await self._load_packs()
+        with self._lock:
+            pending = self._pending.get(key)
+            packed = self._packed.get(key)
+        if pending is not None:
+            return pending
+        if packed is not None:
+            pack, offset, length = packed
+            blob = await self._run(self._get_range, pack, offset, length)
+            if blob is not None:
+                return blob
+        return await self._run(self._get, self._name(key))
+
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+        blob = b"".join(parts)
+        if self.blocks_per_object == 1:
+            await self._run(self._put, self._name(key), blob)
+            return
+        await self._load_packs()
+        with self._lock:
+            self._pending[key] = blob
+            batch = None
+            if len(self._pending) >= self.blocks_per_object:
+                batch, self._pending = self._pending, {}
+        if batch is not None:
+            await self._write_pack(batch)
+
+    async def _delete(self, key: BlockKey) -> bool:
+        await self._load_packs()
+        forgotten = False
+        empty_pack = None
+        with self._lock:
+            if self._pending.pop(key, None) is not None:
+                forgotten = True
+            packed = self._packed.pop(key, None)
+            if packed is not None:
+                forgotten = True
+                members = self._pack_members.get(packed[0], set())
+                members.discard(key)
+                if not members:
+                    empty_pack = packed[0]
+                    self._pack_members.pop(packed[0], None)
+        if empty_pack is not None:
+            await self._run(self._delete_object, empty_pack)
+        existed = await self._run(self._head, self._name(key))
+        if existed:
+            await self._run(self._delete_object, self._name(key))
+        return existed or forgotten
+
+    async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
+        await self._load_packs()
+        with self._lock:
+            known = [k in self._pending or k in self._packed for k in keys]
+        heads = await asyncio.gather(
+            *(
+                self._run(self._head, self._name(k))
+                for k, found in zip(keys, known, strict=True)
+                if not found
+            )
+        )
+        answers = iter(heads)
+        return [found or next(answers) for found in known]
+
+    async def _list(self) -> AsyncIterator[BlockKey]:
+        await self._load_packs()
+        with self._lock:
+            seen = set(self._pending) | set(self._packed)
+        for key in seen:
+            yield key
+        for name, _ in await self._run(self._list_objects, self._base):
+            if "/packs/" in name:
+                continue
+            key = key_from_hex(name.rsplit("/", 1)[-1])
+            if key not in seen:
+                yield key
+
+    async def _stat(self) -> TierStat:
+        await self._load_packs()
+        objects = await self._run(self._list_objects, self._base)
+        singles = [(n, size) for n, size in objects if "/packs/" not in n]
+        with self._lock:
+            packed_bytes = sum(length for _, _, length in self._packed.values())
+            pending_bytes = sum(len(b) for b in self._pending.values())
+            count = len(self._packed) + len(self._pending)
+        return TierStat(
+            count + len(singles),
+            packed_bytes + pending_bytes + sum(s for _, s in singles),
+            self.capacity,
+        )
+
+    async def _close(self) -> None:
+        try:
+            with self._lock:
+                batch, self._pending = self._pending, {}
+            if batch:
+                await self._write_pack(batch)
+        finally:
+            self._pool.shutdown(wait=True)
+
+    # -- packs ----------------------------------------------------------------------------------
+
+    async def _write_pack(self, batch: dict[BlockKey, bytes]) -> None:
+        index: dict[str, list[int]] = {}
+        at = 0
+        for key, blob in batch.items():
+            index[key.hex()] = [at, len(blob)]
+            at += len(blob)
+        head = json.dumps(index, separators=(",", ":")).encode()
+        prefix = len(head).to_bytes(4, "big") + head
+        name = f"{self._base}packs/{uuid.uuid4().hex}"
+        try:
+            await self._run(self._put, name, prefix + b"".join(batch.values()))
+        except TierError:
+            with self._lock:  # keep the blocks for the next pack rather than lose them
+                for key, blob in batch.items():
+                    self._pending.setdefault(key, blob)
+            raise
+        with self._lock:
+            members = self._pack_members.setdefault(name, set())
+            for text, (offset, length) in index.items():
+                block = key_from_hex(text)
+                if block in self._pending:  # rewritten while this pack was in flight
+                    continue
+                old = self._packed.get(block)
+                if old is not None:
+                    self._pack_members.get(old[0], set()).discard(block)
+                self._packed[block] = (name, len(prefix) + offset, length)
+                members.add(block)
+
+    async def _load_packs(self) -> None:
+        if self._packs_loaded:
+            return
+        self._packs_loaded = True
+        await self.refresh_packs()
+
+    async def refresh_packs(self) -> None:
+        """Read the index of every pack in the bucket (packs written by other processes, or
+        before a restart)."""
+        for name, _ in await self._run(self._list_objects, f"{self._base}packs/"):
+            raw = await self._run(self._get_range, name, 0, 4)
+            if raw is None or len(raw) < 4:
+                continue
+            length = int.from_bytes(raw, "big")
+            head = await self._run(self._get_range, name, 4, length)
+            try:
+                index = json.loads(bytes(head or b"{}"))
+            except ValueError:
+                log.warning("tier %r: pack %s has an unreadable index; ignored", self.name, name)
+                continue
+            with self._lock:
+                members = self._pack_members.setdefault(name, set())
+                for text, (offset, size) in index.items():
+                    block = key_from_hex(text)
+                    if block not in self._packed:
+                        self._packed[block] = (name, 4 + length + offset, size)
+                        members.add(block)
+
+    # -- boto3, in the pool ----------------------------------------------------------------------
+
+    def _get(self, name: str) -> bytes | None:
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=name)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _MISSING:
+                return None
+            raise
+        data: bytes = response["Body"].read()
+        return data
+
+    def _get_range(self, name: str, offset: int, length: int) -> bytes | None:
+        if length == 0:
+            return b""
+        try:
+            response = self._client.get_object(
+                Bucket=self.bucket, Key=name, Range=f"bytes={offset}-{offset + length - 1}"
+            )
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in (*_MISSING, "InvalidRange"):
+                return None
+            raise
+        data: bytes = response["Body"].read()
+        return data
+
+    def _head(self, name: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=name)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _MISSING:
+                return False
+            raise
+        return True
+
+    def _put(self, name: str, blob: bytes) -> None:
+        if len(blob) <= self.multipart_threshold:
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=blob)
+            return
+        upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=name)["UploadId"]
+        try:
+            parts = []
+            view = memoryview(blob)
+            for number, at in enumerate(range(0, len(blob), self.part_size), start=1):
+                etag = self._client.upload_part(
+                    Bucket=self.bucket,
+                    Key=name,
+                    UploadId=upload,
+                    PartNumber=number,
+                    Body=bytes(view[at : at + self.part_size]),
+                )["ETag"]
+                parts.append({"ETag": etag, "PartNumber": number})
+            self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=name, UploadId=upload, MultipartUpload={"Parts": parts}
+            )
+        except Exception:
+            self._client.abort_multipart_upload(Bucket=self.bucket, Key=name, UploadId=upload)
+            raise
+
+    def _delete_object(self, name: str) -> None:
+        self._client.delete_object(Bucket=self.bucket, Key=name)
+
+    def _list_objects(self, prefix: str) -> list[tuple[str, int]]:
+        found = []
+        for page in self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        ):
+            found += [(item["Key"], int(item["Size"])) for item in page.get("Contents", [])]
+        return found
+
+    # -- white-box hooks ------------------------------------------------------------------------
+
+    def raw_put(self, key: BlockKey, blob: bytes) -> None:
+        """Store object bytes as they are, as a single object (tests)."""
+        self._client.put_object(Bucket=self.bucket, Key=self._name(key), Body=blob)
+
+    def raw_get(self, key: BlockKey) -> bytes | None:
+        """The stored object of `key`: its byte range in a pack, pending bytes, or the single
+        object (tests)."""
+        with self._lock:
+            pending = self._pending.get(key)
+            packed = self._packed.get(key)
+        if pending is not None:
+            return pending
+        if packed is not None:
+            return self._get_range(*packed)
+        return self._get(self._name(key))
