@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: installs what the tests need into .venv, then runs
-# the linters (ruff), the type checker (mypy --strict) and pytest. Extra arguments go to pytest.
+# The whole test suite, from a fresh machine: installs what the tests need (redis-server from
+# Debian, the rest into .venv: the project with its test extra, which brings SeaweedFS, and the
+# compiled copy helper), then runs the linters (ruff), the type checker (mypy --strict) and
+# pytest. The vLLM end-to-end tests prepare vLLM's own environment on first use. Extra
+# arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Real servers for the tier tests: redis-server from Debian (SeaweedFS's `weed` comes from
+# PyPI with the test extra).
+if ! command -v redis-server >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+fi
 
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv

@@ -112,3 +112,22 @@ def test_namespaces_live_apart(tmp_path: Path) -> None:
             assert [k async for k in theirs.keys()] == []
 
     asyncio.run(body())
+
+
+def test_direct_io_moves_page_aligned_slots_without_bounce_buffers(tmp_path: Path) -> None:
+    import mmap
+
+    async def body() -> None:
+        async with FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, direct=True) as tier:
+            source = memoryview(mmap.mmap(-1, 64 << 10))
+            source[:] = payload(64 << 10, 5)
+            await tier.put(key(1), source)
+            assert tier.raw_path(key(1)).stat().st_size == 4096 + (64 << 10)
+            target = memoryview(mmap.mmap(-1, 64 << 10))
+            assert await tier.get(key(1), target)
+            assert bytes(target) == payload(64 << 10, 5)
+            wrong = memoryview(mmap.mmap(-1, 128 << 10))  # an aligned slot of another size
+            assert await tier.get(key(1), wrong) is False
+            assert tier.counters["corrupt.truncated"] == 1
+
+    asyncio.run(body())

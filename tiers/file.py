@@ -21,11 +21,14 @@ import itertools
 import logging
 import mmap
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+
+import numpy as np
 
 from tiering.config import parse_size
 from tiering.errors import ConfigError, TierFull, TierUnavailable
@@ -85,6 +88,8 @@ class FileTier(Tier):
         self._index: OrderedDict[BlockKey, int] = OrderedDict()
         self._bytes = 0
         self._tmp = itertools.count()
+        self._buffers = threading.local()  # one aligned bounce buffer per pool thread
+        self._dirs: set[Path] = set()
         self._rebuild_index()
 
     # -- start-up -------------------------------------------------------------------------------
@@ -211,9 +216,9 @@ class FileTier(Tier):
             size = os.fstat(fd).st_size
             if not self.direct:
                 return os.pread(fd, size, 0)
-            buffer = mmap.mmap(-1, max(-(-size // BLOCK) * BLOCK, BLOCK))
+            buffer = self._aligned(max(-(-size // BLOCK) * BLOCK, BLOCK))
             n = os.preadv(fd, [buffer], 0)
-            return memoryview(buffer)[:n]
+            return bytes(buffer[:n])  # the bounce buffer is reused by this thread's next call
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
         finally:
@@ -223,17 +228,7 @@ class FileTier(Tier):
         """The header; the payload goes straight into `payload` (buffered I/O) or through an
         aligned buffer (O_DIRECT). A file shorter than its header says is `Corrupt`."""
         if self.direct:
-            blob = self._read_file(path)
-            if blob is None:
-                return None
-            view = memoryview(blob)
-            lengths = peek_lengths(view)
-            if lengths is not None and lengths[1] == len(payload):
-                offset, stored = lengths
-                if offset + stored > len(view):
-                    raise Corrupt("truncated", f"{path} holds {len(view)} bytes")
-                payload[:] = view[offset : offset + stored]
-            return bytes(view[:BLOCK])
+            return self._read_direct_into(path, payload)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -252,6 +247,38 @@ class FileTier(Tier):
         finally:
             os.close(fd)
 
+    def _read_direct_into(self, path: Path, payload: memoryview) -> bytes | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise TierUnavailable(f"tier {self.name!r}: cannot open {path}: {e.strerror}") from e
+        try:
+            header = self._aligned(BLOCK)
+            if _aligned(payload):  # a primary slot: DMA straight into it
+                n = os.preadv(fd, [header, payload], 0)
+                lengths = peek_lengths(header)
+                if lengths is not None and (lengths[0] != BLOCK or lengths[1] != len(payload)):
+                    return bytes(header)  # not laid out as we read it: refused upstairs
+                if n < BLOCK + len(payload):
+                    raise Corrupt("truncated", f"{path} is shorter than its header says")
+                return bytes(header)
+            size = os.fstat(fd).st_size
+            buffer = self._aligned(max(-(-size // BLOCK) * BLOCK, BLOCK))
+            n = os.preadv(fd, [buffer], 0)
+            lengths = peek_lengths(buffer)
+            if lengths is not None and lengths[1] == len(payload):
+                offset, stored = lengths
+                if offset + stored > n:
+                    raise Corrupt("truncated", f"{path} holds {n} bytes")
+                payload[:] = buffer[offset : offset + stored]
+            return bytes(buffer[:BLOCK])
+        except OSError as e:
+            raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
+        finally:
+            os.close(fd)
+
     def _write_file(self, path: Path, parts: Sequence[Buffer], size: int) -> None:
         stat = os.statvfs(self.root)
         free = stat.f_bavail * stat.f_frsize
@@ -260,17 +287,27 @@ class FileTier(Tier):
                 f"tier {self.name!r}: {free} bytes free on {self.root}; a put of {size} would "
                 f"leave less than min_free ({self.min_free})"
             )
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.parent not in self._dirs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._dirs.add(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(self._tmp)}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | self._flags(), 0o644)
             try:
-                if self.direct:
-                    buffer = mmap.mmap(-1, -(-size // BLOCK) * BLOCK)
+                header, payload = parts
+                if self.direct and len(header) == BLOCK and _aligned(memoryview(payload)):
+                    aligned_header = self._aligned(BLOCK)  # a primary slot: DMA straight out
+                    aligned_header[:] = header
+                    written = os.writev(fd, [aligned_header, payload])
+                    if written != size:
+                        raise OSError(errno.EIO, f"short write ({written} of {size})")
+                elif self.direct:
+                    buffer = self._aligned(-(-size // BLOCK) * BLOCK)
                     at = 0
                     for part in parts:
                         buffer[at : at + len(part)] = part
                         at += len(part)
+                    buffer[at:] = bytes(len(buffer) - at)  # no stale bytes in the padding
                     written = os.write(fd, buffer)
                     if written != len(buffer):
                         raise OSError(errno.EIO, f"short write ({written} of {len(buffer)})")
@@ -297,9 +334,25 @@ class FileTier(Tier):
                 f"tier {self.name!r}: cannot write {path}: {e.strerror or e}"
             ) from e
 
+    def _aligned(self, size: int) -> memoryview:
+        """This thread's page-aligned buffer, `size` bytes of it (grown as needed, reused:
+        a fresh mapping per call costs a page fault per 4 KiB)."""
+        mapping: mmap.mmap | None = getattr(self._buffers, "mapping", None)
+        if mapping is None or len(mapping) < size:
+            mapping = mmap.mmap(-1, max(size, 1 << 20))
+            self._buffers.mapping = mapping
+        return memoryview(mapping)[:size]
+
     def raw_path(self, key: BlockKey) -> Path:
         """Where the object of `key` lives (for white-box tests and operators)."""
         return self._path(key)
+
+
+def _aligned(view: memoryview) -> bool:
+    """Whether O_DIRECT can move `view` as it is: page-aligned, whole 4 KiB blocks."""
+    if len(view) == 0 or len(view) % BLOCK:
+        return False
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) % BLOCK == 0
 
 
 def _unlink(path: Path) -> bool:

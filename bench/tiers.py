@@ -1,0 +1,392 @@
+"""Secondary tiers against raw baselines on the same disk or server, in the same run.
+
+- file tier: sequential puts and gets of 256 KiB and 2 MiB blocks (one at a time) against
+  `fio` (or `dd` when fio is missing) writing and reading the same number of bytes with O_DIRECT
+  in the same directory, same block size, one job, queue depth 1. Target: at least 0.8.
+- redis tier: puts and gets with `--clients` calls in flight against `redis-benchmark -t set,get`
+  with the same value size and `-c` clients on the same server. Target: at least 0.7.
+- s3 tier: puts and gets with `--clients` calls in flight against plain boto3 put_object /
+  get_object from as many threads, same client settings, same bucket. Target: at least 0.9.
+
+Servers are started on loopback for the run (redis-server, SeaweedFS), as the tests do.
+
+    python bench/tiers.py [--dir DIR] [--tiers file,redis,s3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import mmap
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.servers import RedisServer, SeaweedS3  # noqa: E402
+from tiering.testing import NAMESPACE, key, payload  # noqa: E402
+from tiering.tier import Tier  # noqa: E402
+from tiers.file import FileTier  # noqa: E402
+from tiers.redis import RedisTier  # noqa: E402
+from tiers.s3 import S3Tier  # noqa: E402
+
+SIZES = (256 << 10, 2 << 20)
+
+
+def gib_s(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 2**30
+
+
+async def timed(calls: Sequence[Callable[[], Awaitable[Any]]], in_flight: int) -> float:
+    gate = asyncio.Semaphore(in_flight)
+
+    async def one(call: Callable[[], Awaitable[Any]]) -> None:
+        async with gate:
+            await call()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(c) for c in calls))
+    return time.perf_counter() - start
+
+
+def slot(size: int, fill: bytes | None = None) -> memoryview:
+    """A page-aligned buffer, as a primary-region slot is."""
+    mapping = mmap.mmap(-1, max(size, 1))
+    if fill is not None:
+        mapping[:size] = fill
+    return memoryview(mapping)[:size]
+
+
+async def tier_rates(tier: Tier, size: int, count: int, in_flight: int) -> tuple[float, float]:
+    blocks = [slot(size, payload(size, i)) for i in range(min(count, 8))]
+    put = await timed(
+        [lambda i=i: tier.put(key(i), blocks[i % len(blocks)]) for i in range(count)], in_flight
+    )
+    free = [slot(size) for _ in range(in_flight)]  # one buffer per call in flight
+    hits = 0
+
+    async def get(i: int) -> None:
+        nonlocal hits
+        buffer = free.pop()
+        try:
+            found = await tier.get(key(i), buffer)  # not `hits += await`: that reads hits first
+            hits += found
+        finally:
+            free.append(buffer)
+
+    got = await timed([lambda i=i: get(i) for i in range(count)], in_flight)
+    assert hits == count, f"{hits} of {count} gets hit"
+    return gib_s(size * count, put), gib_s(size * count, got)
+
+
+# -- file ---------------------------------------------------------------------------------------
+
+
+def raw_disk(directory: Path, size: int, count: int, jobs: int) -> tuple[float, float, str]:
+    """Write then read `count` blocks of `size` with O_DIRECT, `jobs` streams at once."""
+    scratch = directory / "baseline"
+    scratch.mkdir(exist_ok=True)
+    fio = shutil.which("fio")
+    try:
+        if fio:
+            rates = []
+            for mode in ("write", "read"):
+                out = subprocess.run(
+                    [
+                        fio,
+                        "--name=kvtier",
+                        f"--directory={scratch}",
+                        f"--rw={mode}",
+                        f"--bs={size}",
+                        f"--size={size * count // jobs}",
+                        "--direct=1",
+                        "--ioengine=psync",
+                        f"--numjobs={jobs}",
+                        "--group_reporting",
+                        "--output-format=json",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                rates.append(json.loads(out)["jobs"][0][mode]["bw_bytes"] / 2**30)
+            return rates[0], rates[1], "fio"
+        target = scratch / "dd.bin"  # dd has one stream: jobs is ignored
+        start = time.perf_counter()
+        subprocess.run(
+            [
+                "dd",
+                "if=/dev/zero",
+                f"of={target}",
+                f"bs={size}",
+                f"count={count}",
+                "oflag=direct",
+                "status=none",
+            ],
+            check=True,
+        )
+        write = time.perf_counter() - start
+        start = time.perf_counter()
+        subprocess.run(
+            ["dd", f"if={target}", "of=/dev/null", f"bs={size}", "iflag=direct", "status=none"],
+            check=True,
+        )
+        read = time.perf_counter() - start
+        return gib_s(size * count, write), gib_s(size * count, read), "dd"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def bench_file(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]:
+    rows = []
+    for size in SIZES:
+        count = max(64, (512 << 20) // size)
+        for jobs in (1, clients):
+            best: dict[str, float] = {"put": 0, "get": 0, "raw_write": 0, "raw_read": 0}
+            tool = ""
+            for rep in range(repeat):
+                root = directory / f"file-tier-{rep}"
+                tier = FileTier(namespace=NAMESPACE, path=root, min_free=0, concurrency=jobs)
+                put, get = asyncio.run(_run_and_close(tier, size, count, jobs))
+                shutil.rmtree(root, ignore_errors=True)
+                write, read, tool = raw_disk(directory, size, count, jobs)
+                measured = {"put": put, "get": get, "raw_write": write, "raw_read": read}
+                best = {k: max(best[k], v) for k, v in measured.items()}
+            rows.append(
+                {
+                    "tier": "file",
+                    "block_bytes": size,
+                    "in_flight": jobs,
+                    "baseline": f"{tool} O_DIRECT, {jobs} stream(s)",
+                    **best,
+                    "put_ratio": best["put"] / best["raw_write"],
+                    "get_ratio": best["get"] / best["raw_read"],
+                }
+            )
+    return rows
+
+
+async def _run_and_close(
+    tier: Tier, size: int, count: int, in_flight: int, batched: bool = False
+) -> tuple[float, float]:
+    async with tier:
+        if batched:
+            return await batch_rates(tier, size, count, in_flight)
+        return await tier_rates(tier, size, count, in_flight)
+
+
+async def batch_rates(tier: Tier, size: int, count: int, batch: int) -> tuple[float, float]:
+    """put_many / get_many of `batch` blocks at a time (one pipeline each for Redis)."""
+    blocks = [slot(size, payload(size, i)) for i in range(batch)]
+    buffers = [slot(size) for _ in range(batch)]
+    start = time.perf_counter()
+    for at in range(0, count, batch):
+        results = await tier.put_many([(key(at + i), blocks[i]) for i in range(batch)])
+        assert all(r is None for r in results), results
+    put = time.perf_counter() - start
+    start = time.perf_counter()
+    for at in range(0, count, batch):
+        found = await tier.get_many([(key(at + i), buffers[i]) for i in range(batch)])
+        assert all(f is True for f in found), found
+    get = time.perf_counter() - start
+    total = size * (count // batch) * batch
+    return gib_s(total, put), gib_s(total, get)
+
+
+# -- redis --------------------------------------------------------------------------------------
+
+
+def redis_benchmark(port: int, size: int, count: int, clients: int) -> tuple[float, float]:
+    out = subprocess.run(
+        [
+            "redis-benchmark",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-t",
+            "set,get",
+            "-d",
+            str(size),
+            "-n",
+            str(count),
+            "-c",
+            str(clients),
+            "-r",
+            "64",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rates = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r"(SET|GET): ([\d.]+) requests per second", out)
+    }
+    return gib_s(int(rates["SET"] * size), 1.0), gib_s(int(rates["GET"] * size), 1.0)
+
+
+def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]:
+    server = RedisServer(directory / "redis")
+    server.start()
+    rows = []
+    try:
+        for size in SIZES:
+            count = max(200, (1 << 30) // size)
+            for batched in (False, True):
+                best = {"put": 0.0, "get": 0.0, "raw_write": 0.0, "raw_read": 0.0}
+                for _ in range(repeat):
+                    tier = RedisTier(namespace=NAMESPACE, url=server.url, concurrency=clients)
+                    put, get = asyncio.run(_run_and_close(tier, size, count, clients, batched))
+                    write, read = redis_benchmark(server.port, size, count, clients)
+                    measured = {"put": put, "get": get, "raw_write": write, "raw_read": read}
+                    best = {k: max(best[k], v) for k, v in measured.items()}
+                how = f"pipelines of {clients}" if batched else f"{clients} calls in flight"
+                rows.append(
+                    {
+                        "tier": "redis",
+                        "block_bytes": size,
+                        "in_flight": clients,
+                        "baseline": f"redis-benchmark -c {clients}; tier: {how}",
+                        **best,
+                        "put_ratio": best["put"] / best["raw_write"],
+                        "get_ratio": best["get"] / best["raw_read"],
+                    }
+                )
+    finally:
+        server.stop()
+    return rows
+
+
+# -- s3 -----------------------------------------------------------------------------------------
+
+
+def plain_boto3(server: SeaweedS3, size: int, count: int, clients: int) -> tuple[float, float]:
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=server.ACCESS_KEY,
+        aws_secret_access_key=server.SECRET_KEY,
+        config=Config(
+            retries={"mode": "standard", "max_attempts": 3}, max_pool_connections=clients
+        ),
+    )
+    body = payload(size, 1)
+    with ThreadPoolExecutor(clients) as pool:
+        start = time.perf_counter()
+        list(
+            pool.map(
+                lambda i: client.put_object(Bucket=server.bucket, Key=f"raw/{i}", Body=body),
+                range(count),
+            )
+        )
+        write = time.perf_counter() - start
+        start = time.perf_counter()
+        list(
+            pool.map(
+                lambda i: client.get_object(Bucket=server.bucket, Key=f"raw/{i}")["Body"].read(),
+                range(count),
+            )
+        )
+        read = time.perf_counter() - start
+    return gib_s(size * count, write), gib_s(size * count, read)
+
+
+def bench_s3(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]:
+    server = SeaweedS3(directory / "seaweedfs")
+    server.start()
+    rows = []
+    try:
+        for size in SIZES:
+            count = max(40, (128 << 20) // size)
+            best = {"put": 0.0, "get": 0.0, "raw_write": 0.0, "raw_read": 0.0}
+            for rep in range(repeat):
+                tier = S3Tier(
+                    namespace=NAMESPACE,
+                    bucket=server.bucket,
+                    prefix=f"bench{rep}/",
+                    endpoint_url=server.endpoint,
+                    access_key=server.ACCESS_KEY,
+                    secret_key=server.SECRET_KEY,
+                    concurrency=clients,
+                    timeout=60,
+                )
+                put, get = asyncio.run(_run_and_close(tier, size, count, clients))
+                write, read = plain_boto3(server, size, count, clients)
+                best = {
+                    k: max(best[k], v)
+                    for k, v in {
+                        "put": put,
+                        "get": get,
+                        "raw_write": write,
+                        "raw_read": read,
+                    }.items()
+                }
+            rows.append(
+                {
+                    "tier": "s3",
+                    "block_bytes": size,
+                    "in_flight": clients,
+                    "baseline": f"boto3, {clients} threads",
+                    **best,
+                    "put_ratio": best["put"] / best["raw_write"],
+                    "get_ratio": best["get"] / best["raw_read"],
+                }
+            )
+    finally:
+        server.stop()
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (a real disk)")
+    parser.add_argument("--tiers", default="file,redis,s3")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    directory = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=args.dir))
+    rows: list[dict[str, Any]] = []
+    try:
+        for name in args.tiers.split(","):
+            if name == "file":
+                rows += bench_file(directory, args.clients, args.repeat)
+            elif name == "redis":
+                rows += bench_redis(directory, args.clients, args.repeat)
+            elif name == "s3":
+                rows += bench_s3(directory, args.clients, args.repeat)
+            else:
+                parser.error(f"unknown tier {name!r}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"best of {args.repeat}, GiB/s (tier / baseline)")
+    for r in rows:
+        size = f"{r['block_bytes'] >> 10:>5} KiB x{r['in_flight']:<2}"
+        put = f"put {r['put']:.2f} / {r['raw_write']:.2f} = {r['put_ratio']:.2f}"
+        get = f"get {r['get']:.2f} / {r['raw_read']:.2f} = {r['get_ratio']:.2f}"
+        print(f"{r['tier']:<6} {size} {put}   {get}   ({r['baseline']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
