@@ -65,10 +65,19 @@ def _wait(check: object, what: str, timeout: float) -> None:
 class RedisServer:
     """One redis-server on loopback; `stop` and `start` again keep its port."""
 
-    def __init__(self, workdir: Path, password: str | None = None, cluster: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        password: str | None = None,
+        cluster: bool = False,
+        durable: bool = False,
+    ) -> None:
+        """`durable`: an append-only file synced on every write, so that what the server
+        acknowledged survives a kill."""
         self.workdir = workdir
         self.password = password
         self.cluster = cluster
+        self.durable = durable
         self.port = free_port()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.process: subprocess.Popen[bytes] | None = None

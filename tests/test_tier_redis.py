@@ -115,9 +115,9 @@ def test_keys_are_prefixed_by_namespace(redis_server: RedisServer) -> None:
 
 
 def test_server_killed_mid_run_then_back(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Calls fail fast as TierUnavailable while the server is down (no hang), and the same tier
-    object works again once it is back."""
-    server = RedisServer(tmp_path_factory.mktemp("redis-dies"))
+    """Calls fail fast as TierUnavailable while the server is down (no hang), the same tier
+    object works again once it is back, and what a durable server acknowledged is still there."""
+    server = RedisServer(tmp_path_factory.mktemp("redis-dies"), durable=True)
     server.start()
 
     async def body() -> None:
@@ -135,7 +135,8 @@ def test_server_killed_mid_run_then_back(tmp_path_factory: pytest.TempPathFactor
                 assert time.monotonic() - start < 3.5
             results = await tier.put_many([(key(3), b"y")])
             assert isinstance(results[0], TierUnavailable | TierTimeout)
-            server.start()  # same port, empty (no persistence configured)
+            server.start()  # same port, same append-only file
+            assert await tier.get_bytes(key(1), 100_000) == payload(100_000, 1)
             await tier.put(key(4), payload(1000, 4))
             assert await tier.get_bytes(key(4), 1000) == payload(1000, 4)
             assert tier.counters["errors"] >= 4
