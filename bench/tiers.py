@@ -238,6 +238,22 @@ def redis_benchmark(port: int, size: int, count: int, clients: int) -> tuple[flo
     return gib_s(int(rates["SET"] * size), 1.0), gib_s(int(rates["GET"] * size), 1.0)
 
 
+async def plain_redis_py(url: str, size: int, count: int, clients: int) -> tuple[float, float]:
+    """redis.asyncio SET/GET of the same values without kvtier: the library's own cost."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url, max_connections=2 * clients, socket_read_size=1 << 20)
+    body = payload(size, 1)
+    try:
+        write = await timed(
+            [lambda i=i: client.set(f"plain:{i}", body) for i in range(count)], clients
+        )
+        read = await timed([lambda i=i: client.get(f"plain:{i}") for i in range(count)], clients)
+    finally:
+        await client.aclose()
+    return gib_s(size * count, write), gib_s(size * count, read)
+
+
 def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]:
     server = RedisServer(directory / "redis")
     server.start()
@@ -246,12 +262,29 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
         for size in SIZES:
             count = max(200, (1 << 30) // size)
             for batched in (False, True):
-                best = {"put": 0.0, "get": 0.0, "raw_write": 0.0, "raw_read": 0.0}
+                best = {
+                    "put": 0.0,
+                    "get": 0.0,
+                    "raw_write": 0.0,
+                    "raw_read": 0.0,
+                    "lib_write": 0.0,
+                    "lib_read": 0.0,
+                }
                 for _ in range(repeat):
                     tier = RedisTier(namespace=NAMESPACE, url=server.url, concurrency=clients)
                     put, get = asyncio.run(_run_and_close(tier, size, count, clients, batched))
                     write, read = redis_benchmark(server.port, size, count, clients)
-                    measured = {"put": put, "get": get, "raw_write": write, "raw_read": read}
+                    lib_write, lib_read = asyncio.run(
+                        plain_redis_py(server.url, size, count, clients)
+                    )
+                    measured = {
+                        "put": put,
+                        "get": get,
+                        "raw_write": write,
+                        "raw_read": read,
+                        "lib_write": lib_write,
+                        "lib_read": lib_read,
+                    }
                     best = {k: max(best[k], v) for k, v in measured.items()}
                 how = f"pipelines of {clients}" if batched else f"{clients} calls in flight"
                 rows.append(
@@ -259,7 +292,8 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
                         "tier": "redis",
                         "block_bytes": size,
                         "in_flight": clients,
-                        "baseline": f"redis-benchmark -c {clients}; tier: {how}",
+                        "baseline": f"redis-benchmark -c {clients}; tier: {how}; plain redis-py "
+                        f"put {best['lib_write']:.2f} get {best['lib_read']:.2f}",
                         **best,
                         "put_ratio": best["put"] / best["raw_write"],
                         "get_ratio": best["get"] / best["raw_read"],

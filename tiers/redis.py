@@ -25,6 +25,8 @@ from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
 
 __all__ = ["RedisTier"]
 
+PIPELINE_MAX_VALUE = 512 << 10
+
 
 class RedisTier(Tier):
     """Blocks in Redis. Runs on the runtime's event loop (redis.asyncio)."""
@@ -164,9 +166,12 @@ class RedisTier(Tier):
     async def put_many(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
     ) -> list[None | BaseException]:
-        """One pipeline of SETs."""
+        """One pipeline of SETs for small blocks; large ones go as concurrent SETs (measured:
+        a pipeline of eight 2 MiB values is packed and sent slower than eight calls)."""
         if not items:
             return []
+        if max(len(d) for _, d in items) > PIPELINE_MAX_VALUE:
+            return await super().put_many(items)
         encoded = [self._encode(k, d) for k, d in items]
 
         async def store() -> None:
