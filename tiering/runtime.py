@@ -1,0 +1,289 @@
+"""The background I/O runtime: one thread, one asyncio loop, in the scheduler process.
+
+The scheduler thread never awaits: it `submit`s jobs (coroutine factories with a deadline and a
+tier name) and, once per engine step, `poll`s the finished ones. Results are data
+(`JobResult`), never exceptions thrown into the scheduler. Each tier has a circuit breaker: it
+opens after `failures` consecutive failures (a call slower than `latency` counts as one), refuses
+that tier's jobs at once while open, and lets one probe through after `cooldown`.
+
+The runtime refuses to be called from its own loop (a tier calling back into the scheduler's
+API would deadlock), starts afresh in a forked child (threads do not survive `fork`), and shuts
+down within a bound: in-flight jobs get `grace` seconds, then are cancelled and reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tiering.config import BreakerConfig
+from tiering.errors import StateError, TierError, TierTimeout, TierUnavailable
+
+__all__ = ["Breaker", "Job", "JobResult", "Runtime"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    tier: str
+    """The tier the job talks to: its breaker decides, and records the outcome."""
+    run: Callable[[], Awaitable[Any]]
+    """Makes the coroutine, on the runtime's loop."""
+    deadline: float
+    """Seconds from submission; later, the job is cancelled and fails with `TierTimeout`."""
+    tag: Any = None
+    """Returned with the result, for the submitter's bookkeeping."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    job_id: int
+    tier: str
+    ok: bool
+    value: Any = None
+    error: BaseException | None = None
+    seconds: float = 0.0
+    tag: Any = None
+
+
+class Breaker:
+    """Closed, open or half-open, per tier. Used on the runtime's thread and read elsewhere
+    (a state read is a single attribute load)."""
+
+    def __init__(
+        self, name: str, config: BreakerConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.clock = clock
+        self.state = "closed"
+        self.failures = 0
+        self.opened_at = 0.0
+        self.probing = False
+        self.opened = 0  # times it opened (a metric)
+
+    def allow(self) -> bool:
+        if self.state == "closed":
+            return True
+        if self.state == "open" and self.clock() - self.opened_at >= self.config.cooldown:
+            self.state = "half-open"
+        if self.state == "half-open" and not self.probing:
+            self.probing = True
+            return True
+        return False
+
+    def record(self, ok: bool, seconds: float) -> None:
+        slow = self.config.latency is not None and seconds > self.config.latency
+        if ok and not slow:
+            self.state, self.failures, self.probing = "closed", 0, False
+            return
+        self.failures += 1
+        if self.state == "half-open" or self.failures >= self.config.failures:
+            if self.state != "open":
+                self.opened += 1
+                log.warning(
+                    "tier %s: circuit breaker opens after %d failures", self.name, self.failures
+                )
+            self.state, self.opened_at, self.probing = "open", self.clock(), False
+
+
+class Runtime:
+    """Submit from any thread but the runtime's own; poll from the scheduler thread."""
+
+    def __init__(self, breaker: BreakerConfig | None = None, name: str = "kvtier-runtime") -> None:
+        self.breaker_config = breaker or BreakerConfig()
+        self.name = name
+        self._lock = threading.Lock()
+        self._results: collections.deque[JobResult] = collections.deque()
+        self._breakers: dict[str, Breaker] = {}
+        self._next_id = 0
+        self._pending: dict[int, concurrent.futures.Future[Any]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def _ensure_started(self) -> asyncio.AbstractEventLoop:
+        if self._closed:
+            raise StateError(f"runtime {self.name} is shut down")
+        if self._pid != os.getpid():  # forked: the thread and loop stayed with the parent
+            self._loop, self._thread, self._pid = None, None, os.getpid()
+            self._pending.clear()
+            self._lock = threading.Lock()
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def main() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            self._thread = threading.Thread(target=main, name=self.name, daemon=True)
+            self._thread.start()
+            ready.wait()
+            self._loop = loop
+        return self._loop
+
+    def shutdown(self, grace: float = 2.0) -> None:
+        """Let in-flight jobs finish for up to `grace` seconds, cancel the rest (reported as
+        failed), stop the loop and join the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None or self._pid != os.getpid():
+            return
+        pending = list(self._pending.values())
+        if pending:
+            concurrent.futures.wait(pending, timeout=grace)
+            for future in pending:
+                future.cancel()
+            concurrent.futures.wait(pending, timeout=1.0)
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=1.0)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=grace + 1.0)
+        if not thread.is_alive():
+            loop.close()
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> int:
+        """Start `job` on the runtime; its id. Never blocks, never raises for a tier's sake: a
+        job refused by an open breaker is reported at once as failed."""
+        self._refuse_reentry()
+        loop = self._ensure_started()
+        with self._lock:
+            job_id = self._next_id
+            self._next_id += 1
+        breaker = self._breaker(job.tier)
+        if not breaker.allow():
+            self._report(
+                JobResult(
+                    job_id,
+                    job.tier,
+                    False,
+                    error=TierUnavailable(f"tier {job.tier!r}: circuit breaker open"),
+                    tag=job.tag,
+                )
+            )
+            return job_id
+        future = asyncio.run_coroutine_threadsafe(self._run(job_id, job, breaker), loop)
+        with self._lock:
+            self._pending[job_id] = future
+        future.add_done_callback(functools.partial(self._settle, job_id, job))
+        return job_id
+
+    def poll(self) -> list[JobResult]:
+        """Results finished since the last poll, oldest first. Never blocks."""
+        with self._lock:
+            results = list(self._results)
+            self._results.clear()
+        return results
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def run_sync(self, factory: Callable[[], Awaitable[Any]], timeout: float) -> Any:
+        """Run a coroutine on the runtime and wait for it (set-up and tear-down only: never on
+        the scheduler's step path)."""
+        self._refuse_reentry()
+        loop = self._ensure_started()
+        future = asyncio.run_coroutine_threadsafe(_call(factory), loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError as e:
+            future.cancel()
+            raise TierTimeout(f"runtime call did not finish within {timeout:g}s") from e
+
+    def breaker_state(self, tier: str) -> str:
+        return self._breaker(tier).state
+
+    def breaker(self, tier: str) -> Breaker:
+        return self._breaker(tier)
+
+    # -- inside -----------------------------------------------------------------------------------
+
+    def _breaker(self, tier: str) -> Breaker:
+        breaker = self._breakers.get(tier)
+        if breaker is None:
+            breaker = self._breakers[tier] = Breaker(tier, self.breaker_config)
+        return breaker
+
+    def _refuse_reentry(self) -> None:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            raise StateError(
+                f"runtime {self.name}: called from its own loop (a tier called back into the "
+                "scheduler's API); that would deadlock"
+            )
+
+    async def _run(self, job_id: int, job: Job, breaker: Breaker) -> None:
+        start = time.monotonic()
+        try:
+            async with asyncio.timeout(job.deadline):
+                value = await job.run()
+        except TimeoutError as e:
+            seconds = time.monotonic() - start
+            breaker.record(False, seconds)
+            error: BaseException = (
+                e
+                if isinstance(e, TierError)
+                else TierTimeout(f"tier {job.tier!r}: job passed its {job.deadline:g}s deadline")
+            )
+            self._report(
+                JobResult(job_id, job.tier, False, error=error, seconds=seconds, tag=job.tag)
+            )
+            return
+        except Exception as e:  # a tier's failure is data for the submitter
+            seconds = time.monotonic() - start
+            breaker.record(False, seconds)
+            self._report(JobResult(job_id, job.tier, False, error=e, seconds=seconds, tag=job.tag))
+            return
+        seconds = time.monotonic() - start
+        breaker.record(True, seconds)
+        self._report(JobResult(job_id, job.tier, True, value=value, seconds=seconds, tag=job.tag))
+
+    def _settle(self, job_id: int, job: Job, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._pending.pop(job_id, None)
+        if future.cancelled():
+            self._report(
+                JobResult(
+                    job_id,
+                    job.tier,
+                    False,
+                    error=TierTimeout(f"tier {job.tier!r}: job cancelled at shutdown"),
+                    tag=job.tag,
+                )
+            )
+
+    def _report(self, result: JobResult) -> None:
+        with self._lock:
+            self._results.append(result)
+
+
+async def _cancel_all() -> None:
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _call(factory: Callable[[], Awaitable[Any]]) -> Any:
+    return await factory()
