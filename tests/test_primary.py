@@ -385,3 +385,29 @@ class PrimaryMachine(RuleBasedStateMachine):
 
 PrimaryMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 TestPrimaryMachine = PrimaryMachine.TestCase
+
+
+class TestPinsAndReclaim:
+    def test_pin_is_not_a_use(self) -> None:
+        pool = PrimaryPool(2, "lru")
+        a, b = stored(pool, 1, 2)
+        assert pool.pin([a]) == [pool.slot(a)]
+        pool.unpin([a])
+        grant = pool.prepare_store([k(3)])
+        assert grant is not None and grant.evicted == (a,)  # pinning did not make `a` recent
+
+    def test_reclaim_holds_slots_until_released(self) -> None:
+        pool = PrimaryPool(3, "lru", events=True)
+        a, b, c = stored(pool, 1, 2, 3)
+        pool.prepare_load([c])
+        pool.take_events()
+        victims = pool.reclaim(5)  # only a and b may go: c is pinned
+        assert [key for key, _ in victims] == [a, b]
+        assert pool.take_events() == [PrimaryEvent((a, b), removed=True)]
+        assert pool.lookup(a) is LookupResult.MISS and pool.num_held == 2
+        assert pool.num_free == 0 and pool.prepare_store([k(4)]) is None  # held, not free
+        pool.release([slot for _, slot in victims])
+        grant = pool.prepare_store([k(4), k(5)])
+        assert grant is not None and set(grant.slots) == {slot for _, slot in victims}
+        with pytest.raises(StateError, match="was not reclaimed"):
+            pool.release([0])

@@ -42,6 +42,9 @@ class LookupResult(enum.Enum):
     """Being written: ask again next step."""
     MISS = "miss"
     """Not here."""
+    RETRY = "retry"
+    """Not known yet (a secondary tier is being asked): ask again next step. Never returned
+    by the primary pool itself; the tiering manager uses it."""
 
 
 class KeyState(enum.Enum):
@@ -112,6 +115,7 @@ class PrimaryPool:
         self._busy: set[BlockKey] = set()
         self._writing: set[BlockKey] = set()
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() gives slot 0 first
+        self._held: set[int] = set()  # reclaimed, still being read by a demotion
         self._events: list[PrimaryEvent] | None = [] if events else None
 
     # -- queries ------------------------------------------------------------------------------
@@ -296,6 +300,58 @@ class PrimaryPool:
             if r == _READY:
                 busy_discard(key)
 
+    # -- pins and reclaim, for demotions ---------------------------------------------------------
+
+    def pin(self, keys: Sequence[BlockKey]) -> list[int]:
+        """Pin ready keys like `prepare_load`, without counting a use: for a demotion reading
+        them. Undo with `unpin`."""
+        ref = self._ref
+        for key in keys:
+            r = ref.get(key)
+            if r is None or r == _WRITING:
+                raise StateError(f"pin: key {key.hex()} is {self._describe(key)}, not ready")
+        busy_add = self._busy.add
+        for key in keys:
+            r = ref[key]
+            if r == _READY:
+                busy_add(key)
+            ref[key] = r + 1
+        get = self._policy.get
+        return [get(key) for key in keys]  # type: ignore[misc]
+
+    def unpin(self, keys: Iterable[BlockKey]) -> None:
+        """Undo `pin` (the same as `complete_load`)."""
+        self.complete_load(keys)
+
+    def reclaim(self, n: int) -> list[tuple[BlockKey, int]]:
+        """Evict up to `n` ready, unpinned keys by policy but keep their slots out of the free
+        list until `release`: their bytes stay valid while a demotion copies them out.
+        Reported as removed (the keys are gone from the primary)."""
+        n = min(n, len(self._ref) - len(self._busy))
+        if n <= 0:
+            return []
+        victims = self._policy.evict(n, self._busy)
+        assert victims is not None, f"policy refused to evict {n} evictable keys"
+        for key, _ in victims:
+            del self._ref[key]
+        self._held.update(slot for _, slot in victims)
+        if self._events is not None:
+            self._events.append(PrimaryEvent(tuple(key for key, _ in victims), removed=True))
+        return victims
+
+    def release(self, slots: Iterable[int]) -> None:
+        """Return slots taken by `reclaim` to the free list."""
+        for slot in slots:
+            if slot not in self._held:
+                raise StateError(f"release: slot {slot} was not reclaimed")
+            self._held.discard(slot)
+            self._free.append(slot)
+
+    @property
+    def num_held(self) -> int:
+        """Slots reclaimed and not yet released."""
+        return len(self._held)
+
     # -- the rest -------------------------------------------------------------------------------
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
@@ -316,6 +372,7 @@ class PrimaryPool:
         self._policy.clear()
         self._busy.clear()
         self._writing.clear()
+        self._held.clear()
         self._free = list(range(self.num_slots - 1, -1, -1))
 
     def take_events(self) -> list[PrimaryEvent]:

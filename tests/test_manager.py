@@ -1,0 +1,379 @@
+"""TieringOffloadingManager with memory tiers (FaultyTier, Mock(wraps=...)) on a real runtime."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from unittest.mock import Mock
+
+import numpy as np
+import pytest
+
+from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
+from tiering.keys import BlockKey, make_key
+from tiering.manager import TierEvent, TieringOffloadingManager
+from tiering.primary import LookupResult, PrimaryPool
+from tiering.runtime import Runtime
+from tiering.testing import NAMESPACE
+from tiering.tier import Tier
+from tiering.wrappers import FaultyTier
+from tiers.memory import MemoryTier
+
+BLOCK = 4096
+HIT, PENDING, MISS, RETRY = (
+    LookupResult.HIT,
+    LookupResult.PENDING,
+    LookupResult.MISS,
+    LookupResult.RETRY,
+)
+
+
+def k(i: int) -> BlockKey:
+    return make_key(i.to_bytes(32, "big"))
+
+
+class Harness:
+    """A manager over `slots` slots of BLOCK bytes in a numpy array, and its tiers."""
+
+    def __init__(self, tiers: list[tuple[TierConfig, Tier]], slots: int = 8, **kw: Any) -> None:
+        self.memory = np.zeros((slots, BLOCK), dtype=np.uint8)
+        gate = kw.pop("gate", "always")
+        config = Config(
+            tiers=tuple(cfg for cfg, _ in tiers),
+            promotion=PromotionConfig(
+                deadline=2.0, gate=gate, prefill_rate=kw.pop("prefill_rate", 20_000.0)
+            ),
+            faults=FaultsConfig(
+                timeout=kw.pop("timeout", 2.0), breaker=BreakerConfig(failures=100)
+            ),
+        )
+        self.runtime = Runtime(config.faults.breaker)
+        self.manager = TieringOffloadingManager(
+            PrimaryPool(slots, "lru", events=True),
+            tiers,
+            lambda s: memoryview(self.memory[s]),
+            config=config,
+            runtime=self.runtime,
+            block_tokens=32,
+            **kw,
+        )
+
+    def settle(self, steps: int = 3) -> None:
+        """Run engine steps until the runtime is idle."""
+        for _ in range(200):
+            self.manager.on_schedule_end()
+            deadline = time.monotonic() + 5
+            while self.runtime.pending() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            steps -= 1
+            if steps <= 0 and not self.manager.has_pending_work():
+                self.manager.on_schedule_end()
+                return
+
+    def store(self, *ids: int) -> None:
+        keys = [k(i) for i in ids]
+        grant = self.manager.prepare_store(keys)
+        assert grant is not None
+        for key, slot in zip(grant.keys, grant.slots, strict=True):
+            self.memory[slot] = int.from_bytes(key[:4], "big") % 251 + 1  # the "KV" of a block
+        self.manager.complete_store(grant.keys)
+
+    def block(self, i: int) -> bytes:
+        return bytes([int.from_bytes(k(i)[:4], "big") % 251 + 1]) * BLOCK
+
+    def slot_bytes(self, i: int) -> bytes:
+        return bytes(self.memory[self.manager.pool.slot(k(i))])
+
+    def lookup_until(self, i: int, want: LookupResult) -> list[LookupResult]:
+        seen = []
+        for _ in range(20):
+            result = self.manager.lookup(k(i))
+            seen.append(result)
+            if result is want:
+                return seen
+            self.settle(1)
+        raise AssertionError(f"lookup of {i} never answered {want}: {seen}")
+
+    def close(self) -> None:
+        self.manager.shutdown()
+
+
+def memory_tier(
+    name: str = "mem", write: str = "through", **cfg: Any
+) -> tuple[TierConfig, MemoryTier]:
+    return TierConfig(name=name, type="memory", write=write, **cfg), MemoryTier(
+        namespace=NAMESPACE, name=name
+    )
+
+
+@pytest.fixture
+def cleanup() -> Any:
+    harnesses: list[Harness] = []
+    yield harnesses.append
+    for h in harnesses:
+        h.close()
+
+
+def test_without_tiers_the_primary_answers_alone(cleanup: Any) -> None:
+    h = Harness([])
+    cleanup(h)
+    h.store(1)
+    assert h.manager.lookup(k(1)) is HIT and h.manager.lookup(k(2)) is MISS
+
+
+def test_write_through_demotes_each_stored_block(cleanup: Any) -> None:
+    cfg, tier = memory_tier()
+    h = Harness([(cfg, tier)])
+    cleanup(h)
+    h.store(1, 2)
+    h.settle()
+    assert tier.raw_get(k(1)) is not None and tier.raw_get(k(2)) is not None
+    assert h.manager.pool.ref_count(k(1)) == 0  # unpinned once written
+    events = [e for e in h.manager.take_events() if isinstance(e, TierEvent)]
+    assert {key for e in events for key in e.keys} == {k(1), k(2)} and events[0].tier == "mem"
+
+
+def test_a_secondary_hit_is_promoted_and_served(cleanup: Any) -> None:
+    cfg, tier = memory_tier()
+    h = Harness([(cfg, tier)])
+    cleanup(h)
+    h.store(1)
+    h.settle()
+    h.manager.reset()  # the primary forgets; the tier keeps the block
+    assert h.manager.lookup(k(1)) is RETRY  # existence unknown yet: ask again next step
+    seen = h.lookup_until(1, HIT)
+    assert PENDING in seen
+    assert h.slot_bytes(1) == h.block(1)
+    assert h.manager.stats()["tiers"]["mem"]["promotions"] == 1
+
+
+def test_one_promotion_serves_every_request_and_checks_are_batched(cleanup: Any) -> None:
+    cfg, inner = memory_tier()
+    tier = Mock(wraps=inner)
+    tier.counters = inner.counters
+    h = Harness([(cfg, tier)])
+    cleanup(h)
+    for i in range(5):
+        inner.raw_put(k(i), b"")  # presence is enough for the check
+    for _ in range(3):  # three requests look the same five keys up in one step
+        assert [h.manager.lookup(k(i)) for i in range(5)] == [RETRY] * 5
+    h.manager.on_schedule_end()
+    h.settle(1)
+    assert tier.contains.call_count == 1 and len(tier.contains.call_args.args[0]) == 5
+
+
+def test_absent_blocks_are_misses_and_not_asked_again_every_step(cleanup: Any) -> None:
+    cfg, inner = memory_tier()
+    tier = Mock(wraps=inner)
+    tier.counters = inner.counters
+    h = Harness([(cfg, tier)])
+    cleanup(h)
+    h.lookup_until(9, MISS)
+    calls = tier.contains.call_count
+    for _ in range(5):
+        assert h.manager.lookup(k(9)) is MISS
+        h.settle(1)
+    assert tier.contains.call_count == calls
+
+
+def test_failed_promotion_frees_the_slot_and_is_a_miss(cleanup: Any) -> None:
+    cfg, inner = memory_tier()
+    faulty = FaultyTier(inner)
+    h = Harness([(cfg, faulty)])
+    cleanup(h)
+    h.store(1)
+    h.settle()
+    h.manager.reset()
+    assert h.manager.lookup(k(1)) is RETRY
+    h.settle(1)
+    faulty.corrupt = 1.0  # the block arrives damaged: verification refuses it
+    assert h.manager.lookup(k(1)) is PENDING
+    h.settle()
+    assert h.manager.lookup(k(1)) is MISS
+    assert h.manager.pool.num_used == 0 and h.manager.pool.num_writing == 0
+    assert h.manager.stats()["tiers"]["mem"]["promotion_failures"] == 1
+
+
+def test_a_broken_tier_never_raises_into_the_caller(cleanup: Any) -> None:
+    cfg, inner = memory_tier()
+    faulty = FaultyTier(inner, fail=1.0)
+    h = Harness([(cfg, faulty)])
+    cleanup(h)
+    h.store(1, 2)  # demotions fail
+    results = h.lookup_until(7, MISS)  # checks fail: a miss
+    assert results[-1] is MISS
+    h.settle()
+    stats = h.manager.stats()["tiers"]["mem"]
+    assert stats["errors"] >= 1 and stats["demotion_failures"] == 2
+    assert h.manager.pool.ref_count(k(1)) == 0  # pins released after the failure
+
+
+def test_write_back_reclaims_least_recent_blocks_and_brings_them_back(cleanup: Any) -> None:
+    cfg, tier = memory_tier(write="back")
+    h = Harness([(cfg, tier)], slots=8, reserve=3)
+    cleanup(h)
+    h.store(*range(6))  # 2 slots free, reserve 3: the oldest block is demoted and reclaimed
+    h.settle()
+    assert tier.raw_get(k(0)) is not None
+    assert h.manager.pool.lookup(k(0)) is MISS and h.manager.pool.num_free >= 3
+    assert h.lookup_until(0, HIT)[-1] is HIT
+    assert h.slot_bytes(0) == h.block(0)
+
+
+def test_selective_demotes_only_blocks_hit_often_enough(cleanup: Any) -> None:
+    cfg, tier = memory_tier(write="selective", admit_after_hits=2)
+    h = Harness([(cfg, tier)], slots=4, reserve=4)
+    cleanup(h)
+    h.store(1, 2)
+    for _ in range(2):
+        h.manager.prepare_load([k(2)])
+        h.manager.complete_load([k(2)])
+    h.settle()
+    assert tier.raw_get(k(2)) is not None and tier.raw_get(k(1)) is None
+
+
+def test_min_age_keeps_young_blocks_off_the_tier(cleanup: Any) -> None:
+    cfg, tier = memory_tier(write="back", min_age=3600.0)
+    h = Harness([(cfg, tier)], slots=4, reserve=4)
+    cleanup(h)
+    h.store(1, 2)
+    h.settle()
+    assert tier.raw_get(k(1)) is None and h.manager.pool.num_free == 4  # reclaimed, not demoted
+
+
+def test_a_slow_tier_never_blocks_and_drops_are_counted(cleanup: Any) -> None:
+    cfg, inner = memory_tier()
+    slow = FaultyTier(inner, delay=1.0, delay_seconds=1.5)
+    h = Harness([(cfg, slow)], slots=64, max_inflight=4)
+    cleanup(h)
+    start = time.monotonic()
+    for i in range(0, 40, 4):
+        h.store(i, i + 1, i + 2, i + 3)
+    assert time.monotonic() - start < 0.5  # the store path never waited on the tier
+    assert h.manager.stats()["tiers"]["mem"]["demotions_dropped"] == 36
+
+
+def test_auto_gate_refuses_a_tier_slower_than_recomputing(cleanup: Any) -> None:
+    cfg, tier = memory_tier()
+    h = Harness([(cfg, tier)], gate="auto", prefill_rate=1e12)  # recomputing is instant
+    cleanup(h)
+    h.store(1, 2)
+    h.settle()
+    h.manager.reset()
+    h.lookup_until(1, HIT)  # nothing measured yet: the first promotion goes
+    h.lookup_until(2, MISS)  # now measured slower than recomputing: refused
+    assert h.manager.stats()["tiers"]["mem"]["gated"] >= 1
+
+
+def test_reset_drains_jobs_and_leaks_no_pins(cleanup: Any) -> None:
+    cfg, inner = memory_tier()
+    h = Harness([(cfg, FaultyTier(inner, delay=1.0, delay_seconds=0.2))])
+    cleanup(h)
+    h.store(1, 2, 3)  # demotions in flight, slots pinned
+    h.manager.reset()
+    assert h.runtime.pending() == 0
+    assert h.manager.pool.num_used == 0 and h.manager.pool.num_reading == 0
+    h.store(4)
+    h.settle()
+    assert h.manager.pool.ref_count(k(4)) == 0
+
+
+from hypothesis import settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule  # noqa: E402
+
+KEY_IDS = st.integers(min_value=0, max_value=15)
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    """Two secondary tiers, the second one faulty; the engine's calls in any order."""
+
+    @initialize(
+        seed=st.integers(0, 1000),
+        write=st.sampled_from(["through", "back", "selective"]),
+        fail=st.sampled_from([0.0, 0.3]),
+        corrupt=st.sampled_from([0.0, 0.3]),
+    )
+    def start(self, seed: int, write: str, fail: float, corrupt: float) -> None:
+        first = memory_tier("first", write=write)
+        faulty = FaultyTier(
+            MemoryTier(namespace=NAMESPACE, name="second"),
+            fail=fail,
+            corrupt=corrupt,
+            drop=0.1,
+            seed=seed,
+        )
+        second = (TierConfig(name="second", type="memory", write="through"), faulty)
+        self.h = Harness([first, second], slots=6, reserve=2)
+        self.loads: list[list[BlockKey]] = []
+        self.stores: list[list[BlockKey]] = []
+
+    def teardown(self) -> None:
+        if hasattr(self, "h"):
+            self.h.close()
+
+    @rule(ids=st.lists(KEY_IDS, min_size=1, max_size=3, unique=True))
+    def store(self, ids: list[int]) -> None:
+        grant = self.h.manager.prepare_store([k(i) for i in ids])
+        if grant is not None and grant.keys:
+            self.stores.append(list(grant.keys))
+
+    @precondition(lambda self: self.stores)
+    @rule(ok=st.booleans())
+    def complete_store(self, ok: bool) -> None:
+        self.h.manager.complete_store(self.stores.pop(0), ok=ok)
+
+    @rule(i=KEY_IDS)
+    def lookup_and_load(self, i: int) -> None:
+        if self.h.manager.lookup(k(i)) is HIT:
+            self.h.manager.prepare_load([k(i)])
+            self.loads.append([k(i)])
+
+    @precondition(lambda self: self.loads)
+    @rule()
+    def complete_load(self) -> None:
+        self.h.manager.complete_load(self.loads.pop(0))
+
+    @rule()
+    def step(self) -> None:
+        self.h.settle(1)
+
+    @rule()
+    def drain(self) -> None:
+        """Every promotion ends, and nothing stays pinned or held once the tiers are idle."""
+        self.h.settle(3)
+        manager, pool = self.h.manager, self.h.manager.pool
+        assert not manager.promoting
+        assert pool.num_held == 0
+        assert pool.num_reading == len({key for batch in self.loads for key in batch})
+
+    @rule()
+    def reset(self) -> None:
+        self.h.manager.reset()
+        self.loads.clear()
+        self.stores.clear()  # vLLM never completes jobs from before a reset
+        pool = self.h.manager.pool
+        assert pool.num_reading == 0 and pool.num_writing == 0 and pool.num_held == 0
+
+    @invariant()
+    def consistent(self) -> None:
+        if not hasattr(self, "h"):
+            return
+        manager, pool = self.h.manager, self.h.manager.pool
+        assert pool.num_used + pool.num_free + pool.num_held == pool.num_slots
+        ours = {key for batch in self.stores for key in batch}
+        writing = {key for key in map(k, range(16)) if pool.lookup(key) is PENDING}
+        # No key is pending without someone writing it: the engine (a store) or a promotion.
+        assert writing <= ours | manager.promoting, writing - ours - manager.promoting
+        for batch in self.loads:  # pinned blocks are never evicted
+            assert all(pool.lookup(key) is HIT for key in batch)
+
+    @invariant()
+    def promotions_end(self) -> None:
+        if not hasattr(self, "h") or self.h.manager.has_pending_work():
+            return
+        assert not self.h.manager.promoting or self.h.runtime.pending() == 0
+
+
+ManagerMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+TestManagerMachine = ManagerMachine.TestCase

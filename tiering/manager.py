@@ -1,0 +1,492 @@
+"""`TieringOffloadingManager`: the CPU primary pool plus secondary tiers.
+
+Scheduler process, scheduler thread. It serves the primary pool's contract (so the vLLM adapter
+serves it unchanged) and moves blocks between the primary and the tiers on the runtime, never
+waiting on I/O:
+
+- **lookup**: the primary first. A key the primary lacks is looked for in every tier by one
+  batched existence check per tier, submitted at the end of the step; meanwhile the answer is
+  RETRY. Once a tier (the first, in order) has it, and the gate lets it through, a primary slot
+  is allocated (WRITING) and the promotion queued: PENDING, then HIT once the bytes are in. All
+  requests that need the block wait on the same promotion. A failed promotion frees the slot and
+  remembers the block as absent for a while, so it is not retried every step.
+- **demotion**, per tier: `through` copies a block when its store completes; `back` and
+  `selective` (after `admit_after_hits` hits) copy blocks that background reclaim takes from the
+  least recently used end to keep `reserve` slots free. A slot is pinned or held while a tier
+  reads it. At most `max_inflight` blocks per tier are in flight; beyond that, demotions are
+  dropped and counted: a slow tier never blocks the primary.
+- **gating** (`promotion.gate: auto`): a tier's hit is promoted only while its measured time per
+  block (a moving average) beats recomputing the block at `prefill_rate` tokens per second.
+- **faults**: every job has a deadline and goes through the tier's circuit breaker; failures are
+  misses, dropped demotions and counters, never exceptions.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tiering.config import Config, TierConfig
+from tiering.keys import BlockKey
+from tiering.primary import LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
+from tiering.runtime import Job, JobResult, Runtime
+from tiering.tier import Tier
+
+__all__ = ["TierEvent", "TieringOffloadingManager", "build_tiers"]
+
+ABSENT = -1
+NEGATIVE_TTL = 2.0
+"""Seconds a block found in no tier is taken as absent before it is looked for again."""
+POSITIVE_TTL = 30.0
+
+
+def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier]]:
+    """The configured secondary tiers, in order."""
+    from tiering.registry import create_tier
+
+    return [
+        (
+            cfg,
+            create_tier(
+                cfg.type,
+                namespace=namespace,
+                name=cfg.name,
+                capacity=cfg.capacity,
+                **{"timeout": config.faults.timeout, **cfg.options},
+            ),
+        )
+        for cfg in config.tiers
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class TierEvent:
+    """Keys that a secondary tier now holds (removed=False)."""
+
+    tier: str
+    keys: tuple[BlockKey, ...]
+    removed: bool = False
+
+
+@dataclass
+class _TierState:
+    config: TierConfig
+    tier: Tier
+    index: int
+    inflight: int = 0
+    """Blocks being demoted to this tier."""
+    seconds_per_block: float | None = None
+    """Moving average of promotion time per block."""
+    counters: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    latencies: list[float] = field(default_factory=list)
+
+
+class TieringOffloadingManager:
+    """The primary pool's API over the primary plus tiers. Scheduler process, scheduler thread."""
+
+    def __init__(
+        self,
+        pool: PrimaryPool,
+        tiers: Sequence[tuple[TierConfig, Tier]],
+        slot_view: Callable[[int], memoryview],
+        *,
+        config: Config,
+        runtime: Runtime,
+        block_tokens: int,
+        reserve: int | None = None,
+        max_inflight: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pool = pool
+        self.tiers = [_TierState(cfg, tier, i) for i, (cfg, tier) in enumerate(tiers)]
+        self.slot_view = slot_view
+        self.config = config
+        self.runtime = runtime
+        self.block_tokens = block_tokens
+        self.reserve = max(1, pool.num_slots // 20) if reserve is None else reserve
+        self.max_inflight = max_inflight
+        self.clock = clock
+        self._generation = 0
+        self._polled = False
+        self._where: dict[BlockKey, tuple[int, float]] = {}
+        self._checking: dict[BlockKey, set[int]] = {}  # key -> tiers yet to answer
+        self._found: dict[BlockKey, set[int]] = {}
+        self._to_check: list[BlockKey] = []
+        self._promotions: dict[int, list[tuple[BlockKey, int]]] = defaultdict(list)
+        self.promoting: set[BlockKey] = set()
+        """Keys being promoted (queued this step or in flight): the WRITING keys of the primary
+        that the engine did not write."""
+        self._hits: dict[BlockKey, int] = {}
+        self._stored_at: dict[BlockKey, float] = {}
+        self._held: dict[int, int] = {}  # reclaimed slot -> demotions still reading it
+        self._pins: dict[BlockKey, int] = {}  # key -> demotions still reading it (through)
+        self._events: list[TierEvent] = []
+        self.counters: defaultdict[str, float] = defaultdict(float)
+        self._write_through = [t for t in self.tiers if t.config.write == "through"]
+        self._write_back = [t for t in self.tiers if t.config.write != "through"]
+
+    # -- the primary's contract -------------------------------------------------------------------
+
+    @property
+    def num_slots(self) -> int:
+        return self.pool.num_slots
+
+    def lookup(self, key: BlockKey) -> LookupResult:
+        self._poll_once()
+        result = self.pool.lookup(key)
+        if result is not LookupResult.MISS or not self.tiers:
+            return result
+        where = self._where.get(key)
+        if where is not None and where[1] > self.clock():
+            return self._promote(key, where[0]) if where[0] != ABSENT else LookupResult.MISS
+        if key not in self._checking:
+            self._checking[key] = set()  # queued: submitted at the end of the step
+            self._to_check.append(key)
+        return LookupResult.RETRY
+
+    def prepare_store(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
+        self._poll_once()
+        grant = self.pool.prepare_store(keys)
+        if grant is None:
+            return None
+        if grant.evicted:
+            self._forget(grant.evicted)
+            if self._write_back:
+                # Evicted on the store path: their slots already hold new blocks. Background
+                # reclaim exists so that this is rare; it is counted when it happens.
+                self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
+        now = self.clock()
+        for key in grant.keys:
+            self._stored_at[key] = now
+        return grant
+
+    def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
+        keys = list(keys)
+        self.pool.complete_store(keys, ok=ok)
+        if ok and self._write_through:
+            self._demote_through(keys)
+
+    def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
+        slots = self.pool.prepare_load(keys)
+        hits = self._hits
+        for key in keys:
+            hits[key] = hits.get(key, 0) + 1
+        return slots
+
+    def complete_load(self, keys: Iterable[BlockKey]) -> None:
+        self.pool.complete_load(keys)
+
+    def touch(self, keys: Iterable[BlockKey]) -> None:
+        self.pool.touch(keys)
+
+    def reset(self, drain_timeout: float = 30.0) -> None:
+        """Wait for in-flight jobs (they may be writing or reading primary slots), then forget
+        the primary and every job; the tiers keep their blocks. vLLM calls this between steps,
+        never in one, so the wait (bounded by the jobs' deadlines) is allowed here."""
+        deadline = self.clock() + drain_timeout
+        while self.runtime.pending() and self.clock() < deadline:
+            time.sleep(0.001)
+        self.runtime.poll()
+        self._generation += 1
+        self.pool.reset()
+        self._where.clear()
+        self._checking.clear()
+        self._found.clear()
+        self._to_check.clear()
+        self._promotions.clear()
+        self.promoting.clear()
+        self._hits.clear()
+        self._stored_at.clear()
+        self._held.clear()
+        self._pins.clear()
+        for t in self.tiers:
+            t.inflight = 0
+
+    def take_events(self) -> list[PrimaryEvent | TierEvent]:
+        events: list[PrimaryEvent | TierEvent] = list(self.pool.take_events())
+        events += self._events
+        self._events = []
+        return events
+
+    def has_pending_work(self) -> bool:
+        return bool(self.runtime.pending() or self._to_check or any(self._promotions.values()))
+
+    def on_schedule_end(self) -> None:
+        """Once per engine step, after lookups and before stores: collect results, submit the
+        step's existence checks and promotions, and reclaim for write-back demotions."""
+        self._poll()
+        self._submit_checks()
+        self._submit_promotions()
+        self._reclaim()
+        self._polled = False
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        for t in self.tiers:
+            try:
+                self.runtime.run_sync(t.tier.close, timeout)
+            except Exception:  # closing must not stop the rest from closing
+                self.counters["close_errors"] += 1
+        self.runtime.shutdown()
+
+    # -- lookups and promotions -----------------------------------------------------------------
+
+    def _promote(self, key: BlockKey, index: int) -> LookupResult:
+        state = self.tiers[index]
+        if not self._gate_open(state):
+            state.counters["gated"] += 1
+            return LookupResult.MISS
+        grant = self.pool.prepare_store([key])
+        if grant is None or not grant.keys:
+            self.counters["promotion_allocation_failures"] += 1
+            return LookupResult.MISS
+        if grant.evicted:
+            self._forget(grant.evicted)
+            if self._write_back:
+                self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
+        self._promotions[index].append((key, grant.slots[0]))
+        self.promoting.add(key)
+        return LookupResult.PENDING
+
+    def _gate_open(self, state: _TierState) -> bool:
+        gate = self.config.promotion.gate
+        if gate != "auto":
+            return gate == "always"
+        if state.seconds_per_block is None:
+            return True  # nothing measured yet: try, and learn
+        recompute = self.block_tokens / self.config.promotion.prefill_rate
+        return state.seconds_per_block < recompute
+
+    def _submit_checks(self) -> None:
+        if not self._to_check:
+            return
+        keys, self._to_check = self._to_check, []
+        for key in keys:
+            self._checking[key] = {t.index for t in self.tiers}
+            self._found[key] = set()
+        for state in self.tiers:
+            tier = state.tier
+            self.runtime.submit(
+                Job(
+                    state.config.name,
+                    functools.partial(tier.contains, keys),
+                    self.config.faults.timeout,
+                    tag=("check", self._generation, state.index, keys),
+                )
+            )
+            state.counters["lookups"] += len(keys)
+
+    def _submit_promotions(self) -> None:
+        for index, batch in self._promotions.items():
+            if not batch:
+                continue
+            state = self.tiers[index]
+            items = [(key, self.slot_view(slot)) for key, slot in batch]
+            self.runtime.submit(
+                Job(
+                    state.config.name,
+                    functools.partial(state.tier.get_many, items),
+                    self.config.promotion.deadline,
+                    tag=("promote", self._generation, index, batch),
+                )
+            )
+        self._promotions.clear()
+
+    # -- demotions -------------------------------------------------------------------------------
+
+    def _demote_through(self, keys: list[BlockKey]) -> None:
+        for state in self._write_through:
+            room = self.max_inflight - state.inflight
+            if room <= 0:
+                state.counters["demotions_dropped"] += len(keys)
+                continue
+            batch = keys[:room]
+            state.counters["demotions_dropped"] += len(keys) - len(batch)
+            slots = self.pool.pin(batch)
+            for key in batch:
+                self._pins[key] = self._pins.get(key, 0) + 1
+            self._submit_demotion(state, batch, slots, held=False)
+
+    def _reclaim(self) -> None:
+        if not self._write_back:
+            return
+        free = self.pool.num_free
+        need = self.reserve - free - self.pool.num_held
+        room = min(self.max_inflight - t.inflight for t in self._write_back)
+        n = min(need, room)
+        if n <= 0:
+            return
+        victims = self.pool.reclaim(n)
+        if not victims:
+            return
+        now = self.clock()
+        release = []
+        for key, slot in victims:
+            self._held[slot] = 0
+            for state in self._write_back:
+                if self._admitted(state, key, now):
+                    self._held[slot] += 1
+        for state in self._write_back:
+            chosen = [(k, s) for k, s in victims if self._admitted(state, k, now)]
+            if chosen:
+                self._submit_demotion(
+                    state, [k for k, _ in chosen], [s for _, s in chosen], held=True
+                )
+        for key, slot in victims:
+            self._hits.pop(key, None)
+            self._stored_at.pop(key, None)
+            if self._held[slot] == 0:
+                del self._held[slot]
+                release.append(slot)
+        if release:
+            self.pool.release(release)
+
+    def _admitted(self, state: _TierState, key: BlockKey, now: float) -> bool:
+        cfg = state.config
+        if cfg.write == "selective" and self._hits.get(key, 0) < cfg.admit_after_hits:
+            return False
+        return cfg.min_age <= 0 or now - self._stored_at.get(key, now) >= cfg.min_age
+
+    def _submit_demotion(
+        self, state: _TierState, keys: list[BlockKey], slots: list[int], held: bool
+    ) -> None:
+        items = [(key, self.slot_view(slot)) for key, slot in zip(keys, slots, strict=True)]
+        state.inflight += len(keys)
+        self.runtime.submit(
+            Job(
+                state.config.name,
+                functools.partial(state.tier.put_many, items),
+                self.config.faults.timeout * max(1, len(keys)),
+                tag=("demote", self._generation, state.index, (keys, slots, held)),
+            )
+        )
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def _poll_once(self) -> None:
+        if not self._polled:
+            self._polled = True
+            self._poll()
+
+    def _poll(self) -> None:
+        for result in self.runtime.poll():
+            kind, generation, index, payload = result.tag
+            if generation != self._generation:
+                continue  # from before a reset
+            state = self.tiers[index]
+            if result.ok:
+                state.latencies.append(result.seconds)
+            else:
+                state.counters["errors"] += 1
+            if kind == "check":
+                self._checked(state, payload, result)
+            elif kind == "promote":
+                self._promoted(state, payload, result)
+            else:
+                keys, slots, held = payload
+                self._demoted(state, keys, slots, held, result)
+
+    def _checked(self, state: _TierState, keys: list[BlockKey], result: JobResult) -> None:
+        answers = result.value if result.ok else [False] * len(keys)
+        now = self.clock()
+        for key, present in zip(keys, answers, strict=True):
+            waiting = self._checking.get(key)
+            if waiting is None:
+                continue
+            waiting.discard(state.index)
+            if present:
+                self._found[key].add(state.index)
+                state.counters["hits"] += 1
+            else:
+                state.counters["misses"] += 1
+            if not waiting:
+                del self._checking[key]
+                found = self._found.pop(key)
+                if found:
+                    self._where[key] = (min(found), now + POSITIVE_TTL)
+                else:
+                    self._where[key] = (ABSENT, now + NEGATIVE_TTL)
+
+    def _promoted(
+        self, state: _TierState, batch: list[tuple[BlockKey, int]], result: JobResult
+    ) -> None:
+        found = result.value if result.ok else [False] * len(batch)
+        arrived: list[BlockKey] = []
+        missing: list[BlockKey] = []
+        for (key, _), ok in zip(batch, found, strict=True):
+            (arrived if ok is True else missing).append(key)
+        self.promoting.difference_update(key for key, _ in batch)
+        if arrived:
+            self.pool.complete_store(arrived)
+            state.counters["promotions"] += len(arrived)
+            state.counters["bytes_promoted"] += len(arrived) * len(self.slot_view(batch[0][1]))
+            per_block = result.seconds / len(batch)
+            previous = state.seconds_per_block
+            state.seconds_per_block = (
+                per_block if previous is None else 0.8 * previous + 0.2 * per_block
+            )
+        if missing:
+            self.pool.complete_store(missing, ok=False)
+            state.counters["promotion_failures"] += len(missing)
+            now = self.clock()
+            for key in missing:
+                self._where[key] = (ABSENT, now + NEGATIVE_TTL)
+
+    def _demoted(
+        self,
+        state: _TierState,
+        keys: list[BlockKey],
+        slots: list[int],
+        held: bool,
+        result: JobResult,
+    ) -> None:
+        state.inflight -= len(keys)
+        outcomes = result.value if result.ok else [result.error] * len(keys)
+        stored = [key for key, outcome in zip(keys, outcomes, strict=True) if outcome is None]
+        state.counters["demotions"] += len(stored)
+        state.counters["demotion_failures"] += len(keys) - len(stored)
+        if stored:
+            now = self.clock()
+            for key in stored:
+                self._where[key] = (state.index, now + POSITIVE_TTL)
+            self._events.append(TierEvent(state.config.name, tuple(stored)))
+        if held:
+            release = []
+            for slot in slots:
+                self._held[slot] -= 1
+                if self._held[slot] == 0:
+                    del self._held[slot]
+                    release.append(slot)
+            self.pool.release(release)
+        else:
+            self.pool.unpin(keys)
+            for key in keys:
+                self._pins[key] -= 1
+                if not self._pins[key]:
+                    del self._pins[key]
+
+    def _forget(self, keys: Iterable[BlockKey]) -> None:
+        for key in keys:
+            self._hits.pop(key, None)
+            self._stored_at.pop(key, None)
+
+    # -- metrics ----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counters per tier and of the manager, breaker states, and the latency samples since
+        the last call (for histograms)."""
+        tiers = {}
+        for state in self.tiers:
+            samples, state.latencies = state.latencies, []
+            tiers[state.config.name] = {
+                **state.counters,
+                "inflight_demotions": state.inflight,
+                "breaker": self.runtime.breaker_state(state.config.name),
+                "seconds_per_block": state.seconds_per_block,
+                "latencies": samples,
+                **{f"tier.{k}": v for k, v in state.tier.counters.items()},
+            }
+        return {"manager": dict(self.counters), "tiers": tiers}
