@@ -1,0 +1,129 @@
+"""The manager over real servers that die mid-run: calls facing the engine never raise, return
+within a step's budget, and the tier is used again once its server is back."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.servers import RedisServer, SeaweedS3
+from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
+from tiering.keys import BlockKey, make_key
+from tiering.manager import TieringOffloadingManager
+from tiering.primary import LookupResult, PrimaryPool
+from tiering.runtime import Runtime
+from tiering.testing import NAMESPACE
+from tiering.tier import Tier
+from tiers.redis import RedisTier
+from tiers.s3 import S3Tier
+
+BLOCK = 16 << 10
+STEP_BUDGET = 0.05  # seconds: what one engine step may spend in the manager
+
+
+def k(i: int) -> BlockKey:
+    return make_key(i.to_bytes(32, "big"))
+
+
+class Engine:
+    """Drives a manager the way vLLM's connector does, timing every call."""
+
+    def __init__(self, cfg: TierConfig, tier: Tier) -> None:
+        self.memory = np.zeros((32, BLOCK), dtype=np.uint8)
+        config = Config(
+            tiers=(cfg,),
+            promotion=PromotionConfig(deadline=1.0, gate="always"),
+            faults=FaultsConfig(timeout=1.0, breaker=BreakerConfig(failures=3, cooldown=0.5)),
+        )
+        self.runtime = Runtime(config.faults.breaker)
+        self.manager = TieringOffloadingManager(
+            PrimaryPool(32, "lru"), [(cfg, tier)], lambda s: memoryview(self.memory[s]),
+            config=config, runtime=self.runtime, block_tokens=16,
+        )
+        self.slowest = 0.0
+
+    def call(self, method: str, *args: Any) -> Any:
+        start = time.monotonic()
+        result = getattr(self.manager, method)(*args)  # must not raise
+        self.slowest = max(self.slowest, time.monotonic() - start)
+        return result
+
+    def store(self, ids: range) -> None:
+        keys = [k(i) for i in ids]
+        grant = self.call("prepare_store", keys)
+        if grant is not None:
+            for key, slot in zip(grant.keys, grant.slots, strict=True):
+                self.memory[slot] = key[31]
+            self.call("complete_store", list(grant.keys))
+
+    def step(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.call("on_schedule_end")
+            time.sleep(0.02)
+
+    def fetch(self, i: int, steps: int = 150) -> LookupResult:
+        """Look a block up until the answer settles (HIT or MISS)."""
+        for _ in range(steps):
+            result = self.call("lookup", k(i))
+            if result in (LookupResult.HIT, LookupResult.MISS):
+                return result
+            self.step()
+        return result
+
+    def forget(self) -> None:
+        self.call("reset")
+
+
+def exercise(engine: Engine, stop: Any, start: Any) -> None:
+    engine.store(range(0, 8))
+    engine.step(10)
+    engine.forget()  # the primary forgets; the blocks are in the tier
+    assert engine.fetch(1) is LookupResult.HIT
+    stop()
+    engine.forget()
+    for i in range(8, 16):  # stores keep working; demotions fail and are counted
+        engine.store(range(i, i + 1))
+        engine.step()
+    assert engine.fetch(2) is LookupResult.MISS  # the tier is down: a miss, not an error
+    start()
+    time.sleep(0.6)  # the breaker's cooldown
+    engine.forget()
+    assert engine.fetch(3) is LookupResult.HIT  # back: found again (acknowledged before)
+    assert engine.memory[engine.manager.pool.slot(k(3))][0] == k(3)[31]
+    assert engine.slowest < STEP_BUDGET, f"a call took {engine.slowest:.3f}s"
+    stats = engine.manager.stats()["tiers"]
+    (figures,) = stats.values()
+    assert figures["errors"] > 0 and figures["promotions"] >= 2
+    engine.manager.shutdown()
+
+
+@pytest.mark.redis
+def test_redis_killed_and_restarted(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", durable=True)
+    server.start()
+    try:
+        tier = RedisTier(namespace=NAMESPACE, url=server.url, socket_timeout=0.5, connect_timeout=0.5)
+        engine = Engine(TierConfig(name="redis", type="redis", write="through"), tier)
+        exercise(engine, server.stop, server.start)
+    finally:
+        server.stop()
+
+
+@pytest.mark.s3
+def test_s3_stopped_and_restarted(tmp_path: Path) -> None:
+    server = SeaweedS3(tmp_path / "seaweed")
+    server.start()
+    try:
+        tier = S3Tier(
+            namespace=NAMESPACE, bucket=server.bucket, endpoint_url=server.endpoint,
+            access_key=server.ACCESS_KEY, secret_key=server.SECRET_KEY, retries=1,
+            connect_timeout=0.3, read_timeout=1.0,
+        )
+        engine = Engine(TierConfig(name="s3", type="s3", write="through"), tier)
+        exercise(engine, server.stop, server.start)
+    finally:
+        server.stop()
