@@ -9,7 +9,14 @@ from unittest.mock import Mock
 import numpy as np
 import pytest
 
-from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
+from tiering.config import (
+    BreakerConfig,
+    Config,
+    FaultsConfig,
+    MetricsConfig,
+    PromotionConfig,
+    TierConfig,
+)
 from tiering.keys import BlockKey, make_key
 from tiering.manager import TierEvent, TieringOffloadingManager
 from tiering.primary import LookupResult, PrimaryPool
@@ -39,6 +46,7 @@ class Harness:
         self.memory = np.zeros((slots, BLOCK), dtype=np.uint8)
         gate = kw.pop("gate", "always")
         config = Config(
+            metrics=kw.pop("metrics", MetricsConfig()),
             tiers=tuple(cfg for cfg, _ in tiers),
             promotion=PromotionConfig(
                 deadline=2.0, gate=gate, prefill_rate=kw.pop("prefill_rate", 20_000.0)
@@ -377,3 +385,19 @@ class ManagerMachine(RuleBasedStateMachine):
 
 ManagerMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
 TestManagerMachine = ManagerMachine.TestCase
+
+
+def test_prometheus_endpoint(cleanup: Any) -> None:
+    import urllib.request
+
+    cfg, tier = memory_tier()
+    h = Harness([(cfg, tier)], metrics=MetricsConfig(prometheus_port=0))  # 0: any free port
+    cleanup(h)
+    h.store(1, 2)
+    h.settle()
+    assert h.manager.metrics_server is not None
+    url = f"http://127.0.0.1:{h.manager.metrics_server.port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    assert 'kvtier_tier_demotions{tier="mem"} 2.0' in text
+    assert 'kvtier_tier_breaker_open{tier="mem"} 0.0' in text
+    assert "kvtier_primary_used 2.0" in text

@@ -41,8 +41,12 @@ class Engine:
         )
         self.runtime = Runtime(config.faults.breaker)
         self.manager = TieringOffloadingManager(
-            PrimaryPool(32, "lru"), [(cfg, tier)], lambda s: memoryview(self.memory[s]),
-            config=config, runtime=self.runtime, block_tokens=16,
+            PrimaryPool(32, "lru"),
+            [(cfg, tier)],
+            lambda s: memoryview(self.memory[s]),
+            config=config,
+            runtime=self.runtime,
+            block_tokens=16,
         )
         self.slowest = 0.0
 
@@ -106,7 +110,9 @@ def test_redis_killed_and_restarted(tmp_path: Path) -> None:
     server = RedisServer(tmp_path / "redis", durable=True)
     server.start()
     try:
-        tier = RedisTier(namespace=NAMESPACE, url=server.url, socket_timeout=0.5, connect_timeout=0.5)
+        tier = RedisTier(
+            namespace=NAMESPACE, url=server.url, socket_timeout=0.5, connect_timeout=0.5
+        )
         engine = Engine(TierConfig(name="redis", type="redis", write="through"), tier)
         exercise(engine, server.stop, server.start)
     finally:
@@ -119,9 +125,14 @@ def test_s3_stopped_and_restarted(tmp_path: Path) -> None:
     server.start()
     try:
         tier = S3Tier(
-            namespace=NAMESPACE, bucket=server.bucket, endpoint_url=server.endpoint,
-            access_key=server.ACCESS_KEY, secret_key=server.SECRET_KEY, retries=1,
-            connect_timeout=0.3, read_timeout=1.0,
+            namespace=NAMESPACE,
+            bucket=server.bucket,
+            endpoint_url=server.endpoint,
+            access_key=server.ACCESS_KEY,
+            secret_key=server.SECRET_KEY,
+            retries=1,
+            connect_timeout=0.3,
+            read_timeout=1.0,
         )
         engine = Engine(TierConfig(name="s3", type="s3", write="through"), tier)
         exercise(engine, server.stop, server.start)

@@ -164,6 +164,9 @@ class FaultsConfig:
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
     prometheus_port: int | None = None
+    """Serve kvtier's metrics at `http://<address>:<port>/metrics` (0 picks a free port)."""
+    address: str = "127.0.0.1"
+    """Where the endpoint listens; `0.0.0.0` for a scraper on another host."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,13 @@ class TieringOffloadingManager:
         self.counters: defaultdict[str, float] = defaultdict(float)
         self._write_through = [t for t in self.tiers if t.config.write == "through"]
         self._write_back = [t for t in self.tiers if t.config.write != "through"]
+        self.metrics_server = None
+        if config.metrics.prometheus_port is not None:
+            from tiering.metrics import MetricsServer
+
+            self.metrics_server = MetricsServer(
+                config.metrics.prometheus_port, config.metrics.address
+            )
 
     # -- the primary's contract -------------------------------------------------------------------
 
@@ -223,8 +230,33 @@ class TieringOffloadingManager:
         self._submit_promotions()
         self._reclaim()
         self._polled = False
+        if self.metrics_server is not None:
+            self.metrics_server.publish(self.snapshot())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and gauges as plain numbers (no latency samples: `stats` drains those)."""
+        pool = self.pool
+        tiers = {
+            state.config.name: {
+                **state.counters,
+                "inflight_demotions": state.inflight,
+                "breaker": self.runtime.breaker_state(state.config.name),
+                **{f"tier.{k}": v for k, v in state.tier.counters.items()},
+            }
+            for state in self.tiers
+        }
+        primary = {
+            "slots": pool.num_slots,
+            "used": pool.num_used,
+            "writing": pool.num_writing,
+            "reading": pool.num_reading,
+            "held": pool.num_held,
+        }
+        return {"primary": primary, "manager": dict(self.counters), "tiers": tiers}
 
     def shutdown(self, timeout: float = 5.0) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         for t in self.tiers:
             try:
                 self.runtime.run_sync(t.tier.close, timeout)
