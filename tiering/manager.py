@@ -125,6 +125,7 @@ class TieringOffloadingManager:
         self._held: dict[int, int] = {}  # reclaimed slot -> demotions still reading it
         self._pins: dict[BlockKey, int] = {}  # key -> demotions still reading it (through)
         self._events: list[TierEvent] = []
+        self._outbox: list[Job] = []  # submitted together at the end of the step
         self.counters: defaultdict[str, float] = defaultdict(float)
         self._write_through = [t for t in self.tiers if t.config.write == "through"]
         self._write_back = [t for t in self.tiers if t.config.write != "through"]
@@ -161,11 +162,9 @@ class TieringOffloadingManager:
         if grant is None:
             return None
         if grant.evicted:
-            self._forget(grant.evicted)
             if self._write_back:
-                # Evicted on the store path: their slots already hold new blocks. Background
-                # reclaim exists so that this is rare; it is counted when it happens.
-                self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
+                self._demote_evicted(grant)
+            self._forget(grant.evicted)
         now = self.clock()
         for key in grant.keys:
             self._stored_at[key] = now
@@ -206,6 +205,7 @@ class TieringOffloadingManager:
         self._to_check.clear()
         self._promotions.clear()
         self.promoting.clear()
+        self._outbox.clear()
         self._hits.clear()
         self._stored_at.clear()
         self._held.clear()
@@ -220,7 +220,12 @@ class TieringOffloadingManager:
         return events
 
     def has_pending_work(self) -> bool:
-        return bool(self.runtime.pending() or self._to_check or any(self._promotions.values()))
+        return bool(
+            self.runtime.pending()
+            or self._to_check
+            or self._outbox
+            or any(self._promotions.values())
+        )
 
     def on_schedule_end(self) -> None:
         """Once per engine step, after lookups and before stores: collect results, submit the
@@ -229,6 +234,9 @@ class TieringOffloadingManager:
         self._submit_checks()
         self._submit_promotions()
         self._reclaim()
+        if self._outbox:
+            self.runtime.submit_many(self._outbox)
+            self._outbox = []
         self._polled = False
         if self.metrics_server is not None:
             self.metrics_server.publish(self.snapshot())
@@ -301,7 +309,7 @@ class TieringOffloadingManager:
             self._found[key] = set()
         for state in self.tiers:
             tier = state.tier
-            self.runtime.submit(
+            self._outbox.append(
                 Job(
                     state.config.name,
                     functools.partial(tier.contains, keys),
@@ -317,7 +325,7 @@ class TieringOffloadingManager:
                 continue
             state = self.tiers[index]
             items = [(key, self.slot_view(slot)) for key, slot in batch]
-            self.runtime.submit(
+            self._outbox.append(
                 Job(
                     state.config.name,
                     functools.partial(state.tier.get_many, items),
@@ -376,6 +384,38 @@ class TieringOffloadingManager:
         if release:
             self.pool.release(release)
 
+    def _demote_evicted(self, grant: StoreGrant) -> None:
+        """Blocks evicted on the store path, whose slots now belong to new blocks: their bytes
+        stay there until the engine's copy runs (a later step), so copy them out now and demote
+        the copies. A memcpy per block on this thread: background reclaim keeps these rare, and
+        `max_inflight` bounds them (beyond it they are dropped and counted)."""
+        self.counters["direct_evictions"] += len(grant.evicted)
+        now = self.clock()
+        copies: dict[int, bytes] = {}
+        for state in self._write_back:
+            room = self.max_inflight - state.inflight
+            chosen: list[tuple[BlockKey, bytes]] = []
+            for key, slot in zip(grant.evicted, grant.evicted_slots, strict=True):
+                if not self._admitted(state, key, now):
+                    continue
+                if len(chosen) >= room:
+                    state.counters["demotions_dropped"] += 1
+                    continue
+                if slot not in copies:
+                    copies[slot] = bytes(self.slot_view(slot))
+                chosen.append((key, copies[slot]))
+            if chosen:
+                state.inflight += len(chosen)
+                keys = [key for key, _ in chosen]
+                self._outbox.append(
+                    Job(
+                        state.config.name,
+                        functools.partial(state.tier.put_many, chosen),
+                        self.config.faults.timeout * len(chosen),
+                        tag=("demote", self._generation, state.index, (keys, [], "copy")),
+                    )
+                )
+
     def _admitted(self, state: _TierState, key: BlockKey, now: float) -> bool:
         cfg = state.config
         if cfg.write == "selective" and self._hits.get(key, 0) < cfg.admit_after_hits:
@@ -387,7 +427,7 @@ class TieringOffloadingManager:
     ) -> None:
         items = [(key, self.slot_view(slot)) for key, slot in zip(keys, slots, strict=True)]
         state.inflight += len(keys)
-        self.runtime.submit(
+        self._outbox.append(
             Job(
                 state.config.name,
                 functools.partial(state.tier.put_many, items),
@@ -472,7 +512,7 @@ class TieringOffloadingManager:
         state: _TierState,
         keys: list[BlockKey],
         slots: list[int],
-        held: bool,
+        held: bool | str,
         result: JobResult,
     ) -> None:
         state.inflight -= len(keys)
@@ -485,7 +525,9 @@ class TieringOffloadingManager:
             for key in stored:
                 self._where[key] = (state.index, now + POSITIVE_TTL)
             self._events.append(TierEvent(state.config.name, tuple(stored)))
-        if held:
+        if held == "copy":
+            pass  # demoted from copies: no slot to give back
+        elif held:
             release = []
             for slot in slots:
                 self._held[slot] -= 1

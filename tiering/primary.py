@@ -67,6 +67,8 @@ class StoreGrant:
     keys: tuple[BlockKey, ...]
     slots: tuple[int, ...]
     evicted: tuple[BlockKey, ...]
+    evicted_slots: tuple[int, ...] = ()
+    """Where the evicted keys were: now among `slots`, their bytes valid until overwritten."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +200,7 @@ class PrimaryPool:
         free = self._free
         shortfall = len(new) - len(free)
         evicted: list[BlockKey] = []
+        evicted_slots: list[int] = []
         if shortfall > 0:
             busy = self._busy
             # Resident, ready keys of this call are protected too: lend them to the busy set
@@ -218,6 +221,7 @@ class PrimaryPool:
                 del ref[key]
                 free.append(slot)
                 evicted.append(key)
+                evicted_slots.append(slot)
             if self._events is not None:
                 self._events.append(PrimaryEvent(tuple(evicted), removed=True))
         n = len(new)
@@ -228,7 +232,7 @@ class PrimaryPool:
         self._busy.update(new)
         self._writing.update(new)
         self._policy.insert_many(new, slots)
-        return StoreGrant(tuple(new), tuple(slots), tuple(evicted))
+        return StoreGrant(tuple(new), tuple(slots), tuple(evicted), tuple(evicted_slots))
 
     def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
         """Finish the writes of these keys: READY on success; on failure, free their slots.

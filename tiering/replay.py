@@ -18,10 +18,15 @@ import gzip
 import hashlib
 import io
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from tiering.config import Config
 from tiering.errors import TraceError
 from tiering.keys import BlockKey, make_key
 from tiering.primary import LookupResult, PrimaryPool
@@ -33,7 +38,9 @@ __all__ = [
     "Trace",
     "TraceRequest",
     "load_trace",
+    "TieredReplayResult",
     "replay",
+    "replay_tiered",
     "trace_keys",
 ]
 
@@ -212,3 +219,130 @@ def replay(
         evictions=evictions,
         unstored_blocks=unstored,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TieredReplayResult:
+    """Outcome of a replay through the tiering manager and real tiers."""
+
+    capacity: int
+    block_bytes: int
+    hit_tokens: int
+    """Over the measured half, wherever the blocks came from."""
+    total_tokens: int
+    tier_hit_tokens: dict[str, int]
+    """Of `hit_tokens`, those of blocks promoted from each secondary tier."""
+    block_refs: int
+    manager_seconds: float
+    """Time spent inside the manager's calls (the scheduler-side cost), waits excluded."""
+    stats: dict[str, Any]
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    @property
+    def us_per_block(self) -> float:
+        return 1e6 * self.manager_seconds / max(self.block_refs, 1)
+
+
+def replay_tiered(
+    requests: Sequence[TraceRequest],
+    config: Config,
+    capacity: int,
+    block_bytes: int = 4096,
+    progress: Callable[[int], None] | None = None,
+) -> TieredReplayResult:
+    """Replay through a `TieringOffloadingManager` over `capacity` primary blocks of
+    `block_bytes` (synthesized: each block's bytes derive from its key, and every promoted
+    block is checked) and the tiers of `config`, really written and read.
+
+    Same semantics as `replay`, with the manager's asynchrony: a lookup that answers RETRY or
+    PENDING is asked again after an engine step, and after each request the runtime is let
+    finish its work (ample time between requests: no demotion is dropped for lack of it).
+    """
+    from tiering.manager import TieringOffloadingManager, build_tiers
+    from tiering.runtime import Runtime
+
+    memory = np.zeros((capacity, block_bytes), dtype=np.uint8)
+    runtime = Runtime(config.faults.breaker)
+    manager = TieringOffloadingManager(
+        PrimaryPool(capacity, config.primary.eviction),
+        build_tiers(config, _REPLAY_NAMESPACE),
+        lambda slot: memoryview(memory[slot]),
+        config=config,
+        runtime=runtime,
+        block_tokens=BLOCK_TOKENS,
+    )
+    clock = time.perf_counter
+    spent = 0.0
+    measured_from = len(requests) // 2
+    hit_tokens = total_tokens = refs = 0
+    tier_tokens: dict[str, int] = {cfg.name: 0 for cfg in config.tiers}
+
+    def call(function: Callable[..., Any], *args: Any) -> Any:
+        nonlocal spent
+        start = clock()
+        try:
+            return function(*args)
+        finally:
+            spent += clock() - start
+
+    def settle() -> None:
+        call(manager.on_schedule_end)
+        while runtime.pending():
+            time.sleep(0.0002)
+        call(manager.on_schedule_end)
+
+    HIT, MISS = LookupResult.HIT, LookupResult.MISS
+    try:
+        for index, (request, keys) in enumerate(zip(requests, trace_keys(requests), strict=True)):
+            n_hit = 0
+            promoted: list[str] = []
+            for key in keys:
+                result = call(manager.lookup, key)
+                came_from = None
+                while result is not HIT and result is not MISS:
+                    settle()
+                    result = call(manager.lookup, key)
+                    came_from = "tier"
+                if result is not HIT:
+                    break
+                if came_from is not None:
+                    promoted.append(_tier_of(manager, key))
+                    slot = manager.pool.slot(key)
+                    assert memory[slot, 0] == key[0], "a promoted block holds other bytes"
+                n_hit += 1
+            hits = keys[:n_hit]
+            call(manager.prepare_load, hits)
+            grant = call(manager.prepare_store, keys[n_hit:])
+            if grant is not None:
+                for key, slot in zip(grant.keys, grant.slots, strict=True):
+                    memory[slot] = key[0]
+                call(manager.complete_store, list(grant.keys))
+            call(manager.complete_load, hits)
+            settle()
+            refs += len(keys)
+            if index >= measured_from:
+                tokens = request.block_tokens()
+                hit_tokens += sum(tokens[:n_hit])
+                total_tokens += sum(tokens)
+                for i, tier in enumerate(promoted):
+                    tier_tokens[tier] += tokens[n_hit - len(promoted) + i]
+            if progress is not None and index % 256 == 255:
+                progress(index + 1)
+        stats = manager.stats()
+    finally:
+        manager.shutdown()
+    return TieredReplayResult(
+        capacity, block_bytes, hit_tokens, total_tokens, tier_tokens, refs, spent, stats
+    )
+
+
+_REPLAY_NAMESPACE = bytes(range(100, 116))
+
+
+def _tier_of(manager: Any, key: BlockKey) -> str:
+    where = manager._where.get(key)
+    index = where[0] if where is not None and where[0] >= 0 else 0
+    return str(manager.tiers[index].config.name)
