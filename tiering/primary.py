@@ -267,25 +267,11 @@ class PrimaryPool:
         changes). Counts as a use of each key, in order, for the eviction policy. A pinned key
         is never evicted until `complete_load` unpins it.
         """
-        ref = self._ref
-        for key in keys:
-            r = ref.get(key)
-            if r is None or r == _WRITING:
-                raise StateError(
-                    f"prepare_load: key {key.hex()} is {self._describe(key)}, not ready"
-                )
         if len(set(keys)) != len(keys):
             raise StateError("prepare_load: the same key appears more than once")
-        busy_add = self._busy.add
-        for key in keys:
-            r = ref[key]
-            if r == _READY:
-                busy_add(key)
-            ref[key] = r + 1
-        policy = self._policy
-        policy.touch(keys)
-        get = policy.get
-        return [get(key) for key in keys]  # type: ignore[misc]
+        slots = self._pin(keys, "prepare_load")
+        self._policy.touch(keys)
+        return slots
 
     def complete_load(self, keys: Iterable[BlockKey]) -> None:
         """Unpin keys pinned by `prepare_load` (once per key per load)."""
@@ -309,11 +295,14 @@ class PrimaryPool:
     def pin(self, keys: Sequence[BlockKey]) -> list[int]:
         """Pin ready keys like `prepare_load`, without counting a use: for a demotion reading
         them. Undo with `unpin`."""
+        return self._pin(keys, "pin")
+
+    def _pin(self, keys: Sequence[BlockKey], what: str) -> list[int]:
         ref = self._ref
         for key in keys:
             r = ref.get(key)
             if r is None or r == _WRITING:
-                raise StateError(f"pin: key {key.hex()} is {self._describe(key)}, not ready")
+                raise StateError(f"{what}: key {key.hex()} is {self._describe(key)}, not ready")
         busy_add = self._busy.add
         for key in keys:
             r = ref[key]

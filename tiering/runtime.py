@@ -167,28 +167,7 @@ class Runtime:
     def submit(self, job: Job) -> int:
         """Start `job` on the runtime; its id. Never blocks, never raises for a tier's sake: a
         job refused by an open breaker is reported at once as failed."""
-        self._refuse_reentry()
-        loop = self._ensure_started()
-        with self._lock:
-            job_id = self._next_id
-            self._next_id += 1
-        breaker = self._breaker(job.tier)
-        if not breaker.allow():
-            self._report(
-                JobResult(
-                    job_id,
-                    job.tier,
-                    False,
-                    error=TierUnavailable(f"tier {job.tier!r}: circuit breaker open"),
-                    tag=job.tag,
-                )
-            )
-            return job_id
-        future = asyncio.run_coroutine_threadsafe(self._run(job_id, job, breaker), loop)
-        with self._lock:
-            self._pending[job_id] = future
-        future.add_done_callback(functools.partial(self._settle, job_id, job))
-        return job_id
+        return self.submit_many([job])[0]
 
     def submit_many(self, jobs: list[Job]) -> list[int]:
         """`submit` for several jobs with one wake-up of the runtime's thread (a wake-up is a
