@@ -22,7 +22,11 @@ from tiering.config import (
 from tiering.errors import ConfigError
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
-ENV = {"REDIS_PASSWORD": "secret", "S3_ENDPOINT": "http://127.0.0.1:8333"}
+ENV = {
+    "REDIS_PASSWORD": "secret",
+    "S3_ENDPOINT": "http://127.0.0.1:8333",
+    "KVTIER_DEMO_DIR": "/tmp/kvtier-demo",
+}
 
 
 def test_there_are_example_configs() -> None:
@@ -77,6 +81,7 @@ def test_missing_environment_variable_names_the_field() -> None:
     ("tiers", "message"),
     [
         ([{"type": "file", "path": "/x"}], r"tiers\[0\].name: missing"),
+        ([{"name": "a", "type": "s3"}], r"tiers\[0\].bucket: missing \(a s3 tier needs it\)"),
         ([{"name": "a", "type": "rediss"}], r"tiers\[0\].type: unknown tier type 'rediss'"),
         (
             [{"name": "a", "type": "file", "path": "/x", "colour": 1}],

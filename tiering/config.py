@@ -298,6 +298,9 @@ def _check_tier_options(type_name: str, options: dict[str, Any], where: str) -> 
     except ConfigError as e:
         raise ConfigError(f"{where}.type: {e}") from None
     allowed = tier_options(cls)
+    for name in sorted(required_tier_options(cls)):
+        if name not in options:
+            raise ConfigError(f"{where}.{name}: missing (a {type_name} tier needs it)")
     for key in options:
         if key not in allowed:
             raise ConfigError(
@@ -317,6 +320,19 @@ def tier_options(cls: type) -> set[str]:
             if p.kind is p.KEYWORD_ONLY:
                 names.add(p.name)
     return names - {"namespace", "capacity"}
+
+
+def required_tier_options(cls: type) -> set[str]:
+    """The options a tier class cannot do without (keyword parameters with no default)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
+                names.add(p.name)
+    return names - {"namespace"}
 
 
 def _promotion(value: object) -> PromotionConfig:

@@ -43,7 +43,7 @@ from tiering.format import (
 )
 from tiering.keys import NAMESPACE_BYTES, BlockKey, key_from_hex
 
-__all__ = ["ReadsInto", "Tier", "TierStat", "as_key"]
+__all__ = ["ObjectInfo", "ReadsInto", "Tier", "TierStat", "as_key"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,17 @@ class TierStat:
     bytes_used: int
     capacity: int | None
     """Bytes the tier may hold; None when unbounded or unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """A stored object as a listing sees it."""
+
+    key: BlockKey
+    size: int | None = None
+    """Bytes of the stored object, when the listing knows."""
+    modified: float | None = None
+    """When it was written (Unix time), when the backend records it."""
 
 
 @runtime_checkable
@@ -154,6 +165,15 @@ class Tier(ABC):
         """Keys of this namespace (backends with `supports_listing`)."""
         raise StateError(f"tier {self.name!r} ({self.type_name}) cannot list its keys")
         yield BlockKey(b"")  # pragma: no cover - makes this an async generator
+
+    async def _entries(self) -> AsyncIterator[ObjectInfo]:
+        """Objects of this namespace with what the backend knows of them (default: keys)."""
+        async for key in self._list():
+            yield ObjectInfo(key)
+
+    async def _namespaces(self) -> list[bytes]:
+        """Every namespace with objects in this tier (default: only this one)."""
+        return [self.namespace]
 
     async def _close(self) -> None:  # noqa: B027 - optional: most tiers hold something to release
         """Release connections, files and threads."""
@@ -252,6 +272,23 @@ class Tier(ABC):
             raise StateError(f"tier {self.name!r} ({self.type_name}) cannot list its keys")
         async for key in self._list():
             yield key
+
+    async def entries(self) -> AsyncIterator[ObjectInfo]:
+        """`keys` with each object's size and write time where the backend knows them."""
+        if not self.supports_listing:
+            raise StateError(f"tier {self.name!r} ({self.type_name}) cannot list its keys")
+        async for info in self._entries():
+            yield info
+
+    async def namespaces(self) -> list[bytes]:
+        """The namespaces that have objects in this tier (for operators)."""
+        return await self._call(self._namespaces())
+
+    async def read_object(self, key: KeyLike) -> bytes | None:
+        """The stored object of `key` as it is (header and payload), unverified: for
+        operators' tools that inspect or move objects."""
+        blob = await self._call(self._read(as_key(key)))
+        return None if blob is None else bytes(blob)
 
     async def stat(self) -> TierStat:
         return await self._call(self._stat())

@@ -34,7 +34,7 @@ from tiering.config import parse_size
 from tiering.errors import ConfigError, TierFull, TierUnavailable
 from tiering.format import Corrupt, decode_header, peek_lengths
 from tiering.keys import BlockKey, key_from_hex, key_path
-from tiering.tier import Buffer, Tier, TierStat
+from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
 
 __all__ = ["FileTier"]
 
@@ -69,20 +69,21 @@ class FileTier(Tier):
         `direct`: use O_DIRECT (None: when the file system supports it). `fsync`: flush each
         object and its directory before acknowledging the put (survives power loss, slower)."""
         super().__init__(**options)
-        self.root = Path(path) / self.namespace.hex()
+        self.base = Path(path)
+        self.root = self.base / self.namespace.hex()  # made on the first write
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            self.base.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(
                 f"tier {self.name!r}: path {path}: cannot create: {e.strerror}"
             ) from e
         self.min_free = parse_size(min_free, "min_free") if min_free else 0
         self.fsync = fsync
-        self.direct = _direct_supported(self.root) if direct is None else direct
-        if not self.direct and str(self.root) not in _said_buffered:
-            _said_buffered.add(str(self.root))
+        self.direct = _direct_supported(self.base) if direct is None else direct
+        if not self.direct and str(self.base) not in _said_buffered:
+            _said_buffered.add(str(self.base))
             log.info(
-                "tier %r: %s does not support O_DIRECT; using buffered I/O", self.name, self.root
+                "tier %r: %s does not support O_DIRECT; using buffered I/O", self.name, self.base
             )
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"kvtier-{self.name}")
         self._index: OrderedDict[BlockKey, int] = OrderedDict()
@@ -96,6 +97,8 @@ class FileTier(Tier):
 
     def _rebuild_index(self) -> None:
         found: list[tuple[float, BlockKey, int]] = []
+        if not self.root.is_dir():
+            return
         for path in self.root.rglob("*"):
             if not path.is_file():
                 continue
@@ -179,6 +182,24 @@ class FileTier(Tier):
     async def _list(self) -> AsyncIterator[BlockKey]:
         for key in list(self._index):
             yield key
+
+    async def _entries(self) -> AsyncIterator[ObjectInfo]:
+        for key in list(self._index):
+            try:
+                st = await self._run(os.stat, self._path(key))
+            except FileNotFoundError:
+                continue
+            yield ObjectInfo(key, st.st_size, st.st_mtime)
+
+    async def _namespaces(self) -> list[bytes]:
+        found = []
+        for entry in self.base.iterdir():
+            if entry.is_dir() and len(entry.name) == 32 and any(entry.rglob("*" + _SUFFIX)):
+                try:
+                    found.append(bytes.fromhex(entry.name))
+                except ValueError:
+                    continue
+        return sorted(found)
 
     async def _close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -280,7 +301,7 @@ class FileTier(Tier):
             os.close(fd)
 
     def _write_file(self, path: Path, parts: Sequence[Buffer], size: int) -> None:
-        stat = os.statvfs(self.root)
+        stat = os.statvfs(self.base)
         free = stat.f_bavail * stat.f_frsize
         if free - size < self.min_free:
             raise TierFull(

@@ -121,6 +121,18 @@ class RedisTier(Tier):
             async for name in self._client.scan_iter(match=self._prefix + b"*", count=1000):
                 yield key_from_hex(name[len(self._prefix) :].decode())
 
+    async def _namespaces(self) -> list[bytes]:
+        found: set[bytes] = set()
+        with self._errors("SCAN"):
+            async for name in self._client.scan_iter(match=b"kvtier:*", count=1000):
+                parts = name.split(b":")
+                if len(parts) == 3 and len(parts[1]) == 32:
+                    try:
+                        found.add(bytes.fromhex(parts[1].decode()))
+                    except ValueError:
+                        continue
+        return sorted(found)
+
     async def _stat(self) -> TierStat:
         with self._errors("SCAN"):
             names = [n async for n in self._client.scan_iter(match=self._prefix + b"*", count=1000)]

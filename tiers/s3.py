@@ -38,7 +38,7 @@ from botocore.exceptions import (
 from tiering.config import parse_size
 from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey, key_from_hex
-from tiering.tier import Buffer, Tier, TierStat
+from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
 
 __all__ = ["S3Tier"]
 
@@ -217,6 +217,34 @@ class S3Tier(Tier):
             if key not in seen:
                 yield key
 
+    async def _entries(self) -> AsyncIterator[ObjectInfo]:
+        await self._load_packs()
+        with self._lock:
+            packed = dict(self._packed)
+            pending = {k: len(b) for k, b in self._pending.items()}
+        for key, size in pending.items():
+            yield ObjectInfo(key, size)
+        for key, (_, _, length) in packed.items():
+            if key not in pending:
+                yield ObjectInfo(key, length)
+        for name, size, modified in await self._run(self._list_objects_meta, self._base):
+            if "/packs/" in name:
+                continue
+            key = key_from_hex(name.rsplit("/", 1)[-1])
+            if key not in pending and key not in packed:
+                yield ObjectInfo(key, size, modified)
+
+    async def _namespaces(self) -> list[bytes]:
+        found = set()
+        for name, _ in await self._run(self._list_objects, self.prefix):
+            part = name[len(self.prefix) :].split("/", 1)[0]
+            if len(part) == 32:
+                try:
+                    found.add(bytes.fromhex(part))
+                except ValueError:
+                    continue
+        return sorted(found)
+
     async def _stat(self) -> TierStat:
         await self._load_packs()
         objects = await self._run(self._list_objects, self._base)
@@ -361,11 +389,18 @@ class S3Tier(Tier):
         self._client.delete_object(Bucket=self.bucket, Key=name)
 
     def _list_objects(self, prefix: str) -> list[tuple[str, int]]:
+        return [(name, size) for name, size, _ in self._list_objects_meta(prefix)]
+
+    def _list_objects_meta(self, prefix: str) -> list[tuple[str, int, float]]:
         found = []
-        for page in self._client.get_paginator("list_objects_v2").paginate(
+        pages = self._client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=prefix
-        ):
-            found += [(item["Key"], int(item["Size"])) for item in page.get("Contents", [])]
+        )
+        for page in pages:
+            found += [
+                (item["Key"], int(item["Size"]), item["LastModified"].timestamp())
+                for item in page.get("Contents", [])
+            ]
         return found
 
     # -- white-box hooks ------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tiering.cli import demo, replay
-from tiering.errors import ConfigError, KvtierError
+from tiering.cli import demo, ops, replay
+from tiering.errors import ConfigError, KeyFormatError, KvtierError
 
 __all__ = ["build_parser", "main"]
 
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo.add_parser(commands)
     replay.add_parser(commands)
+    ops.add_parsers(commands)
     return parser
 
 
@@ -36,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.run(args)
-    except ConfigError as e:
+    except (ConfigError, KeyFormatError) as e:
         print(f"kvtier {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     except KvtierError as e:

@@ -16,6 +16,8 @@ class Progress:
     """
 
     def __init__(self, total: int, label: str, stream: TextIO | None = None) -> None:
+        """`total` 0 when unknown: a count is drawn instead of a bar."""
+        self.known = total > 0
         self.total = max(total, 1)
         self.label = label
         self.stream = sys.stderr if stream is None else stream
@@ -26,9 +28,13 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
-        if now - self._last < 0.1 and done < self.total:
+        if now - self._last < 0.1 and (done < self.total or not self.known):
             return
         self._last = now
+        if not self.known:
+            self.stream.write(f"\r{self.label}: {done:,}")
+            self.stream.flush()
+            return
         width = 30
         filled = width * min(done, self.total) // self.total
         bar = "#" * filled + "." * (width - filled)

@@ -1,0 +1,293 @@
+"""The operator commands against real tiers: a directory, Redis and SeaweedFS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import ROOT
+from tests.servers import RedisServer, SeaweedS3
+from tiering.cli import main
+from tiering.keys import BlockKey, make_key
+from tiering.testing import payload
+from tiers.file import FileTier
+from tiers.redis import RedisTier
+from tiers.s3 import S3Tier
+
+pytestmark = [pytest.mark.redis, pytest.mark.s3]
+NS = bytes(range(40, 56))
+SIZE = 8192
+
+
+def k(i: int) -> BlockKey:
+    return make_key(i.to_bytes(32, "big"))
+
+
+@pytest.fixture
+def setup(tmp_path: Path, redis_server: RedisServer, s3_server: SeaweedS3) -> dict[str, Any]:
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    client.flushall()
+    client.close()
+    prefix = f"cli-{time.monotonic_ns()}/"
+    config = tmp_path / "tiers.yaml"
+    config.write_text(
+        f"""
+version: 1
+primary: {{capacity: 1GiB}}
+tiers:
+  - {{name: nvme, type: file, path: "{tmp_path / "nvme"}", min_free: 0}}
+  - {{name: redis, type: redis, url: "{redis_server.url}"}}
+  - {{name: s3, type: s3, bucket: {s3_server.bucket}, prefix: {prefix},
+     endpoint_url: "{s3_server.endpoint}",
+     access_key: {s3_server.ACCESS_KEY}, secret_key: {s3_server.SECRET_KEY}}}
+  - {{name: back, type: file, path: "{tmp_path / "back"}", min_free: 0}}
+""".replace('password: "${NOT_NEEDED:-}"', "password: null")
+    )
+    return {
+        "config": config,
+        "tmp": tmp_path,
+        "redis": redis_server,
+        "s3": s3_server,
+        "prefix": prefix,
+    }
+
+
+def fill(setup: dict[str, Any], n: int, name: str = "nvme") -> None:
+    async def go() -> None:
+        async with FileTier(namespace=NS, path=setup["tmp"] / name, min_free=0) as tier:
+            await tier.put_many([(k(i), payload(SIZE, i)) for i in range(n)])
+
+    asyncio.run(go())
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def blocks(tier: Any, n: int) -> list[bytes | None]:
+    async def go() -> list[bytes | None]:
+        async with tier:
+            return [await tier.get_bytes(k(i), SIZE) for i in range(n)]
+
+    return asyncio.run(go())
+
+
+def test_validate_and_show(setup: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "validate", "--config", str(setup["config"]))
+    assert code == 0 and "valid" in out and "nvme (file, write back)" in out
+    secret = setup["tmp"] / "secret.yaml"
+    secret.write_text(
+        "tiers: [{name: r, type: redis, url: 'redis://127.0.0.1:1', password: hunter2}]\n"
+    )
+    code, out, _ = run(capsys, "show", "--config", str(secret), "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["tiers"][0]["options"]["password"] == "***" and "hunter2" not in out
+
+
+def test_migrate_round_trip_is_bit_exact(
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fill(setup, 30)
+    config = str(setup["config"])
+    for source, destination in (("nvme", "s3"), ("s3", "redis"), ("redis", "back")):
+        code, out, err = run(
+            capsys,
+            "migrate",
+            "--config",
+            config,
+            "--from",
+            source,
+            "--to",
+            destination,
+            "--verify",
+            "--json",
+        )
+        summary = json.loads(out)
+        assert code == 0, err
+        assert (summary["copied"], summary["failed"], summary["planned"]) == (30, 0, 30), (
+            source,
+            summary,
+        )
+    back = FileTier(namespace=NS, path=setup["tmp"] / "back", min_free=0)
+    assert blocks(back, 30) == [payload(SIZE, i) for i in range(30)]
+
+
+def test_move_deletes_the_source_only_after_a_verified_copy(
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fill(setup, 10)
+    code, out, _ = run(
+        capsys,
+        "migrate",
+        "--config",
+        str(setup["config"]),
+        "--from",
+        "nvme",
+        "--to",
+        "redis",
+        "--move",
+        "--json",
+    )
+    assert code == 0 and json.loads(out)["moved"] == 10
+    assert blocks(FileTier(namespace=NS, path=setup["tmp"] / "nvme", min_free=0), 10) == [None] * 10
+    assert blocks(RedisTier(namespace=NS, url=setup["redis"].url), 10) == [
+        payload(SIZE, i) for i in range(10)
+    ]
+
+
+def test_dry_run_copies_nothing(setup: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    fill(setup, 5)
+    code, out, _ = run(
+        capsys,
+        "migrate",
+        "--config",
+        str(setup["config"]),
+        "--from",
+        "nvme",
+        "--to",
+        "redis",
+        "--dry-run",
+    )
+    assert code == 0 and "would copy 5 blocks" in out
+    assert blocks(RedisTier(namespace=NS, url=setup["redis"].url), 5) == [None] * 5
+
+
+def test_a_killed_migration_resumes_without_copying_again(setup: dict[str, Any]) -> None:
+    total = 300
+    fill(setup, total)
+    journal = setup["tmp"] / "journal"
+    command = [
+        sys.executable,
+        "-m",
+        "tiering.cli",
+        "migrate",
+        "--config",
+        str(setup["config"]),
+        "--from",
+        "nvme",
+        "--to",
+        "s3",
+        "--journal",
+        str(journal),
+        "--concurrency",
+        "2",
+    ]
+    with subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if journal.exists() and len(journal.read_text().split()) >= 40:
+                break
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finished = set(journal.read_text().split())
+    assert 40 <= len(finished) < total, "killed too late to test resuming"
+    resumed = subprocess.run(
+        command + ["--resume", "--json"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    summary = json.loads(resumed.stdout)
+    assert summary["skipped"] >= len(finished)  # finished blocks were not copied again
+    assert summary["copied"] + summary["skipped"] == total and summary["failed"] == 0
+    s3 = S3Tier(
+        namespace=NS,
+        bucket=setup["s3"].bucket,
+        prefix=setup["prefix"],
+        endpoint_url=setup["s3"].endpoint,
+        access_key=setup["s3"].ACCESS_KEY,
+        secret_key=setup["s3"].SECRET_KEY,
+    )
+    assert blocks(s3, total) == [payload(SIZE, i) for i in range(total)]
+
+
+def test_verify_finds_planted_corruption_and_repair_removes_it(
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fill(setup, 6)
+    tier = FileTier(namespace=NS, path=setup["tmp"] / "nvme", min_free=0)
+    damaged = tier.raw_path(k(2))
+    raw = bytearray(damaged.read_bytes())
+    raw[-1] ^= 0xFF
+    damaged.write_bytes(raw)
+    code, out, _ = run(
+        capsys, "verify", "--config", str(setup["config"]), "--tier", "nvme", "--json"
+    )
+    report = json.loads(out)
+    assert code == 1 and report["checked"] == 6 and report["ok"] == 5
+    assert report["bad"] == [[k(2).hex(), "checksum"]]
+    assert damaged.exists()  # without --repair, nothing is deleted
+    code, out, _ = run(
+        capsys, "verify", "--config", str(setup["config"]), "--tier", "nvme", "--repair"
+    )
+    assert code == 0 and "1 deleted" in out and not damaged.exists()
+
+
+def test_stats_ls_inspect_purge(setup: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    fill(setup, 4)
+    config = str(setup["config"])
+    code, out, _ = run(capsys, "stats", "--config", config, "--tier", "nvme", "--json")
+    (row,) = json.loads(out)
+    assert code == 0 and row["namespace"] == NS.hex() and row["objects"] == 4
+    code, out, _ = run(capsys, "ls", "--config", config, "--tier", "nvme", "--json", "--limit", "3")
+    listed = json.loads(out)
+    assert len(listed) == 3 and all(
+        r["block_bytes"] == SIZE and r["codec"] == "raw" for r in listed
+    )
+    code, out, _ = run(capsys, "inspect", "--config", config, "--tier", "nvme", k(1).hex())
+    assert code == 0 and "verified: True" in out and f"block_bytes: {SIZE}" in out
+    code, out, _ = run(
+        capsys, "purge", "--config", config, "--tier", "nvme", "--namespace", NS.hex(), "--yes"
+    )
+    assert code == 0 and "deleted 4 blocks" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["migrate", "--from", "nvme"], "the following arguments are required: --to"),
+        (
+            ["ls", "--tier", "nowhere"],
+            "no tier named 'nowhere' in the config; tiers: nvme, redis, s3, back",
+        ),
+        (["ls", "--tier", "nvme", "--namespace", "xyz"], "--namespace: expected 32 hex digits"),
+        (["purge", "--tier", "nvme", "--yes"], "purge: give --namespace or --older-than"),
+        (["migrate", "--from", "nvme", "--to", "nvme"], "--from and --to name the same tier"),
+        (
+            ["migrate", "--from", "nvme", "--to", "redis", "--older-than", "soon"],
+            "--older-than: expected a duration",
+        ),
+        (
+            ["inspect", "--tier", "nvme", "--namespace", NS.hex(), "not-a-key"],
+            "is not lowercase hex",
+        ),
+    ],
+)
+def test_bad_usage_exits_2_with_one_line(
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main([args[0], "--config", str(setup["config"]), *args[1:]]))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err
+    assert len([line for line in err.splitlines() if "error" in line]) == 1
+
+
+def test_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tiers: [{name: a, type: file}]\n")
+    assert main(["validate", "--config", str(bad)]) == 2
+    assert capsys.readouterr().err == (
+        f"kvtier validate: error: {bad}: tiers[0].path: missing (a file tier needs it)\n"
+    )

@@ -1,0 +1,448 @@
+"""Operator commands: validate, show, stats, ls, inspect, migrate, verify, purge, bench.
+
+Each takes `--config FILE` (the YAML the engines use) and names tiers by their `name` there.
+Tiers are namespaced by model layout: `--namespace HEX` picks one; without it, a tier holding
+exactly one namespace uses that one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tiering.cli.progress import Progress
+from tiering.config import Config, TierConfig, load_config, parse_duration
+from tiering.errors import ConfigError, CorruptObject
+from tiering.format import decode_header
+from tiering.operations import default_journal, migrate, purge, read_block, verify
+from tiering.tier import Tier, as_key
+
+__all__ = ["add_parsers"]
+
+SECRET_WORDS = ("password", "secret", "token", "access_key", "credential")
+PLACEHOLDER = bytes(16)
+
+
+def add_parsers(commands: Any) -> None:
+    def command(
+        name: str, help: str, run: Callable[[argparse.Namespace], int]
+    ) -> argparse.ArgumentParser:  # noqa: A002
+        parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=help)
+        parser.add_argument("--config", type=Path, required=True, help="kvtier YAML file")
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        parser.set_defaults(run=run)
+        return parser
+
+    command("validate", "load and check a config", run_validate)
+    command("show", "print a config resolved, secrets redacted", run_show)
+    p = command("stats", "objects, bytes, capacity and namespaces per tier", run_stats)
+    p.add_argument("--tier", help="one tier (default: all)")
+    p = command("ls", "list stored blocks and their headers", run_ls)
+    p.add_argument("--tier", required=True)
+    p.add_argument("--namespace")
+    p.add_argument("--limit", type=int, default=50)
+    p = command("inspect", "the header of one stored block, and whether it verifies", run_inspect)
+    p.add_argument("--tier", required=True)
+    p.add_argument("--namespace")
+    p.add_argument("key", metavar="KEY", help="the block's key in hex")
+    p = command("migrate", "copy or move blocks between two tiers", run_migrate)
+    p.add_argument("--from", dest="source", required=True, metavar="TIER")
+    p.add_argument("--to", dest="destination", required=True, metavar="TIER")
+    p.add_argument(
+        "--move", action="store_true", help="delete each source block once copied and verified"
+    )
+    p.add_argument("--namespace")
+    p.add_argument("--older-than", metavar="DURATION", help="only blocks written before, e.g. 7d")
+    p.add_argument("--dry-run", action="store_true", help="count what would be copied")
+    p.add_argument("--verify", action="store_true", help="read every copy back and compare")
+    p.add_argument("--resume", action="store_true", help="skip what an earlier run finished")
+    p.add_argument("--journal", type=Path, help="progress journal (default: under ~/.cache/kvtier)")
+    p.add_argument("--concurrency", type=int, default=8)
+    p = command("verify", "check every stored block's header and checksum", run_verify)
+    p.add_argument("--tier", required=True)
+    p.add_argument("--namespace")
+    p.add_argument("--repair", action="store_true", help="delete corrupt and foreign objects")
+    p = command("purge", "delete a namespace's blocks, or old ones", run_purge)
+    p.add_argument("--tier", required=True)
+    p.add_argument("--namespace")
+    p.add_argument("--older-than", metavar="DURATION")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p = command("bench", "put and get throughput of a tier for several block sizes", run_bench)
+    p.add_argument("--tier", required=True)
+    p.add_argument("--sizes", default="64KiB,256KiB,2MiB")
+    p.add_argument("--count", type=int, default=64)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def tier_config(config: Config, name: str) -> TierConfig:
+    for tier in config.tiers:
+        if tier.name == name:
+            return tier
+    known = ", ".join(t.name for t in config.tiers) or "none"
+    raise ConfigError(f"no tier named {name!r} in the config; tiers: {known}")
+
+
+def make_tier(config: Config, cfg: TierConfig, namespace: bytes, **extra: Any) -> Tier:
+    from tiering.registry import create_tier
+
+    options = {"timeout": config.faults.timeout, **cfg.options, **extra}
+    return create_tier(
+        cfg.type, namespace=namespace, name=cfg.name, capacity=cfg.capacity, **options
+    )
+
+
+async def resolve_namespace(config: Config, cfg: TierConfig, given: str | None) -> bytes:
+    if given is not None:
+        try:
+            namespace = bytes.fromhex(given)
+        except ValueError:
+            namespace = b""
+        if len(namespace) != 16:
+            raise ConfigError(f"--namespace: expected 32 hex digits, got {given!r}")
+        return namespace
+    async with make_tier(config, cfg, PLACEHOLDER) as probe:
+        found = await probe.namespaces()
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ConfigError(f"tier {cfg.name!r} holds no blocks (give --namespace to be explicit)")
+    listed = ", ".join(n.hex() for n in found)
+    raise ConfigError(
+        f"tier {cfg.name!r} holds several namespaces; pick one with --namespace: {listed}"
+    )
+
+
+def emit(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def redact(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: redact(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v, key) for v in value]
+    if value is not None and any(word in key.lower() for word in SECRET_WORDS):
+        return "***"
+    return value
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    names = [f"{t.name} ({t.type}, write {t.write})" for t in config.tiers]
+    return emit(
+        args,
+        {"valid": True, "tiers": [t.name for t in config.tiers]},
+        [
+            f"{args.config}: valid",
+            f"primary: {config.primary.capacity or 'from vLLM'} bytes, {config.primary.eviction}",
+            "tiers: " + (", ".join(names) or "none"),
+        ],
+    )
+
+
+def run_show(args: argparse.Namespace) -> int:
+    config = redact(dataclasses.asdict(load_config(args.config)))
+    if args.json:
+        return emit(args, config, [])
+    import yaml
+
+    print(yaml.safe_dump(config, sort_keys=False), end="")
+    return 0
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    chosen = [tier_config(config, args.tier)] if args.tier else list(config.tiers)
+
+    async def gather() -> list[dict[str, Any]]:
+        rows = []
+        for cfg in chosen:
+            async with make_tier(config, cfg, PLACEHOLDER) as probe:
+                namespaces = await probe.namespaces()
+            for namespace in namespaces:
+                async with make_tier(config, cfg, namespace) as tier:
+                    stat = await tier.stat()
+                rows.append(
+                    {
+                        "tier": cfg.name,
+                        "type": cfg.type,
+                        "namespace": namespace.hex(),
+                        "objects": stat.objects,
+                        "bytes": stat.bytes_used,
+                        "capacity": stat.capacity,
+                    }
+                )
+            if not namespaces:
+                rows.append(
+                    {
+                        "tier": cfg.name,
+                        "type": cfg.type,
+                        "namespace": None,
+                        "objects": 0,
+                        "bytes": 0,
+                        "capacity": cfg.capacity,
+                    }
+                )
+        return rows
+
+    rows = asyncio.run(gather())
+    lines = table(
+        [("tier", "type", "namespace", "objects", "bytes", "capacity")]
+        + [
+            (
+                r["tier"],
+                r["type"],
+                r["namespace"] or "-",
+                f"{r['objects']:,}",
+                f"{r['bytes']:,}",
+                f"{r['capacity']:,}" if r["capacity"] else "-",
+            )
+            for r in rows
+        ]
+    )
+    return emit(args, rows, lines)
+
+
+def header_fields(blob: bytes | None, key: bytes, namespace: bytes) -> dict[str, Any]:
+    if blob is None:
+        return {"key": key.hex(), "found": False}
+    fields: dict[str, Any] = {"key": key.hex(), "found": True, "object_bytes": len(blob)}
+    try:
+        header = decode_header(blob, key, namespace)  # type: ignore[arg-type]
+        fields |= {
+            "codec": header.codec,
+            "checksum": header.checksum_kind,
+            "payload_offset": header.payload_offset,
+            "stored_bytes": header.stored_length,
+            "block_bytes": header.raw_length,
+            "namespace": header.namespace.hex(),
+        }
+    except CorruptObject as e:
+        fields["problem"] = str(e)
+    return fields
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cfg = tier_config(config, args.tier)
+
+    async def gather() -> list[dict[str, Any]]:
+        namespace = await resolve_namespace(config, cfg, args.namespace)
+        rows = []
+        async with make_tier(config, cfg, namespace, read_only=True) as tier:
+            async for info in tier.entries():
+                fields = header_fields(await tier.read_object(info.key), info.key, namespace)
+                fields["written"] = info.modified
+                rows.append(fields)
+                if len(rows) >= args.limit:
+                    break
+        return rows
+
+    rows = asyncio.run(gather())
+    lines = (
+        table(
+            [("key", "block bytes", "stored", "codec", "checksum", "written")]
+            + [
+                (
+                    r["key"],
+                    str(r.get("block_bytes", "?")),
+                    str(r.get("stored_bytes", "?")),
+                    r.get("codec", r.get("problem", "?")),
+                    r.get("checksum", ""),
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["written"]))
+                    if r["written"]
+                    else "-",
+                )
+                for r in rows
+            ]
+        )
+        if rows
+        else ["no blocks"]
+    )
+    return emit(args, rows, lines)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cfg = tier_config(config, args.tier)
+    key = as_key(args.key)
+
+    async def gather() -> dict[str, Any]:
+        namespace = await resolve_namespace(config, cfg, args.namespace)
+        async with make_tier(config, cfg, namespace, read_only=True) as tier:
+            fields = header_fields(await tier.read_object(key), key, namespace)
+            if fields["found"] and "problem" not in fields:
+                try:
+                    await read_block(tier, key)
+                    fields["verified"] = True
+                except CorruptObject as e:
+                    fields["verified"] = False
+                    fields["problem"] = str(e)
+        return fields
+
+    fields = asyncio.run(gather())
+    if not fields["found"]:
+        print(f"kvtier inspect: block {key.hex()} is not in tier {cfg.name!r}", file=sys.stderr)
+        return 1
+    return emit(args, fields, [f"{k}: {v}" for k, v in fields.items()])
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    source_cfg = tier_config(config, args.source)
+    destination_cfg = tier_config(config, args.destination)
+    if source_cfg.name == destination_cfg.name:
+        raise ConfigError("--from and --to name the same tier")
+    older = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
+    if args.concurrency < 1:
+        raise ConfigError(f"--concurrency: must be positive, got {args.concurrency}")
+
+    async def go() -> Any:
+        namespace = await resolve_namespace(config, source_cfg, args.namespace)
+        journal = args.journal or default_journal(
+            args.config, source_cfg.name, destination_cfg.name, namespace
+        )
+        async with (
+            make_tier(config, source_cfg, namespace) as source,
+            make_tier(config, destination_cfg, namespace) as destination,
+        ):
+            bar = Progress(0, f"migrate {source_cfg.name} -> {destination_cfg.name}")
+            summary = await migrate(
+                source,
+                destination,
+                move=args.move,
+                older_than=older,
+                dry_run=args.dry_run,
+                verify_copies=args.verify,
+                journal=journal,
+                resume=args.resume,
+                concurrency=args.concurrency,
+                progress=bar.update,
+            )
+            bar.close()
+        return summary, journal
+
+    summary, journal = asyncio.run(go())
+    data = dataclasses.asdict(summary) | {"journal": str(journal), "dry_run": args.dry_run}
+    verb = "would copy" if args.dry_run else "copied"
+    lines = [
+        f"{verb} {summary.planned if args.dry_run else summary.copied:,} blocks, "
+        f"skipped {summary.skipped:,}, failed {summary.failed:,}"
+        + (f", moved {summary.moved:,}" if args.move else ""),
+        *summary.errors[:10],
+    ]
+    emit(args, data, lines)
+    return 1 if summary.failed else 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cfg = tier_config(config, args.tier)
+
+    async def go() -> Any:
+        namespace = await resolve_namespace(config, cfg, args.namespace)
+        async with make_tier(config, cfg, namespace, read_only=not args.repair) as tier:
+            bar = Progress(0, f"verify {cfg.name}")
+            report = await verify(tier, repair=args.repair, progress=bar.update)
+            bar.close()
+        return report
+
+    report = asyncio.run(go())
+    lines = [
+        f"checked {report.checked:,} blocks: {report.ok:,} ok, {len(report.bad):,} bad"
+        + (f", {report.repaired:,} deleted" if args.repair else "")
+    ]
+    lines += [f"  {key}: {reason}" for key, reason in report.bad[:50]]
+    emit(args, dataclasses.asdict(report), lines)
+    return 1 if report.bad and not args.repair else 0
+
+
+def run_purge(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    cfg = tier_config(config, args.tier)
+    if args.namespace is None and args.older_than is None:
+        raise ConfigError("purge: give --namespace or --older-than (or both)")
+    older = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
+
+    async def go() -> int:
+        namespace = await resolve_namespace(config, cfg, args.namespace)
+        if not args.yes:
+            what = f"blocks older than {args.older_than}" if older else "all blocks"
+            answer = input(
+                f"delete {what} of namespace {namespace.hex()} in tier {cfg.name!r}? [y/N] "
+            )
+            if answer.strip().lower() not in ("y", "yes"):
+                return -1
+        async with make_tier(config, cfg, namespace) as tier:
+            return await purge(tier, older)
+
+    deleted = asyncio.run(go())
+    if deleted < 0:
+        print("kvtier purge: nothing deleted", file=sys.stderr)
+        return 1
+    return emit(args, {"deleted": deleted}, [f"deleted {deleted:,} blocks"])
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from tiering.config import parse_size
+    from tiering.testing import key, payload
+
+    config = load_config(args.config)
+    cfg = tier_config(config, args.tier)
+    sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
+    namespace = bytes(range(200, 216))  # a namespace of its own: purged afterwards
+
+    async def go() -> list[dict[str, Any]]:
+        rows = []
+        async with make_tier(config, cfg, namespace) as tier:
+            for size in sizes:
+                data = payload(size, 1)
+                start = time.perf_counter()
+                await tier.put_many([(key(i), data) for i in range(args.count)])
+                put = time.perf_counter() - start
+                buffers = [bytearray(size) for _ in range(args.count)]
+                start = time.perf_counter()
+                found = await tier.get_many([(key(i), buffers[i]) for i in range(args.count)])
+                get = time.perf_counter() - start
+                await tier.delete_many([key(i) for i in range(args.count)])
+                rows.append(
+                    {
+                        "block_bytes": size,
+                        "put_gib_s": size * args.count / put / 2**30,
+                        "get_gib_s": size * args.count / get / 2**30,
+                        "hits": sum(f is True for f in found),
+                    }
+                )
+        return rows
+
+    rows = asyncio.run(go())
+    lines = table(
+        [("block", "put GiB/s", "get GiB/s")]
+        + [
+            (f"{r['block_bytes'] >> 10} KiB", f"{r['put_gib_s']:.2f}", f"{r['get_gib_s']:.2f}")
+            for r in rows
+        ]
+    )
+    lines.append("raw baselines on the same disk or server: python bench/tiers.py (BENCHMARKS.md)")
+    return emit(args, rows, lines)
