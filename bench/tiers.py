@@ -18,15 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import mmap
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +33,7 @@ if str(ROOT) not in sys.path:
 from tests.servers import RedisServer, SeaweedS3  # noqa: E402
 from tiering.testing import NAMESPACE, key, payload  # noqa: E402
 from tiering.tier import Tier  # noqa: E402
+from tiers.baselines import gib_s, plain_boto3, raw_disk, redis_benchmark, slot, tier_rates, timed  # noqa: E402
 from tiers.file import FileTier  # noqa: E402
 from tiers.redis import RedisTier  # noqa: E402
 from tiers.s3 import S3Tier  # noqa: E402
@@ -44,108 +41,7 @@ from tiers.s3 import S3Tier  # noqa: E402
 SIZES = (256 << 10, 2 << 20)
 
 
-def gib_s(nbytes: int, seconds: float) -> float:
-    return nbytes / seconds / 2**30
-
-
-async def timed(calls: Sequence[Callable[[], Awaitable[Any]]], in_flight: int) -> float:
-    gate = asyncio.Semaphore(in_flight)
-
-    async def one(call: Callable[[], Awaitable[Any]]) -> None:
-        async with gate:
-            await call()
-
-    start = time.perf_counter()
-    await asyncio.gather(*(one(c) for c in calls))
-    return time.perf_counter() - start
-
-
-def slot(size: int, fill: bytes | None = None) -> memoryview:
-    """A page-aligned buffer, as a primary-region slot is."""
-    mapping = mmap.mmap(-1, max(size, 1))
-    if fill is not None:
-        mapping[:size] = fill
-    return memoryview(mapping)[:size]
-
-
-async def tier_rates(tier: Tier, size: int, count: int, in_flight: int) -> tuple[float, float]:
-    blocks = [slot(size, payload(size, i)) for i in range(min(count, 8))]
-    put = await timed(
-        [lambda i=i: tier.put(key(i), blocks[i % len(blocks)]) for i in range(count)], in_flight
-    )
-    free = [slot(size) for _ in range(in_flight)]  # one buffer per call in flight
-    hits = 0
-
-    async def get(i: int) -> None:
-        nonlocal hits
-        buffer = free.pop()
-        try:
-            found = await tier.get(key(i), buffer)  # not `hits += await`: that reads hits first
-            hits += found
-        finally:
-            free.append(buffer)
-
-    got = await timed([lambda i=i: get(i) for i in range(count)], in_flight)
-    assert hits == count, f"{hits} of {count} gets hit"
-    return gib_s(size * count, put), gib_s(size * count, got)
-
-
 # -- file ---------------------------------------------------------------------------------------
-
-
-def raw_disk(directory: Path, size: int, count: int, jobs: int) -> tuple[float, float, str]:
-    """Write then read `count` blocks of `size` with O_DIRECT, `jobs` streams at once."""
-    scratch = directory / "baseline"
-    scratch.mkdir(exist_ok=True)
-    fio = shutil.which("fio")
-    try:
-        if fio:
-            rates = []
-            for mode in ("write", "read"):
-                out = subprocess.run(
-                    [
-                        fio,
-                        "--name=kvtier",
-                        f"--directory={scratch}",
-                        f"--rw={mode}",
-                        f"--bs={size}",
-                        f"--size={size * count // jobs}",
-                        "--direct=1",
-                        "--ioengine=psync",
-                        f"--numjobs={jobs}",
-                        "--group_reporting",
-                        "--output-format=json",
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
-                rates.append(json.loads(out)["jobs"][0][mode]["bw_bytes"] / 2**30)
-            return rates[0], rates[1], "fio"
-        target = scratch / "dd.bin"  # dd has one stream: jobs is ignored
-        start = time.perf_counter()
-        subprocess.run(
-            [
-                "dd",
-                "if=/dev/zero",
-                f"of={target}",
-                f"bs={size}",
-                f"count={count}",
-                "oflag=direct",
-                "status=none",
-            ],
-            check=True,
-        )
-        write = time.perf_counter() - start
-        start = time.perf_counter()
-        subprocess.run(
-            ["dd", f"if={target}", "of=/dev/null", f"bs={size}", "iflag=direct", "status=none"],
-            check=True,
-        )
-        read = time.perf_counter() - start
-        return gib_s(size * count, write), gib_s(size * count, read), "dd"
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def bench_file(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]:
@@ -207,37 +103,6 @@ async def batch_rates(tier: Tier, size: int, count: int, batch: int) -> tuple[fl
 # -- redis --------------------------------------------------------------------------------------
 
 
-def redis_benchmark(port: int, size: int, count: int, clients: int) -> tuple[float, float]:
-    out = subprocess.run(
-        [
-            "redis-benchmark",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-t",
-            "set,get",
-            "-d",
-            str(size),
-            "-n",
-            str(count),
-            "-c",
-            str(clients),
-            "-r",
-            "64",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rates = {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(r"(SET|GET): ([\d.]+) requests per second", out)
-    }
-    return gib_s(int(rates["SET"] * size), 1.0), gib_s(int(rates["GET"] * size), 1.0)
-
-
 async def plain_redis_py(url: str, size: int, count: int, clients: int) -> tuple[float, float]:
     """redis.asyncio SET/GET of the same values without kvtier: the library's own cost."""
     import redis.asyncio as aioredis
@@ -273,7 +138,7 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
                 for _ in range(repeat):
                     tier = RedisTier(namespace=NAMESPACE, url=server.url, concurrency=clients)
                     put, get = asyncio.run(_run_and_close(tier, size, count, clients, batched))
-                    write, read = redis_benchmark(server.port, size, count, clients)
+                    write, read = redis_benchmark("127.0.0.1", server.port, size, count, clients)
                     lib_write, lib_read = asyncio.run(
                         plain_redis_py(server.url, size, count, clients)
                     )
@@ -307,41 +172,6 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
 # -- s3 -----------------------------------------------------------------------------------------
 
 
-def plain_boto3(server: SeaweedS3, size: int, count: int, clients: int) -> tuple[float, float]:
-    import boto3
-    from botocore.config import Config
-
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=server.ACCESS_KEY,
-        aws_secret_access_key=server.SECRET_KEY,
-        config=Config(
-            retries={"mode": "standard", "max_attempts": 3}, max_pool_connections=clients
-        ),
-    )
-    body = payload(size, 1)
-    with ThreadPoolExecutor(clients) as pool:
-        start = time.perf_counter()
-        list(
-            pool.map(
-                lambda i: client.put_object(Bucket=server.bucket, Key=f"raw/{i}", Body=body),
-                range(count),
-            )
-        )
-        write = time.perf_counter() - start
-        start = time.perf_counter()
-        list(
-            pool.map(
-                lambda i: client.get_object(Bucket=server.bucket, Key=f"raw/{i}")["Body"].read(),
-                range(count),
-            )
-        )
-        read = time.perf_counter() - start
-    return gib_s(size * count, write), gib_s(size * count, read)
-
-
 def bench_s3(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]:
     server = SeaweedS3(directory / "seaweedfs")
     server.start()
@@ -362,7 +192,15 @@ def bench_s3(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]
                     timeout=60,
                 )
                 put, get = asyncio.run(_run_and_close(tier, size, count, clients))
-                write, read = plain_boto3(server, size, count, clients)
+                write, read = plain_boto3(
+                    server.endpoint,
+                    server.bucket,
+                    size,
+                    count,
+                    clients,
+                    server.ACCESS_KEY,
+                    server.SECRET_KEY,
+                )
                 best = {
                     k: max(best[k], v)
                     for k, v in {

@@ -291,3 +291,25 @@ def test_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert capsys.readouterr().err == (
         f"kvtier validate: error: {bad}: tiers[0].path: missing (a file tier needs it)\n"
     )
+
+
+def test_bench_against_the_raw_baseline(
+    setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(
+        capsys,
+        "bench",
+        "--config",
+        str(setup["config"]),
+        "--tier",
+        "redis",
+        "--sizes",
+        "64KiB",
+        "--count",
+        "32",
+        "--json",
+    )
+    (row,) = json.loads(out)
+    assert code == 0 and row["baseline"] == "redis-benchmark"
+    assert row["put_gib_s"] > 0 and row["raw_read_gib_s"] > 0 and row["get_ratio"] > 0
+    assert blocks(RedisTier(namespace=bytes(range(200, 216)), url=setup["redis"].url), 1) == [None]

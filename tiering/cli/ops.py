@@ -77,7 +77,8 @@ def add_parsers(commands: Any) -> None:
     p = command("bench", "put and get throughput of a tier for several block sizes", run_bench)
     p.add_argument("--tier", required=True)
     p.add_argument("--sizes", default="64KiB,256KiB,2MiB")
-    p.add_argument("--count", type=int, default=64)
+    p.add_argument("--count", type=int, default=64, help="blocks per size")
+    p.add_argument("--clients", type=int, default=8, help="calls in flight")
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -406,43 +407,93 @@ def run_purge(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     from tiering.config import parse_size
-    from tiering.testing import key, payload
+    from tiers.baselines import tier_rates
 
     config = load_config(args.config)
     cfg = tier_config(config, args.tier)
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
-    namespace = bytes(range(200, 216))  # a namespace of its own: purged afterwards
+    if args.count < 1 or args.clients < 1:
+        raise ConfigError("--count and --clients must be positive")
+    namespace = bytes(range(200, 216))  # a namespace of its own, emptied afterwards
 
-    async def go() -> list[dict[str, Any]]:
-        rows = []
+    async def measure(size: int) -> tuple[float, float]:
         async with make_tier(config, cfg, namespace) as tier:
-            for size in sizes:
-                data = payload(size, 1)
-                start = time.perf_counter()
-                await tier.put_many([(key(i), data) for i in range(args.count)])
-                put = time.perf_counter() - start
-                buffers = [bytearray(size) for _ in range(args.count)]
-                start = time.perf_counter()
-                found = await tier.get_many([(key(i), buffers[i]) for i in range(args.count)])
-                get = time.perf_counter() - start
-                await tier.delete_many([key(i) for i in range(args.count)])
-                rows.append(
-                    {
-                        "block_bytes": size,
-                        "put_gib_s": size * args.count / put / 2**30,
-                        "get_gib_s": size * args.count / get / 2**30,
-                        "hits": sum(f is True for f in found),
-                    }
-                )
-        return rows
+            try:
+                return await tier_rates(tier, size, args.count, args.clients)
+            finally:
+                await purge(tier)
 
-    rows = asyncio.run(go())
+    rows: list[dict[str, Any]] = []
+    for size in sizes:
+        put, get = asyncio.run(measure(size))
+        baseline = raw_baseline(cfg, size, args.count, args.clients)
+        rows.append(
+            {
+                "block_bytes": size,
+                "put_gib_s": put,
+                "get_gib_s": get,
+                "baseline": None if baseline is None else baseline[2],
+                "raw_write_gib_s": None if baseline is None else baseline[0],
+                "raw_read_gib_s": None if baseline is None else baseline[1],
+                "put_ratio": None if baseline is None else put / baseline[0],
+                "get_ratio": None if baseline is None else get / baseline[1],
+            }
+        )
+
+    def ratio(value: Any) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
     lines = table(
-        [("block", "put GiB/s", "get GiB/s")]
+        [("block", "put GiB/s", "raw write", "ratio", "get GiB/s", "raw read", "ratio")]
         + [
-            (f"{r['block_bytes'] >> 10} KiB", f"{r['put_gib_s']:.2f}", f"{r['get_gib_s']:.2f}")
+            (
+                f"{r['block_bytes'] >> 10} KiB",
+                f"{r['put_gib_s']:.2f}",
+                ratio(r["raw_write_gib_s"]),
+                ratio(r["put_ratio"]),
+                f"{r['get_gib_s']:.2f}",
+                ratio(r["raw_read_gib_s"]),
+                ratio(r["get_ratio"]),
+            )
             for r in rows
         ]
     )
-    lines.append("raw baselines on the same disk or server: python bench/tiers.py (BENCHMARKS.md)")
+    if rows and rows[0]["baseline"]:
+        lines.append(f"baseline: {rows[0]['baseline']}, {args.clients} at a time")
     return emit(args, rows, lines)
+
+
+def raw_baseline(
+    cfg: TierConfig, size: int, count: int, clients: int
+) -> tuple[float, float, str] | None:
+    """The same bytes moved without kvtier, on the tier's own disk or server."""
+    from urllib.parse import urlparse
+
+    from tiers import baselines
+
+    options = cfg.options
+    if cfg.type == "file":
+        directory = Path(options["path"])
+        write, read, tool = baselines.raw_disk(directory, size, count, clients)
+        return write, read, f"{tool} O_DIRECT in {directory}"
+    if cfg.type == "redis":
+        url = urlparse(str(options.get("url", "redis://127.0.0.1:6379/0")))
+        password = options.get("password") or url.password
+        write, read = baselines.redis_benchmark(
+            url.hostname or "127.0.0.1", url.port or 6379, size, count, clients, password
+        )
+        return write, read, "redis-benchmark"
+    if cfg.type == "s3":
+        write, read = baselines.plain_boto3(
+            options.get("endpoint_url"),
+            options["bucket"],
+            size,
+            count,
+            clients,
+            options.get("access_key"),
+            options.get("secret_key"),
+            options.get("region"),
+            prefix=str(options.get("prefix", "")) + "kvtier-baseline/",
+        )
+        return write, read, "plain boto3"
+    return None
