@@ -123,7 +123,6 @@ class TieringOffloadingManager:
         self._hits: dict[BlockKey, int] = {}
         self._stored_at: dict[BlockKey, float] = {}
         self._held: dict[int, int] = {}  # reclaimed slot -> demotions still reading it
-        self._pins: dict[BlockKey, int] = {}  # key -> demotions still reading it (through)
         self._events: list[TierEvent] = []
         self._outbox: list[Job] = []  # submitted together at the end of the step
         self.counters: defaultdict[str, float] = defaultdict(float)
@@ -209,7 +208,6 @@ class TieringOffloadingManager:
         self._hits.clear()
         self._stored_at.clear()
         self._held.clear()
-        self._pins.clear()
         for t in self.tiers:
             t.inflight = 0
 
@@ -345,9 +343,7 @@ class TieringOffloadingManager:
                 continue
             batch = keys[:room]
             state.counters["demotions_dropped"] += len(keys) - len(batch)
-            slots = self.pool.pin(batch)
-            for key in batch:
-                self._pins[key] = self._pins.get(key, 0) + 1
+            slots = self.pool.pin(batch)  # unpinned when the tier has them (_demoted)
             self._submit_demotion(state, batch, slots, held=False)
 
     def _reclaim(self) -> None:
@@ -537,10 +533,6 @@ class TieringOffloadingManager:
             self.pool.release(release)
         else:
             self.pool.unpin(keys)
-            for key in keys:
-                self._pins[key] -= 1
-                if not self._pins[key]:
-                    del self._pins[key]
 
     def _forget(self, keys: Iterable[BlockKey]) -> None:
         for key in keys:
