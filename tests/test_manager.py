@@ -401,3 +401,16 @@ def test_prometheus_endpoint(cleanup: Any) -> None:
     assert 'kvtier_tier_demotions{tier="mem"} 2.0' in text
     assert 'kvtier_tier_breaker_open{tier="mem"} 0.0' in text
     assert "kvtier_primary_used 2.0" in text
+
+
+def test_a_tier_answering_the_wrong_number_of_items_is_a_miss(cleanup: Any) -> None:
+    class Broken(MemoryTier):
+        async def _contains(self, keys: Any) -> list[bool]:
+            return [True]  # one answer, whatever was asked
+
+    cfg = TierConfig(name="broken", type="memory", write="through")
+    h = Harness([(cfg, Broken(namespace=NAMESPACE, name="broken"))])
+    cleanup(h)
+    for i in range(3):
+        h.manager.lookup(k(i))
+    assert h.lookup_until(1, MISS)[-1] is MISS  # no exception reached the caller

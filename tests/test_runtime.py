@@ -43,7 +43,6 @@ def test_submit_and_poll(runtime: Runtime) -> None:
         runtime.submit(Job("t", lambda i=i: value(i, 0.01 * (3 - i)), 1.0, tag=f"tag{i}"))
         for i in range(3)
     ]
-    assert runtime.poll() == [] or True  # never blocks
     results = {r.job_id: r for r in wait_for(runtime, 3)}
     assert sorted(results) == ids
     for i, job_id in enumerate(ids):

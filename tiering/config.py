@@ -20,7 +20,6 @@ tier's own options (everything but the keys of `TierConfig`) are checked against
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import os
@@ -309,30 +308,28 @@ def _check_tier_options(type_name: str, options: dict[str, Any], where: str) -> 
             )
 
 
-def tier_options(cls: type) -> set[str]:
-    """The option names a tier class takes (its and its bases' keyword parameters)."""
-    names: set[str] = set()
+def _keyword_options(cls: type) -> dict[str, bool]:
+    """A tier class's keyword parameters (its and its bases'): name -> whether it is required."""
+    found: dict[str, bool] = {}
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
         for p in inspect.signature(init).parameters.values():
             if p.kind is p.KEYWORD_ONLY:
-                names.add(p.name)
-    return names - {"namespace", "capacity"}
+                found[p.name] = found.get(p.name, False) or p.default is p.empty
+    found.pop("namespace", None)
+    return found
+
+
+def tier_options(cls: type) -> set[str]:
+    """The option names a tier class takes (`capacity` is a key of `TierConfig` itself)."""
+    return set(_keyword_options(cls)) - {"capacity"}
 
 
 def required_tier_options(cls: type) -> set[str]:
     """The options a tier class cannot do without (keyword parameters with no default)."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        for p in inspect.signature(init).parameters.values():
-            if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
-                names.add(p.name)
-    return names - {"namespace"}
+    return {name for name, required in _keyword_options(cls).items() if required}
 
 
 def _promotion(value: object) -> PromotionConfig:
@@ -512,8 +509,3 @@ def json_schema() -> dict[str, Any]:
 
 def write_json_schema(path: str | Path) -> None:
     Path(path).write_text(json.dumps(json_schema(), indent=2) + "\n")
-
-
-def as_dict(config: Config) -> dict[str, Any]:
-    """The resolved configuration as plain data (for `kvtier show`)."""
-    return dataclasses.asdict(config)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiering.config import Config, TierConfig
+from tiering.errors import TierError
 from tiering.keys import BlockKey
 from tiering.primary import LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
 from tiering.runtime import Job, JobResult, Runtime
@@ -458,7 +459,7 @@ class TieringOffloadingManager:
                 self._demoted(state, keys, slots, held, result)
 
     def _checked(self, state: _TierState, keys: list[BlockKey], result: JobResult) -> None:
-        answers = result.value if result.ok else [False] * len(keys)
+        answers = _answers(result, len(keys), False)
         now = self.clock()
         for key, present in zip(keys, answers, strict=True):
             waiting = self._checking.get(key)
@@ -481,7 +482,7 @@ class TieringOffloadingManager:
     def _promoted(
         self, state: _TierState, batch: list[tuple[BlockKey, int]], result: JobResult
     ) -> None:
-        found = result.value if result.ok else [False] * len(batch)
+        found = _answers(result, len(batch), False)
         arrived: list[BlockKey] = []
         missing: list[BlockKey] = []
         for (key, _), ok in zip(batch, found, strict=True):
@@ -512,7 +513,7 @@ class TieringOffloadingManager:
         result: JobResult,
     ) -> None:
         state.inflight -= len(keys)
-        outcomes = result.value if result.ok else [result.error] * len(keys)
+        outcomes = _answers(result, len(keys), result.error or TierError("malformed answer"))
         stored = [key for key, outcome in zip(keys, outcomes, strict=True) if outcome is None]
         state.counters["demotions"] += len(stored)
         state.counters["demotion_failures"] += len(keys) - len(stored)
@@ -533,6 +534,11 @@ class TieringOffloadingManager:
             self.pool.release(release)
         else:
             self.pool.unpin(keys)
+
+    def where(self, key: BlockKey) -> str | None:
+        """The tier last known to hold `key`, by name (None: none known)."""
+        known = self._where.get(key)
+        return None if known is None or known[0] == ABSENT else self.tiers[known[0]].config.name
 
     def _forget(self, keys: Iterable[BlockKey]) -> None:
         for key in keys:
@@ -556,3 +562,12 @@ class TieringOffloadingManager:
                 **{f"tier.{k}": v for k, v in state.tier.counters.items()},
             }
         return {"manager": dict(self.counters), "tiers": tiers}
+
+
+def _answers(result: JobResult, n: int, failed: Any) -> list[Any]:
+    """A batch job's per-item answers; `failed` for each item when the job failed or a tier
+    answered with the wrong number of items (a third-party tier's bug stays a miss here)."""
+    value = result.value
+    if not result.ok or not isinstance(value, list) or len(value) != n:
+        return [failed] * n
+    return value

@@ -21,7 +21,6 @@ from tiering.tier import ObjectInfo, Tier
 __all__ = [
     "MigrationSummary",
     "VerifyReport",
-    "count",
     "migrate",
     "purge",
     "read_block",
@@ -195,12 +194,6 @@ async def purge(
         if progress is not None:
             progress(deleted)
     return deleted
-
-
-async def count(tier: Tier) -> tuple[int, int]:
-    """Objects and bytes of the tier's namespace."""
-    stat = await tier.stat()
-    return stat.objects, stat.bytes_used
 
 
 def default_journal(config: Path, source: str, destination: str, namespace: bytes) -> Path:

@@ -309,7 +309,7 @@ def replay_tiered(
                 if result is not HIT:
                     break
                 if came_from is not None:
-                    promoted.append(_tier_of(manager, key))
+                    promoted.append(manager.where(key) or config.tiers[0].name)
                     slot = manager.pool.slot(key)
                     assert memory[slot, 0] == key[0], "a promoted block holds other bytes"
                 n_hit += 1
@@ -340,9 +340,3 @@ def replay_tiered(
 
 
 _REPLAY_NAMESPACE = bytes(range(100, 116))
-
-
-def _tier_of(manager: Any, key: BlockKey) -> str:
-    where = manager._where.get(key)
-    index = where[0] if where is not None and where[0] >= 0 else 0
-    return str(manager.tiers[index].config.name)

@@ -46,7 +46,8 @@ def add_parser(commands: Any) -> None:
         "--config",
         type=Path,
         help="replay through the tiering manager and the tiers of this kvtier config (bytes "
-        "really written and read); the policy comes from its primary.eviction",
+        "really written and read); the policy comes from its primary.eviction. Persistent "
+        "tiers keep the replay's blocks: start each run on an empty directory or prefix",
     )
     parser.add_argument(
         "--block-bytes",
