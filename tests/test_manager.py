@@ -106,12 +106,21 @@ class Harness:
         self.manager.shutdown()
 
 
+class UnindexedMemoryTier(MemoryTier):
+    """A memory tier that does not tell what it holds, like Redis or S3: the manager must ask
+    it with existence checks on the runtime."""
+
+    indexed = False
+
+    def knows(self, key: BlockKey) -> None:
+        return None
+
+
 def memory_tier(
-    name: str = "mem", write: str = "through", **cfg: Any
+    name: str = "mem", write: str = "through", indexed: bool = False, **cfg: Any
 ) -> tuple[TierConfig, MemoryTier]:
-    return TierConfig(name=name, type="memory", write=write, **cfg), MemoryTier(
-        namespace=NAMESPACE, name=name
-    )
+    tier = (MemoryTier if indexed else UnindexedMemoryTier)(namespace=NAMESPACE, name=name)
+    return TierConfig(name=name, type="memory", write=write, **cfg), tier
 
 
 @pytest.fixture
@@ -158,7 +167,7 @@ def test_a_secondary_hit_is_promoted_and_served(cleanup: Any) -> None:
 def test_one_promotion_serves_every_request_and_checks_are_batched(cleanup: Any) -> None:
     cfg, inner = memory_tier()
     tier = Mock(wraps=inner)
-    tier.counters = inner.counters
+    tier.counters, tier.indexed = inner.counters, inner.indexed
     h = Harness([(cfg, tier)])
     cleanup(h)
     for i in range(5):
@@ -173,7 +182,7 @@ def test_one_promotion_serves_every_request_and_checks_are_batched(cleanup: Any)
 def test_absent_blocks_are_misses_and_not_asked_again_every_step(cleanup: Any) -> None:
     cfg, inner = memory_tier()
     tier = Mock(wraps=inner)
-    tier.counters = inner.counters
+    tier.counters, tier.indexed = inner.counters, inner.indexed
     h = Harness([(cfg, tier)])
     cleanup(h)
     h.lookup_until(9, MISS)
@@ -200,6 +209,61 @@ def test_failed_promotion_frees_the_slot_and_is_a_miss(cleanup: Any) -> None:
     assert h.manager.lookup(k(1)) is MISS
     assert h.manager.pool.num_used == 0 and h.manager.pool.num_writing == 0
     assert h.manager.stats()["tiers"]["mem"]["promotion_failures"] == 1
+
+
+def test_an_indexed_tier_is_promoted_from_without_existence_checks(cleanup: Any) -> None:
+    cfg, inner = memory_tier(indexed=True)
+    tier = Mock(wraps=inner)
+    tier.counters, tier.indexed, tier.knows = inner.counters, True, inner.knows
+    h = Harness([(cfg, tier)])
+    cleanup(h)
+    h.store(1, 2)
+    h.settle()
+    h.manager.reset()
+    # The tier knows what it holds: a hit is pending at once, a block it lacks a miss at once.
+    assert [h.manager.lookup(k(i)) for i in (1, 2, 3)] == [PENDING, PENDING, MISS]
+    h.settle(1)
+    assert h.manager.lookup(k(1)) is HIT and h.slot_bytes(2) == h.block(2)
+    assert tier.contains.call_count == 0
+    assert tier.get_many.call_count == 1  # one batch for the step's promotions
+
+
+def test_a_block_the_tier_holds_is_not_demoted_again(cleanup: Any) -> None:
+    cfg, tier = memory_tier(write="back", indexed=True)
+    h = Harness([(cfg, tier)], slots=4, reserve=1)
+    cleanup(h)
+    h.store(1, 2, 3, 4)
+    h.settle()  # the least recent block is reclaimed and demoted
+    assert tier.raw_get(k(1)) is not None
+    assert h.lookup_until(1, HIT)[-1] is HIT  # promoted back
+    for i in range(5, 12):  # newer blocks push it out of the primary again
+        h.store(i)
+        h.settle()
+        if h.manager.pool.lookup(k(1)) is MISS:
+            break
+    assert h.manager.pool.lookup(k(1)) is MISS
+    demoted = [key for e in h.manager.take_events() if isinstance(e, TierEvent) for key in e.keys]
+    assert demoted.count(k(1)) == 1  # written to the tier once
+    assert h.manager.stats()["tiers"]["mem"]["demotions_skipped"] == 1
+    assert h.manager.pool.num_held == 0  # its slot went back to the free list at once
+
+
+def test_promotions_without_room_are_misses_the_next_step(cleanup: Any) -> None:
+    cfg, tier = memory_tier(indexed=True)
+    h = Harness([(cfg, tier)], slots=4)
+    cleanup(h)
+    h.store(0, 1, 2, 3)
+    h.settle()
+    h.manager.reset()
+    h.store(10, 11, 12)  # the engine's blocks, still being written: 1 slot left
+    h.manager.prepare_store([k(13)])
+    assert [h.manager.lookup(k(i)) for i in range(2)] == [PENDING, PENDING]
+    h.manager.on_schedule_end()  # no slot for them: nothing evictable
+    assert [h.manager.lookup(k(i)) for i in range(2)] == [MISS, MISS]
+    assert h.manager.counters["promotion_allocation_failures"] == 2
+    assert not h.manager.promoting
+    h.manager.on_schedule_end()
+    assert h.manager.lookup(k(0)) is PENDING  # asked again once the step is over
 
 
 def test_a_broken_tier_never_raises_into_the_caller(cleanup: Any) -> None:
@@ -303,9 +367,9 @@ class ManagerMachine(RuleBasedStateMachine):
         corrupt=st.sampled_from([0.0, 0.3]),
     )
     def start(self, seed: int, write: str, fail: float, corrupt: float) -> None:
-        first = memory_tier("first", write=write)
+        first = memory_tier("first", write=write, indexed=True)
         faulty = FaultyTier(
-            MemoryTier(namespace=NAMESPACE, name="second"),
+            UnindexedMemoryTier(namespace=NAMESPACE, name="second"),
             fail=fail,
             corrupt=corrupt,
             drop=0.1,

@@ -146,3 +146,31 @@ def test_run_sync(runtime: Runtime) -> None:
     assert runtime.run_sync(lambda: value(5), 1.0) == 5
     with pytest.raises(TierTimeout):
         runtime.run_sync(lambda: value(5, 5.0), 0.1)
+
+
+def test_a_busy_runtime_takes_jobs_without_a_wake_up_and_an_idle_one_is_woken(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tiering.runtime as module
+
+    monkeypatch.setattr(module, "IDLE_AFTER", 0.3)
+    runtime.submit(Job("t", lambda: value(1), 1.0))
+    assert len(wait_for(runtime, 1)) == 1
+    loop = runtime._loop
+    assert loop is not None
+    wakes: list[object] = []
+    real = loop.call_soon_threadsafe
+
+    def counting(*args: object) -> object:
+        wakes.append(args)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    runtime.submit(Job("t", lambda: value(2), 1.0))  # within IDLE_AFTER: still ticking
+    assert [r.value for r in wait_for(runtime, 1)] == [2]
+    assert wakes == []
+    time.sleep(0.5)  # idle: the runtime waits to be woken
+    start = time.monotonic()
+    runtime.submit(Job("t", lambda: value(3), 1.0))
+    assert [r.value for r in wait_for(runtime, 1)] == [3]
+    assert len(wakes) == 1 and time.monotonic() - start < 1.0

@@ -97,3 +97,25 @@ def test_batches_report_failures_in_place() -> None:
         assert all(r is None or isinstance(r, TierUnavailable) for r in results)
 
     asyncio.run(body())
+
+
+def test_a_cancelled_batch_leaves_no_call_unstarted_and_unawaited() -> None:
+    """Calls still queued behind the concurrency bound when a batch is cancelled (a deadline,
+    shutdown) are closed, not left to warn "coroutine was never awaited" at collection."""
+    import gc
+    import warnings
+
+    tier = FaultyTier(MemoryTier(namespace=NAMESPACE), concurrency=1, delay=1.0, delay_seconds=5)
+
+    async def cancel_midway() -> None:
+        task = asyncio.ensure_future(tier.get_many([(key(i), bytearray(8)) for i in range(4)]))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(cancel_midway())
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]

@@ -4,15 +4,18 @@ Scheduler process, scheduler thread. It serves the primary pool's contract (so t
 serves it unchanged) and moves blocks between the primary and the tiers on the runtime, never
 waiting on I/O:
 
-- **lookup**: the primary first. A key the primary lacks is looked for in every tier by one
-  batched existence check per tier, submitted at the end of the step; meanwhile the answer is
-  RETRY. Once a tier (the first, in order) has it, and the gate lets it through, a primary slot
-  is allocated (WRITING) and the promotion queued: PENDING, then HIT once the bytes are in. All
+- **lookup**: the primary first, then the `indexed` tiers (memory, file: they know what they
+  hold without I/O), in order. A key none of them has is looked for in the other tiers (Redis,
+  S3) by one batched existence check per tier, submitted at the end of the step; meanwhile the
+  answer is RETRY. Once a tier (the first, in order) has it, and the gate lets it through, a
+  primary slot is allocated (WRITING) and the promotion queued: PENDING, then HIT once the
+  bytes are in. All
   requests that need the block wait on the same promotion. A failed promotion frees the slot and
   remembers the block as absent for a while, so it is not retried every step.
 - **demotion**, per tier: `through` copies a block when its store completes; `back` and
   `selective` (after `admit_after_hits` hits) copy blocks that background reclaim takes from the
-  least recently used end to keep `reserve` slots free. A slot is pinned or held while a tier
+  least recently used end to keep `reserve` slots free. A block the tier is known to hold
+  already (it came from there) is not written again. A slot is pinned or held while a tier
   reads it. At most `max_inflight` blocks per tier are in flight; beyond that, demotions are
   dropped and counted: a slow tier never blocks the primary.
 - **gating** (`promotion.gate: auto`): a tier's hit is promoted only while its measured time per
@@ -26,7 +29,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +81,8 @@ class _TierState:
     config: TierConfig
     tier: Tier
     index: int
+    indexed: bool = False
+    """The tier answers `knows` (no existence checks)."""
     inflight: int = 0
     """Blocks being demoted to this tier."""
     seconds_per_block: float | None = None
@@ -103,7 +108,9 @@ class TieringOffloadingManager:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
-        self.tiers = [_TierState(cfg, tier, i) for i, (cfg, tier) in enumerate(tiers)]
+        self.tiers = [_TierState(cfg, tier, i, tier.indexed) for i, (cfg, tier) in enumerate(tiers)]
+        self._indexed = [t for t in self.tiers if t.indexed]
+        self._checked_tiers = [t for t in self.tiers if not t.indexed]
         self.slot_view = slot_view
         self.config = config
         self.runtime = runtime
@@ -117,10 +124,12 @@ class TieringOffloadingManager:
         self._checking: dict[BlockKey, set[int]] = {}  # key -> tiers yet to answer
         self._found: dict[BlockKey, set[int]] = {}
         self._to_check: list[BlockKey] = []
-        self._promotions: dict[int, list[tuple[BlockKey, int]]] = defaultdict(list)
+        self._promotions: dict[int, list[BlockKey]] = defaultdict(list)  # tier -> keys, this step
         self.promoting: set[BlockKey] = set()
         """Keys being promoted (queued this step or in flight): the WRITING keys of the primary
-        that the engine did not write."""
+        that the engine did not write, and those queued this step (slots are allocated for a
+        tier's whole batch at the end of the step)."""
+        self._refused: set[BlockKey] = set()  # no slot at the end of the last step: MISS now
         self._hits: dict[BlockKey, int] = {}
         self._stored_at: dict[BlockKey, float] = {}
         self._held: dict[int, int] = {}  # reclaimed slot -> demotions still reading it
@@ -148,6 +157,15 @@ class TieringOffloadingManager:
         result = self.pool.lookup(key)
         if result is not LookupResult.MISS or not self.tiers:
             return result
+        if key in self.promoting:
+            return LookupResult.PENDING  # queued this step
+        if key in self._refused:
+            return LookupResult.MISS
+        for state in self._indexed:
+            if state.tier.knows(key):
+                return self._promote(key, state.index)
+        if not self._checked_tiers:
+            return LookupResult.MISS
         where = self._where.get(key)
         if where is not None and where[1] > self.clock():
             return self._promote(key, where[0]) if where[0] != ABSENT else LookupResult.MISS
@@ -205,6 +223,7 @@ class TieringOffloadingManager:
         self._to_check.clear()
         self._promotions.clear()
         self.promoting.clear()
+        self._refused.clear()
         self._outbox.clear()
         self._hits.clear()
         self._stored_at.clear()
@@ -230,6 +249,7 @@ class TieringOffloadingManager:
         """Once per engine step, after lookups and before stores: collect results, submit the
         step's existence checks and promotions, and reclaim for write-back demotions."""
         self._poll()
+        self._refused.clear()
         self._submit_checks()
         self._submit_promotions()
         self._reclaim()
@@ -278,15 +298,7 @@ class TieringOffloadingManager:
         if not self._gate_open(state):
             state.counters["gated"] += 1
             return LookupResult.MISS
-        grant = self.pool.prepare_store([key])
-        if grant is None or not grant.keys:
-            self.counters["promotion_allocation_failures"] += 1
-            return LookupResult.MISS
-        if grant.evicted:
-            self._forget(grant.evicted)
-            if self._write_back:
-                self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
-        self._promotions[index].append((key, grant.slots[0]))
+        self._promotions[index].append(key)
         self.promoting.add(key)
         return LookupResult.PENDING
 
@@ -304,9 +316,9 @@ class TieringOffloadingManager:
             return
         keys, self._to_check = self._to_check, []
         for key in keys:
-            self._checking[key] = {t.index for t in self.tiers}
+            self._checking[key] = {t.index for t in self._checked_tiers}
             self._found[key] = set()
-        for state in self.tiers:
+        for state in self._checked_tiers:
             tier = state.tier
             self._outbox.append(
                 Job(
@@ -319,25 +331,58 @@ class TieringOffloadingManager:
             state.counters["lookups"] += len(keys)
 
     def _submit_promotions(self) -> None:
-        for index, batch in self._promotions.items():
-            if not batch:
+        """Allocate primary slots for each tier's queued promotions (one `prepare_store` per
+        tier) and submit them. Keys that get no slot read as MISS during the next step."""
+        for index, keys in self._promotions.items():
+            if not keys:
                 continue
             state = self.tiers[index]
-            items = [(key, self.slot_view(slot)) for key, slot in batch]
+            grant = self.pool.prepare_store(keys) or self._allocate_some(keys)
+            if len(grant.keys) < len(keys):
+                granted = set(grant.keys)
+                left = [key for key in keys if key not in granted]
+                self.promoting.difference_update(left)
+                refused = [key for key in left if self.pool.lookup(key) is LookupResult.MISS]
+                self._refused.update(refused)  # (the others became resident meanwhile)
+                self.counters["promotion_allocation_failures"] += len(refused)
+            if grant.evicted:
+                self._forget(grant.evicted)
+                if self._write_back:
+                    self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
+            if not grant.keys:
+                continue
+            batch = list(zip(grant.keys, grant.slots, strict=True))
             self._outbox.append(
                 Job(
                     state.config.name,
-                    functools.partial(state.tier.get_many, items),
+                    functools.partial(_get_into, state.tier, self.slot_view, batch),
                     self.config.promotion.deadline,
                     tag=("promote", self._generation, index, batch),
                 )
             )
         self._promotions.clear()
 
+    def _allocate_some(self, keys: list[BlockKey]) -> StoreGrant:
+        """As many of `keys` as the primary can take, in order (a batch that does not fit)."""
+        new: list[BlockKey] = []
+        slots: list[int] = []
+        evicted: list[BlockKey] = []
+        for key in keys:
+            grant = self.pool.prepare_store([key])
+            if grant is None:
+                break
+            new += grant.keys
+            slots += grant.slots
+            evicted += grant.evicted
+        return StoreGrant(tuple(new), tuple(slots), tuple(evicted))
+
     # -- demotions -------------------------------------------------------------------------------
 
-    def _demote_through(self, keys: list[BlockKey]) -> None:
+    def _demote_through(self, stored: list[BlockKey]) -> None:
         for state in self._write_through:
+            keys = [key for key in stored if not self._holds(state, key)]
+            if not keys:
+                continue
             room = self.max_inflight - state.inflight
             if room <= 0:
                 state.counters["demotions_dropped"] += len(keys)
@@ -360,24 +405,19 @@ class TieringOffloadingManager:
         if not victims:
             return
         now = self.clock()
-        release = []
-        for key, slot in victims:
-            self._held[slot] = 0
-            for state in self._write_back:
-                if self._admitted(state, key, now):
-                    self._held[slot] += 1
+        held = self._held
         for state in self._write_back:
             chosen = [(k, s) for k, s in victims if self._admitted(state, k, now)]
             if chosen:
-                self._submit_demotion(
-                    state, [k for k, _ in chosen], [s for _, s in chosen], held=True
-                )
-        for key, slot in victims:
-            self._hits.pop(key, None)
-            self._stored_at.pop(key, None)
-            if self._held[slot] == 0:
-                del self._held[slot]
-                release.append(slot)
+                slots = [s for _, s in chosen]
+                for slot in slots:
+                    held[slot] = held.get(slot, 0) + 1
+                self._submit_demotion(state, [k for k, _ in chosen], slots, held=True)
+        hits, stored_at = self._hits, self._stored_at
+        for key, _ in victims:
+            hits.pop(key, None)
+            stored_at.pop(key, None)
+        release = [slot for _, slot in victims if slot not in held]
         if release:
             self.pool.release(release)
 
@@ -414,6 +454,9 @@ class TieringOffloadingManager:
                 )
 
     def _admitted(self, state: _TierState, key: BlockKey, now: float) -> bool:
+        if self._holds(state, key):
+            state.counters["demotions_skipped"] += 1  # it has the block: no second write
+            return False
         cfg = state.config
         if cfg.write == "selective" and self._hits.get(key, 0) < cfg.admit_after_hits:
             return False
@@ -422,12 +465,11 @@ class TieringOffloadingManager:
     def _submit_demotion(
         self, state: _TierState, keys: list[BlockKey], slots: list[int], held: bool
     ) -> None:
-        items = [(key, self.slot_view(slot)) for key, slot in zip(keys, slots, strict=True)]
         state.inflight += len(keys)
         self._outbox.append(
             Job(
                 state.config.name,
-                functools.partial(state.tier.put_many, items),
+                functools.partial(_put_from, state.tier, self.slot_view, keys, slots),
                 self.config.faults.timeout * max(1, len(keys)),
                 tag=("demote", self._generation, state.index, (keys, slots, held)),
             )
@@ -518,9 +560,10 @@ class TieringOffloadingManager:
         state.counters["demotions"] += len(stored)
         state.counters["demotion_failures"] += len(keys) - len(stored)
         if stored:
-            now = self.clock()
-            for key in stored:
-                self._where[key] = (state.index, now + POSITIVE_TTL)
+            if not state.indexed:  # an indexed tier knows it has them
+                self._where.update(
+                    dict.fromkeys(stored, (state.index, self.clock() + POSITIVE_TTL))
+                )
             self._events.append(TierEvent(state.config.name, tuple(stored)))
         if held == "copy":
             pass  # demoted from copies: no slot to give back
@@ -535,8 +578,19 @@ class TieringOffloadingManager:
         else:
             self.pool.unpin(keys)
 
+    def _holds(self, state: _TierState, key: BlockKey) -> bool:
+        """Whether `state`'s tier is known to hold `key` (demoted there or found there lately,
+        for a tier without an index)."""
+        if state.indexed:
+            return bool(state.tier.knows(key))
+        known = self._where.get(key)
+        return known is not None and known[0] == state.index and known[1] > self.clock()
+
     def where(self, key: BlockKey) -> str | None:
-        """The tier last known to hold `key`, by name (None: none known)."""
+        """The first tier known to hold `key`, by name (None: none known)."""
+        for state in self._indexed:
+            if state.tier.knows(key):
+                return state.config.name
         known = self._where.get(key)
         return None if known is None or known[0] == ABSENT else self.tiers[known[0]].config.name
 
@@ -562,6 +616,20 @@ class TieringOffloadingManager:
                 **{f"tier.{k}": v for k, v in state.tier.counters.items()},
             }
         return {"manager": dict(self.counters), "tiers": tiers}
+
+
+def _get_into(
+    tier: Tier, slot_view: Callable[[int], memoryview], batch: list[tuple[BlockKey, int]]
+) -> Awaitable[list[bool | BaseException]]:
+    """A promotion, made on the runtime's thread (slot views cost the scheduler nothing)."""
+    return tier.get_many([(key, slot_view(slot)) for key, slot in batch])
+
+
+def _put_from(
+    tier: Tier, slot_view: Callable[[int], memoryview], keys: list[BlockKey], slots: list[int]
+) -> Awaitable[list[BaseException | None]]:
+    """A demotion from primary slots, made on the runtime's thread."""
+    return tier.put_many([(key, slot_view(slot)) for key, slot in zip(keys, slots, strict=True)])
 
 
 def _answers(result: JobResult, n: int, failed: Any) -> list[Any]:

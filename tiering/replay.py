@@ -277,7 +277,7 @@ def replay_tiered(
     clock = time.perf_counter
     spent = 0.0
     measured_from = len(requests) // 2
-    hit_tokens = total_tokens = refs = 0
+    hit_tokens = total_tokens = refs = deferrals = 0
     tier_tokens: dict[str, int] = {cfg.name: 0 for cfg in config.tiers}
 
     def call(function: Callable[..., Any], *args: Any) -> Any:
@@ -288,31 +288,43 @@ def replay_tiered(
         finally:
             spent += clock() - start
 
-    def settle() -> None:
+    def step() -> None:
+        """One engine step: the manager submits what the step queued; the runtime is let
+        finish before the next step (ample time between steps)."""
         call(manager.on_schedule_end)
         while runtime.pending():
             time.sleep(0.0002)
-        call(manager.on_schedule_end)
 
     HIT, MISS = LookupResult.HIT, LookupResult.MISS
     try:
         for index, (request, keys) in enumerate(zip(requests, trace_keys(requests), strict=True)):
-            n_hit = 0
-            promoted: list[str] = []
-            for key in keys:
-                result = call(manager.lookup, key)
-                came_from = None
-                while result is not HIT and result is not MISS:
-                    settle()
+            # vLLM's scan (shared/vllm-0.32-api.md 8.2): HIT counts; PENDING counts and
+            # defers; RETRY defers and the scan goes on (so the manager can look further
+            # keys up in the same step); MISS ends the scan. A deferred request is looked up
+            # again, whole, at the next step.
+            waited: set[BlockKey] = set()
+            for _ in range(MAX_DEFERRALS):
+                n_hit, deferred = 0, False
+                for key in keys:
                     result = call(manager.lookup, key)
-                    came_from = "tier"
-                if result is not HIT:
+                    if result is MISS:
+                        break
+                    if result is HIT and not deferred:
+                        n_hit += 1  # the leading hits: all of them once nothing defers
+                    elif result is not HIT:
+                        deferred = True
+                        waited.add(key)
+                if not deferred:
                     break
-                if came_from is not None:
-                    promoted.append(manager.where(key) or config.tiers[0].name)
+                step()
+            else:
+                deferrals += 1  # never settled: the leading hits are used
+            promoted: dict[int, str] = {}  # position in the request -> tier
+            for i, key in enumerate(keys[:n_hit]):
+                if key in waited:
+                    promoted[i] = manager.where(key) or config.tiers[0].name
                     slot = manager.pool.slot(key)
                     assert memory[slot, 0] == key[0], "a promoted block holds other bytes"
-                n_hit += 1
             hits = keys[:n_hit]
             call(manager.prepare_load, hits)
             grant = call(manager.prepare_store, keys[n_hit:])
@@ -321,22 +333,26 @@ def replay_tiered(
                     memory[slot] = key[0]
                 call(manager.complete_store, list(grant.keys))
             call(manager.complete_load, hits)
-            settle()
+            step()
             refs += len(keys)
             if index >= measured_from:
                 tokens = request.block_tokens()
                 hit_tokens += sum(tokens[:n_hit])
                 total_tokens += sum(tokens)
-                for i, tier in enumerate(promoted):
-                    tier_tokens[tier] += tokens[n_hit - len(promoted) + i]
+                for i, tier in promoted.items():
+                    tier_tokens[tier] += tokens[i]
             if progress is not None and index % 256 == 255:
                 progress(index + 1)
         stats = manager.stats()
+        stats["replay"] = {"unsettled_requests": deferrals}
     finally:
         manager.shutdown()
     return TieredReplayResult(
         capacity, block_bytes, hit_tokens, total_tokens, tier_tokens, refs, spent, stats
     )
 
+
+MAX_DEFERRALS = 32
+"""Steps a request may be deferred in a tiered replay before its leading hits are used."""
 
 _REPLAY_NAMESPACE = bytes(range(100, 116))

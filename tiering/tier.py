@@ -14,7 +14,8 @@ mode, counters, and the async context manager.
         async def _delete(self, key): ...        # True if it was there
         async def _contains(self, keys): ...     # one bool per key
         async def _stat(self): ...               # TierStat
-        # optional: _list(), _close(), _read_into(...) (the `ReadsInto` fast path)
+        # optional: _list(), _close(), _read_into(...) (the `ReadsInto` fast path),
+        # knows(key) with `indexed = True` (an in-process index of every object)
 
 Backends raise `TierUnavailable`, `TierTimeout` or `TierFull` (translated from their library's
 errors) when they fail; a missing object is None or False, never an error. Runs on the kvtier
@@ -27,7 +28,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
@@ -104,6 +105,9 @@ class Tier(ABC):
     """The tier enforces `capacity` itself by evicting least recently used objects."""
     align: ClassVar[int] = 1
     """Payload offset alignment in stored objects (a file tier with O_DIRECT uses 4096)."""
+    indexed: ClassVar[bool] = False
+    """The tier keeps an in-process index of every object it holds (it is its store's only
+    writer), so `knows` answers without I/O and the tiering manager needs no existence checks."""
 
     def __init__(
         self,
@@ -261,6 +265,12 @@ class Tier(ABC):
         self.counters["deletes"] += found
         return found
 
+    def knows(self, key: BlockKey) -> bool | None:
+        """Whether an `indexed` tier holds `key`, from its index: no I/O, callable from any
+        thread (one dict lookup, atomic under the GIL). None when the tier cannot say without
+        asking its store (not `indexed`): use `contains`."""
+        return None
+
     async def contains(self, keys: Sequence[KeyLike]) -> list[bool]:
         """Whether each key has a block (existence only: a corrupt object is found by `get`)."""
         blocks = [as_key(k) for k in keys]
@@ -325,8 +335,16 @@ class Tier(ABC):
         gate = asyncio.Semaphore(self.concurrency)
 
         async def one(call: Awaitable[T]) -> T:
-            async with gate:
+            try:
+                await gate.acquire()
+            except BaseException:  # cancelled while queued: the call never starts
+                if isinstance(call, Coroutine):
+                    call.close()
+                raise
+            try:
                 return await call
+            finally:
+                gate.release()
 
         return await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
 

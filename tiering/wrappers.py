@@ -41,6 +41,10 @@ class ForwardingTier(Tier):
         self.supports_listing = inner.supports_listing  # type: ignore[misc]
         self.evicts = inner.evicts  # type: ignore[misc]
         self.align = inner.align  # type: ignore[misc]
+        self.indexed = inner.indexed  # type: ignore[misc]
+
+    def knows(self, key: BlockKey) -> bool | None:
+        return self.inner.knows(key)
 
     async def _read(self, key: BlockKey) -> Buffer | None:
         return await self.inner._read(key)

@@ -55,6 +55,9 @@ class FileTier(Tier):
     supports_listing = True
     evicts = True
     align = BLOCK
+    indexed = True
+    """The index is this process's: blocks another process writes into the same directory
+    meanwhile are found at the next start."""
 
     def __init__(
         self,
@@ -172,6 +175,9 @@ class FileTier(Tier):
             self._bytes -= size
         removed = await self._run(_unlink, self._path(key))
         return removed or size is not None
+
+    def knows(self, key: BlockKey) -> bool:
+        return key in self._index
 
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
         return [key in self._index for key in keys]

@@ -20,6 +20,7 @@ class MemoryTier(Tier):
     type_name = "memory"
     supports_listing = True
     evicts = True
+    indexed = True
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -49,6 +50,9 @@ class MemoryTier(Tier):
 
     async def _delete(self, key: BlockKey) -> bool:
         return self._delete_now(key)
+
+    def knows(self, key: BlockKey) -> bool:
+        return key in self._objects
 
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
         return [key in self._objects for key in keys]
