@@ -130,14 +130,16 @@ class TieringOffloadingManager:
         that the engine did not write, and those queued this step (slots are allocated for a
         tier's whole batch at the end of the step)."""
         self._refused: set[BlockKey] = set()  # no slot at the end of the last step: MISS now
-        self._hits: dict[BlockKey, int] = {}
-        self._stored_at: dict[BlockKey, float] = {}
+        self._hits: dict[BlockKey, int] = {}  # kept only for `selective` tiers
+        self._stored_at: dict[BlockKey, float] = {}  # kept only for tiers with a `min_age`
         self._held: dict[int, int] = {}  # reclaimed slot -> demotions still reading it
         self._events: list[TierEvent] = []
         self._outbox: list[Job] = []  # submitted together at the end of the step
         self.counters: defaultdict[str, float] = defaultdict(float)
         self._write_through = [t for t in self.tiers if t.config.write == "through"]
         self._write_back = [t for t in self.tiers if t.config.write != "through"]
+        self._track_hits = any(t.config.write == "selective" for t in self.tiers)
+        self._track_age = any(t.config.min_age > 0 for t in self.tiers)
         self.metrics_server = None
         if config.metrics.prometheus_port is not None:
             from tiering.metrics import MetricsServer
@@ -183,9 +185,8 @@ class TieringOffloadingManager:
             if self._write_back:
                 self._demote_evicted(grant)
             self._forget(grant.evicted)
-        now = self.clock()
-        for key in grant.keys:
-            self._stored_at[key] = now
+        if self._track_age:
+            self._stored_at.update(dict.fromkeys(grant.keys, self.clock()))
         return grant
 
     def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
@@ -196,9 +197,10 @@ class TieringOffloadingManager:
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
         slots = self.pool.prepare_load(keys)
-        hits = self._hits
-        for key in keys:
-            hits[key] = hits.get(key, 0) + 1
+        if self._track_hits:
+            hits = self._hits
+            for key in keys:
+                hits[key] = hits.get(key, 0) + 1
         return slots
 
     def complete_load(self, keys: Iterable[BlockKey]) -> None:
@@ -407,16 +409,13 @@ class TieringOffloadingManager:
         now = self.clock()
         held = self._held
         for state in self._write_back:
-            chosen = [(k, s) for k, s in victims if self._admitted(state, k, now)]
+            chosen = self._admit(state, victims, now)
             if chosen:
                 slots = [s for _, s in chosen]
                 for slot in slots:
                     held[slot] = held.get(slot, 0) + 1
                 self._submit_demotion(state, [k for k, _ in chosen], slots, held=True)
-        hits, stored_at = self._hits, self._stored_at
-        for key, _ in victims:
-            hits.pop(key, None)
-            stored_at.pop(key, None)
+        self._forget(key for key, _ in victims)
         release = [slot for _, slot in victims if slot not in held]
         if release:
             self.pool.release(release)
@@ -432,9 +431,8 @@ class TieringOffloadingManager:
         for state in self._write_back:
             room = self.max_inflight - state.inflight
             chosen: list[tuple[BlockKey, bytes]] = []
-            for key, slot in zip(grant.evicted, grant.evicted_slots, strict=True):
-                if not self._admitted(state, key, now):
-                    continue
+            evicted = list(zip(grant.evicted, grant.evicted_slots, strict=True))
+            for key, slot in self._admit(state, evicted, now):
                 if len(chosen) >= room:
                     state.counters["demotions_dropped"] += 1
                     continue
@@ -453,14 +451,27 @@ class TieringOffloadingManager:
                     )
                 )
 
-    def _admitted(self, state: _TierState, key: BlockKey, now: float) -> bool:
-        if self._holds(state, key):
-            state.counters["demotions_skipped"] += 1  # it has the block: no second write
-            return False
+    def _admit(
+        self, state: _TierState, blocks: Sequence[tuple[BlockKey, int]], now: float
+    ) -> list[tuple[BlockKey, int]]:
+        """The (key, slot) pairs to demote to `state`'s tier: those it does not hold already
+        (no second write), hit often enough (`selective`) and old enough (`min_age`)."""
+        if state.indexed:
+            knows = state.tier.knows
+            chosen = [block for block in blocks if not knows(block[0])]
+        else:
+            where, index = self._where.get, state.index
+            chosen = [block for block in blocks if not _known_at(where(block[0]), index, now)]
+        if len(chosen) < len(blocks):
+            state.counters["demotions_skipped"] += len(blocks) - len(chosen)
         cfg = state.config
-        if cfg.write == "selective" and self._hits.get(key, 0) < cfg.admit_after_hits:
-            return False
-        return cfg.min_age <= 0 or now - self._stored_at.get(key, now) >= cfg.min_age
+        if cfg.write == "selective":
+            hits, need = self._hits.get, cfg.admit_after_hits
+            chosen = [block for block in chosen if hits(block[0], 0) >= need]
+        if cfg.min_age > 0:
+            stored_at, age = self._stored_at.get, cfg.min_age
+            chosen = [block for block in chosen if now - stored_at(block[0], now) >= age]
+        return chosen
 
     def _submit_demotion(
         self, state: _TierState, keys: list[BlockKey], slots: list[int], held: bool
@@ -583,8 +594,7 @@ class TieringOffloadingManager:
         for a tier without an index)."""
         if state.indexed:
             return bool(state.tier.knows(key))
-        known = self._where.get(key)
-        return known is not None and known[0] == state.index and known[1] > self.clock()
+        return _known_at(self._where.get(key), state.index, self.clock())
 
     def where(self, key: BlockKey) -> str | None:
         """The first tier known to hold `key`, by name (None: none known)."""
@@ -595,9 +605,10 @@ class TieringOffloadingManager:
         return None if known is None or known[0] == ABSENT else self.tiers[known[0]].config.name
 
     def _forget(self, keys: Iterable[BlockKey]) -> None:
-        for key in keys:
-            self._hits.pop(key, None)
-            self._stored_at.pop(key, None)
+        if self._track_hits or self._track_age:
+            for key in keys:
+                self._hits.pop(key, None)
+                self._stored_at.pop(key, None)
 
     # -- metrics ----------------------------------------------------------------------------------
 
@@ -616,6 +627,11 @@ class TieringOffloadingManager:
                 **{f"tier.{k}": v for k, v in state.tier.counters.items()},
             }
         return {"manager": dict(self.counters), "tiers": tiers}
+
+
+def _known_at(where: tuple[int, float] | None, index: int, now: float) -> bool:
+    """Whether a `_where` entry says tier `index` holds the block, and is still fresh."""
+    return where is not None and where[0] == index and where[1] > now
 
 
 def _get_into(
