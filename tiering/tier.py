@@ -195,19 +195,30 @@ class Tier(ABC):
         try:
             if isinstance(self, ReadsInto) and self.codec == "raw":
                 raw = await self._call(self._read_into(block, view))
-                if raw is None:
-                    return self._miss()
-                header = decode_header(raw, block, self.namespace)
-                if header.codec != "raw":
-                    raise Corrupt("codec", f"expected a raw object, found {header.codec}")
-                self._check_length(header.raw_length, len(view))
-                verify_payload(header, view[: header.stored_length])
-                return self._hit(len(view))
+                return await self._accept_into(block, raw, view)
             blob = await self._call(self._read(block))
         except Corrupt as e:
             await self._refuse(block, e)
             return False
         return await self._accept(block, blob, view)
+
+    async def _accept_into(self, block: BlockKey, raw: Buffer | None, view: memoryview) -> bool:
+        """Verify the header a `_read_into` returned, its payload already in `view` (or the
+        whole object, when the backend could not place the payload)."""
+        if raw is None:
+            return self._miss()
+        try:
+            header = decode_header(raw, block, self.namespace)
+            if len(raw) > header.payload_offset:  # the whole object: its payload was not placed
+                return await self._accept(block, raw, view)
+            if header.codec != "raw":
+                raise Corrupt("codec", f"expected a raw object, found {header.codec}")
+            self._check_length(header.raw_length, len(view))
+            verify_payload(header, view[: header.stored_length])
+        except Corrupt as e:
+            await self._refuse(block, e)
+            return False
+        return self._hit(len(view))
 
     async def _accept(self, block: BlockKey, blob: Buffer | None, view: memoryview) -> bool:
         """Verify a stored object read by a backend and copy its block into `view`."""

@@ -2,10 +2,13 @@
 
 Keys are `kvtier:<namespace hex>:<key hex>`, so several models share a server without seeing
 each other's blocks and `kvtier ls` can scan one namespace. Batches (`contains`, `get_many`,
-`put_many`) go in one pipeline per batch. `redis.asyncio` packs commands in Python, which is
-the fast path for large values (hiredis's packer copies them slowly; shared/services.md);
-hiredis, when installed, still parses the replies. Every call has socket timeouts; connection
-and timeout errors become `TierUnavailable` / `TierTimeout`.
+`put_many`) go in one pipeline per batch.
+
+Blocks move through `tiers.resp` on a plain-TCP server: a GET lands in the primary slot with no
+intermediate copy and a SET sends header and payload from where they lie (redis-py copies a
+value two or three times on the way). TLS and Cluster go through redis-py (`redis.asyncio`,
+which packs large values faster than hiredis's packer: shared/services.md), as do the other
+commands. Connection errors become `TierUnavailable`; the tier's deadline bounds every call.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import parse_url
 
 from tiering.config import parse_duration
 from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
+from tiering.format import peek_lengths
 from tiering.keys import BlockKey, key_from_hex
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
+from tiers.resp import RespError, RespPool, command, set_command
 
 __all__ = ["RedisTier"]
 
@@ -81,6 +87,18 @@ class RedisTier(Tier):
         except ValueError as e:
             raise ConfigError(f"tier {self.name!r}: url {url!r}: {e}") from e
         self.url = url
+        self._fast: RespPool | None = None
+        if not cluster and url.startswith("redis://") and "ssl_ca_certs" not in kwargs:
+            where = parse_url(url)
+            self._fast = RespPool(
+                where.get("host", "127.0.0.1"),
+                int(where.get("port", 6379)),
+                size=2 * self.concurrency,
+                username=username or where.get("username"),
+                password=password or where.get("password"),
+                db=int(where.get("db", 0)),
+                connect_timeout=connect_timeout,
+            )
 
     def _name(self, key: BlockKey) -> bytes:
         return self._prefix + key.hex().encode()
@@ -93,16 +111,34 @@ class RedisTier(Tier):
             raise TierTimeout(f"tier {self.name!r}: {what} timed out ({self.url})") from e
         except (redis_errors.ConnectionError, OSError) as e:
             raise TierUnavailable(f"tier {self.name!r}: {what} failed: {e} ({self.url})") from e
-        except redis_errors.RedisError as e:
+        except (redis_errors.RedisError, RespError) as e:
             raise TierError(f"tier {self.name!r}: {what} failed: {e}") from e
 
     async def _read(self, key: BlockKey) -> Buffer | None:
         with self._errors("GET"):
+            if self._fast is not None:
+                async with self._fast.connection() as conn:
+                    await conn.send([command(b"GET", self._name(key))])
+                    return await conn.value()
             blob: bytes | None = await self._client.get(self._name(key))
             return blob
 
+    async def _read_into(self, key: BlockKey, payload: memoryview) -> Buffer | None:
+        """The object's header, its payload read straight into `payload` (see `ReadsInto`)."""
+        if self._fast is None:
+            return _place(await self._read(key), payload)
+        with self._errors("GET"):
+            async with self._fast.connection() as conn:
+                await conn.send([command(b"GET", self._name(key))])
+                return await conn.value_into(payload)
+
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         with self._errors("SET"):
+            if self._fast is not None:
+                async with self._fast.connection() as conn:
+                    await conn.send(set_command(self._name(key), parts, self._ex()))
+                    await conn.reply()
+                return
             await self._client.set(self._name(key), b"".join(parts), ex=self._ex())
 
     async def _delete(self, key: BlockKey) -> bool:
@@ -143,6 +179,8 @@ class RedisTier(Tier):
         return TierStat(len(names), sum(sizes), self.capacity)
 
     async def _close(self) -> None:
+        if self._fast is not None:
+            self._fast.close()
         with contextlib.suppress(Exception):
             await self._client.aclose()
 
@@ -158,6 +196,9 @@ class RedisTier(Tier):
         if not items:
             return []
         blocks = [as_key(k) for k, _ in items]
+        views = [memoryview(buffer).cast("B") for _, buffer in items]
+        if self._fast is not None and self.codec == "raw":
+            return await self._get_many_fast(blocks, views)
 
         async def fetch() -> list[Any]:
             with self._errors("GET (pipelined)"):
@@ -182,6 +223,8 @@ class RedisTier(Tier):
         a pipeline of eight 2 MiB values is packed and sent slower than eight calls)."""
         if not items:
             return []
+        if self._fast is not None:
+            return await self._put_many_fast(items)
         if max(len(d) for _, d in items) > PIPELINE_MAX_VALUE:
             return await super().put_many(items)
         encoded = [self._encode(k, d) for k, d in items]
@@ -201,6 +244,66 @@ class RedisTier(Tier):
         self.counters["bytes_written"] += sum(len(d) for _, d in items)
         return [None] * len(items)
 
+    async def _get_many_fast(
+        self, blocks: list[BlockKey], views: list[memoryview]
+    ) -> list[bool | BaseException]:
+        """One pipeline of GETs on one connection, each value read into its buffer."""
+        assert self._fast is not None
+        fast = self._fast
+
+        async def fetch() -> list[Buffer | None]:
+            with self._errors("GET (pipelined)"):
+                async with fast.connection() as conn:
+                    await conn.send([command(b"GET", self._name(block)) for block in blocks])
+                    return [await conn.value_into(view) for view in views]
+
+        try:
+            heads = await self._call(fetch())
+        except TierError as e:
+            return [e] * len(blocks)
+        return [
+            await self._accept_into(block, head, view)
+            for block, head, view in zip(blocks, heads, views, strict=True)
+        ]
+
+    async def _put_many_fast(
+        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
+    ) -> list[None | BaseException]:
+        """One pipeline of SETs on one connection, values sent from where they lie; a value
+        the server refuses (an error reply) fails alone."""
+        assert self._fast is not None
+        fast = self._fast
+        encoded = [self._encode(k, d) for k, d in items]
+        ex = self._ex()
+
+        async def store() -> list[None | BaseException]:
+            parts: list[Buffer] = []
+            for block, value in encoded:
+                parts += set_command(self._name(block), value, ex)
+            outcomes: list[None | BaseException] = []
+            with self._errors("SET (pipelined)"):
+                async with fast.connection() as conn:
+                    await conn.send(parts)
+                    for _ in encoded:
+                        try:
+                            await conn.reply()
+                            outcomes.append(None)
+                        except RespError as e:  # the stream stays in step after an error
+                            outcomes.append(TierError(f"tier {self.name!r}: SET failed: {e}"))
+            return outcomes
+
+        try:
+            outcomes = await self._call(store())
+        except TierError as e:
+            return [e] * len(items)
+        for (_, data), outcome in zip(items, outcomes, strict=True):
+            if outcome is None:
+                self.counters["puts"] += 1
+                self.counters["bytes_written"] += len(data)
+            else:
+                self.counters["errors"] += 1
+        return outcomes
+
     async def raw_set(self, key: BlockKey, blob: bytes) -> None:
         """Store object bytes as they are (white-box tests)."""
         await self._client.set(self._name(key), blob)
@@ -208,3 +311,18 @@ class RedisTier(Tier):
     async def raw_get(self, key: BlockKey) -> bytes | None:
         value: bytes | None = await self._client.get(self._name(key))
         return value
+
+
+def _place(blob: Buffer | None, payload: memoryview) -> Buffer | None:
+    """`_read_into` from a whole object: copy its payload into `payload` when the header says
+    it fits exactly, return the header (or the whole object, which the caller refuses)."""
+    if blob is None:
+        return None
+    lengths = peek_lengths(blob)
+    if lengths is None:
+        return blob
+    offset, stored = lengths
+    if stored != len(payload) or offset + stored != len(blob):
+        return blob
+    payload[:] = memoryview(blob)[offset:]
+    return memoryview(blob)[:offset]

@@ -1,0 +1,298 @@
+"""A minimal RESP2 client for the Redis tier's hot path: GET straight into a primary slot and
+SET from one without joining header and payload, on the runtime's event loop (non-blocking
+sockets, no threads, no intermediate copies of a block).
+
+It speaks to one plain-TCP server and only the commands the tier's data path needs (GET, SET,
+AUTH, SELECT, PING); redis-py stays for everything else (EXISTS, DEL, SCAN, TLS, Cluster). A
+connection whose exchange did not finish (an error, a timeout, a cancellation) is closed, never
+reused: its position in the reply stream is unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Sequence
+
+from tiering.format import peek_lengths
+
+__all__ = ["RespError", "RespPool", "command"]
+
+Buffer = bytes | memoryview
+
+HEADER_PEEK = 512
+"""Bytes of a value read before its payload is placed (an object header is ~100 bytes)."""
+READ_BUFFER = 1 << 18
+
+
+class RespError(Exception):
+    """The server answered with an error reply, or broke the protocol."""
+
+
+def command(*args: bytes | str | int) -> bytes:
+    """A small command as one RESP array (keys, numbers: not block values)."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def set_command(name: bytes, value_parts: Sequence[Buffer], ex: int | None) -> list[Buffer]:
+    """SET name value [EX ex], the value given in parts (sent by one `sendmsg`, not joined)."""
+    size = sum(len(p) for p in value_parts)
+    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (
+        3 if ex is None else 5,
+        len(name),
+        name,
+        size,
+    )
+    tail = b"\r\n" if ex is None else b"\r\n$2\r\nEX\r\n$%d\r\n%d\r\n" % (len(str(ex)), ex)
+    return [head, *value_parts, tail]
+
+
+class RespConnection:
+    """One connection; used by one coroutine at a time (the pool sees to it)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = bytearray(READ_BUFFER)
+        self._view = memoryview(self._buffer)
+        self._start = 0
+        self._end = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    async def send(self, parts: Sequence[Buffer]) -> None:
+        views = [memoryview(p).cast("B") for p in parts if len(p)]
+        sock = self.sock
+        while views:
+            try:
+                sent = sock.sendmsg(views[:512])  # IOV_MAX is 1024
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            while views and sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            if views and sent:
+                views[0] = views[0][sent:]
+            elif views:
+                await self._ready(writing=True)
+
+    # -- receiving --------------------------------------------------------------------------------
+
+    async def _ready(self, writing: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        fd = self.sock.fileno()
+        waiter = loop.create_future()
+
+        def wake() -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        if writing:
+            loop.add_writer(fd, wake)
+        else:
+            loop.add_reader(fd, wake)
+        try:
+            await waiter
+        finally:
+            if writing:
+                loop.remove_writer(fd)
+            else:
+                loop.remove_reader(fd)
+
+    async def _fill(self) -> None:
+        """Read what the socket has into the buffer (at least one byte)."""
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._buffer):  # keep the unread bytes, at the front
+            left = self._end - self._start
+            self._view[:left] = self._view[self._start : self._end]
+            self._start, self._end = 0, left
+        while True:
+            try:
+                got = self.sock.recv_into(self._view[self._end :])
+            except (BlockingIOError, InterruptedError):
+                await self._ready()
+                continue
+            if got == 0:
+                raise ConnectionError("the server closed the connection")
+            self._end += got
+            return
+
+    async def readline(self) -> bytes:
+        while True:
+            at = self._buffer.find(b"\r\n", self._start, self._end)
+            if at >= 0:
+                line = bytes(self._view[self._start : at])
+                self._start = at + 2
+                return line
+            if self._end - self._start > 64 << 10:
+                raise RespError("a reply line longer than 64 KiB")
+            await self._fill()
+
+    async def read_into(self, dest: memoryview) -> None:
+        """Exactly `len(dest)` bytes: first what is buffered, then straight from the socket."""
+        n = min(self._end - self._start, len(dest))
+        dest[:n] = self._view[self._start : self._start + n]
+        self._start += n
+        done = n
+        sock = self.sock
+        while done < len(dest):
+            if len(dest) - done < 4096:  # a short tail: through the buffer, fewer syscalls
+                await self._fill()
+                n = min(self._end - self._start, len(dest) - done)
+                dest[done : done + n] = self._view[self._start : self._start + n]
+                self._start += n
+                done += n
+                continue
+            try:
+                got = sock.recv_into(dest[done:])
+            except (BlockingIOError, InterruptedError):
+                await self._ready()
+                continue
+            if got == 0:
+                raise ConnectionError("the server closed the connection")
+            done += got
+
+    async def _crlf(self) -> None:
+        end = bytearray(2)
+        await self.read_into(memoryview(end))
+        if end != b"\r\n":
+            raise RespError("a bulk reply does not end with CRLF")
+
+    async def _bulk_length(self) -> int:
+        line = await self.readline()
+        if line[:1] == b"-":
+            raise RespError(line[1:].decode(errors="replace"))
+        if line[:1] != b"$":
+            raise RespError(f"expected a bulk reply, got {line[:40]!r}")
+        return int(line[1:])
+
+    async def reply(self) -> bytes | int | None:
+        """A simple, integer or bulk reply; an error reply raises `RespError`."""
+        line = await self.readline()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b":":
+            return int(rest)
+        if kind == b"-":
+            raise RespError(rest.decode(errors="replace"))
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = bytearray(n)
+            await self.read_into(memoryview(data))
+            await self._crlf()
+            return bytes(data)
+        raise RespError(f"unexpected reply {line[:40]!r}")
+
+    async def value(self) -> bytes | None:
+        """A bulk reply as bytes (None: no such key)."""
+        n = await self._bulk_length()
+        if n < 0:
+            return None
+        data = bytearray(n)
+        await self.read_into(memoryview(data))
+        await self._crlf()
+        return bytes(data)
+
+    async def value_into(self, payload: memoryview) -> bytes | None:
+        """A stored object: its header, with its payload read straight into `payload` when the
+        header says the payload is exactly that long; otherwise the whole object (the caller's
+        checks refuse it). None: no such key."""
+        n = await self._bulk_length()
+        if n < 0:
+            return None
+        head = bytearray(min(n, HEADER_PEEK))
+        await self.read_into(memoryview(head))
+        lengths = peek_lengths(memoryview(head))
+        if lengths is not None:
+            offset, stored = lengths
+            if stored == len(payload) and offset + stored == n and offset <= len(head):
+                already = len(head) - offset
+                payload[:already] = head[offset:]
+                await self.read_into(payload[already:])
+                await self._crlf()
+                return bytes(head[:offset])
+        rest = bytearray(n - len(head))
+        await self.read_into(memoryview(rest))
+        await self._crlf()
+        return bytes(head + rest)
+
+
+class RespPool:
+    """Up to `size` connections to one server, opened on demand and kept while they are
+    healthy. Usable from one event loop at a time (the runtime's)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        size: int,
+        username: str | None = None,
+        password: str | None = None,
+        db: int = 0,
+        connect_timeout: float = 1.0,
+    ) -> None:
+        self.host, self.port, self.size = host, port, size
+        self._hello: list[bytes] = []
+        if password is not None:
+            auth = ("AUTH", username, password) if username else ("AUTH", password)
+            self._hello.append(command(*auth))
+        if db:
+            self._hello.append(command("SELECT", db))
+        self.connect_timeout = connect_timeout
+        self._idle: list[RespConnection] = []
+        self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[RespConnection]:
+        loop = asyncio.get_running_loop()
+        gate = self._gates.get(loop)
+        if gate is None:
+            self._gates = {loop: asyncio.Semaphore(self.size)}  # a new loop: forget the old
+            gate = self._gates[loop]
+        async with gate:
+            conn = self._idle.pop() if self._idle else await self._connect()
+            healthy = False
+            try:
+                yield conn
+                healthy = True
+            finally:
+                if healthy:
+                    self._idle.append(conn)
+                else:
+                    conn.close()
+
+    async def _connect(self) -> RespConnection:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            if family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            async with asyncio.timeout(self.connect_timeout):
+                await loop.sock_connect(sock, address)
+            conn = RespConnection(sock)
+            for hello in self._hello:
+                await conn.send([hello])
+                await conn.reply()
+        except BaseException:
+            sock.close()
+            raise
+        return conn
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()
