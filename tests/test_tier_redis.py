@@ -48,6 +48,19 @@ class TestRedisTier(RedisHooks):
         return make
 
 
+class TestRedisTierThroughRedisPy(RedisHooks):
+    """The path TLS servers take: blocks through redis-py instead of `tiers.resp`."""
+
+    @pytest.fixture
+    def make_tier(self, redis_server: RedisServer) -> MakeTier:
+        flush(redis_server.port)
+
+        def make(**options: Any) -> Tier:
+            return RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=False, **options)
+
+        return make
+
+
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis-auth"), password="s3cret")
@@ -145,3 +158,35 @@ def test_server_killed_mid_run_then_back(tmp_path_factory: pytest.TempPathFactor
         asyncio.run(body())
     finally:
         server.stop()
+
+
+def test_a_value_the_server_refuses_fails_alone_and_the_pipeline_stays_in_step(
+    redis_server: RedisServer,
+) -> None:
+    """Out of memory mid-pipeline: the refused SETs fail one by one, the stored ones are
+    readable on the same connections afterwards (no reply is read out of order)."""
+    flush(redis_server.port)
+    admin = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    used = int(admin.info("memory")["used_memory"])
+    size = 256 << 10
+    admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("maxmemory", used + 3 * size)
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url, concurrency=1) as tier:
+            blocks = [(key(i), payload(size, i)) for i in range(8)]
+            outcomes = await tier.put_many(blocks)
+            stored = [i for i, outcome in enumerate(outcomes) if outcome is None]
+            refused = [o for o in outcomes if o is not None]
+            assert stored and refused, outcomes
+            assert all(isinstance(o, TierError) and "OOM" in str(o) for o in refused)
+            buffers = [bytearray(size) for _ in stored]
+            found = await tier.get_many([(key(i), b) for i, b in zip(stored, buffers, strict=True)])
+            assert found == [True] * len(stored)
+            assert all(bytes(b) == payload(size, i) for i, b in zip(stored, buffers, strict=True))
+
+    try:
+        asyncio.run(body())
+    finally:
+        admin.config_set("maxmemory", 0)
+        admin.close()

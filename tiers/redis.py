@@ -55,10 +55,12 @@ class RedisTier(Tier):
         tls_key_file: str | None = None,
         socket_timeout: float = 2.0,
         connect_timeout: float = 1.0,
+        fast_path: bool = True,
         **options: Any,
     ) -> None:
         """`url` as redis-py reads it (`rediss://` for TLS); `ttl` (seconds or a duration such
-        as `1h`) expires blocks; `cluster` talks to a Redis Cluster through any of its nodes."""
+        as `1h`) expires blocks; `cluster` talks to a Redis Cluster through any of its nodes;
+        `fast_path: false` moves blocks through redis-py too (plain TCP only has the other)."""
         super().__init__(**options)
         self.ttl = None if ttl is None else parse_duration(ttl, "ttl")
         self._prefix = f"kvtier:{self.namespace.hex()}:".encode()
@@ -88,7 +90,12 @@ class RedisTier(Tier):
             raise ConfigError(f"tier {self.name!r}: url {url!r}: {e}") from e
         self.url = url
         self._fast: RespPool | None = None
-        if not cluster and url.startswith("redis://") and "ssl_ca_certs" not in kwargs:
+        if (
+            fast_path
+            and not cluster
+            and url.startswith("redis://")
+            and "ssl_ca_certs" not in kwargs
+        ):
             where = parse_url(url)
             self._fast = RespPool(
                 where.get("host", "127.0.0.1"),
