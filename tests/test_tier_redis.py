@@ -190,3 +190,24 @@ def test_a_value_the_server_refuses_fails_alone_and_the_pipeline_stays_in_step(
     finally:
         admin.config_set("maxmemory", 0)
         admin.close()
+
+
+def test_connections_the_server_closed_are_replaced(redis_server: RedisServer) -> None:
+    flush(redis_server.port)
+    admin = redis.Redis(host="127.0.0.1", port=redis_server.port)
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url, concurrency=2) as tier:
+            await tier.put_many([(key(i), payload(1024, i)) for i in range(4)])
+            admin.client_kill_filter(_type="normal", skipme=True)  # the idle pool, server side
+            await asyncio.sleep(0.05)
+            # A reused connection the server closed is replaced once, silently (GET and SET
+            # are idempotent): no miss, no error.
+            assert await tier.get(key(1), bytearray(1024)) is True
+            assert await tier.get_many([(key(2), bytearray(1024))]) == [True]
+            assert tier.counters["errors"] == 0
+
+    try:
+        asyncio.run(body())
+    finally:
+        admin.close()

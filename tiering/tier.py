@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import ClassVar, Protocol, TypeVar, cast, runtime_checkable
 
 from tiering.errors import ConfigError, StateError, TierError, TierTimeout
 from tiering.format import (
@@ -195,7 +195,7 @@ class Tier(ABC):
         view = memoryview(into).cast("B")
         try:
             if self._reads_into and self.codec == "raw":
-                raw = await self._call(self._read_into(block, view))
+                raw = await self._call(cast(ReadsInto, self)._read_into(block, view))
                 return await self._accept_into(block, raw, view)
             blob = await self._call(self._read(block))
         except Corrupt as e:

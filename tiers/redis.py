@@ -27,7 +27,7 @@ from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
 from tiering.format import peek_lengths
 from tiering.keys import BlockKey, key_from_hex
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
-from tiers.resp import RespError, RespPool, command, set_command
+from tiers.resp import RespConnection, RespError, RespPool, command, set_command
 
 __all__ = ["RedisTier"]
 
@@ -124,9 +124,13 @@ class RedisTier(Tier):
     async def _read(self, key: BlockKey) -> Buffer | None:
         with self._errors("GET"):
             if self._fast is not None:
-                async with self._fast.connection() as conn:
-                    await conn.send([command(b"GET", self._name(key))])
+                request = [command(b"GET", self._name(key))]
+
+                async def get(conn: RespConnection) -> bytes | None:
+                    await conn.send(request)
                     return await conn.value()
+
+                return await self._fast.run(get)
             blob: bytes | None = await self._client.get(self._name(key))
             return blob
 
@@ -134,17 +138,25 @@ class RedisTier(Tier):
         """The object's header, its payload read straight into `payload` (see `ReadsInto`)."""
         if self._fast is None:
             return _place(await self._read(key), payload)
+        request = [command(b"GET", self._name(key))]
+
+        async def get(conn: RespConnection) -> bytes | None:
+            await conn.send(request)
+            return await conn.value_into(payload)
+
         with self._errors("GET"):
-            async with self._fast.connection() as conn:
-                await conn.send([command(b"GET", self._name(key))])
-                return await conn.value_into(payload)
+            return await self._fast.run(get)
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         with self._errors("SET"):
             if self._fast is not None:
-                async with self._fast.connection() as conn:
-                    await conn.send(set_command(self._name(key), parts, self._ex()))
+                request = set_command(self._name(key), parts, self._ex())
+
+                async def put(conn: RespConnection) -> None:
+                    await conn.send(request)
                     await conn.reply()
+
+                await self._fast.run(put)
                 return
             await self._client.set(self._name(key), b"".join(parts), ex=self._ex())
 
@@ -258,11 +270,15 @@ class RedisTier(Tier):
         assert self._fast is not None
         fast = self._fast
 
-        async def fetch() -> list[Buffer | None]:
+        requests = [command(b"GET", self._name(block)) for block in blocks]
+
+        async def exchange(conn: RespConnection) -> list[bytes | None]:
+            await conn.send(requests)
+            return [await conn.value_into(view) for view in views]
+
+        async def fetch() -> list[bytes | None]:
             with self._errors("GET (pipelined)"):
-                async with fast.connection() as conn:
-                    await conn.send([command(b"GET", self._name(block)) for block in blocks])
-                    return [await conn.value_into(view) for view in views]
+                return await fast.run(exchange)
 
         try:
             heads = await self._call(fetch())
@@ -283,21 +299,24 @@ class RedisTier(Tier):
         encoded = [self._encode(k, d) for k, d in items]
         ex = self._ex()
 
-        async def store() -> list[None | BaseException]:
-            parts: list[Buffer] = []
-            for block, value in encoded:
-                parts += set_command(self._name(block), value, ex)
+        parts: list[Buffer] = []
+        for block, value in encoded:
+            parts += set_command(self._name(block), value, ex)
+
+        async def exchange(conn: RespConnection) -> list[None | BaseException]:
+            await conn.send(parts)
             outcomes: list[None | BaseException] = []
-            with self._errors("SET (pipelined)"):
-                async with fast.connection() as conn:
-                    await conn.send(parts)
-                    for _ in encoded:
-                        try:
-                            await conn.reply()
-                            outcomes.append(None)
-                        except RespError as e:  # the stream stays in step after an error
-                            outcomes.append(TierError(f"tier {self.name!r}: SET failed: {e}"))
+            for _ in encoded:
+                try:
+                    await conn.reply()
+                    outcomes.append(None)
+                except RespError as e:  # the stream stays in step after an error reply
+                    outcomes.append(TierError(f"tier {self.name!r}: SET failed: {e}"))
             return outcomes
+
+        async def store() -> list[None | BaseException]:
+            with self._errors("SET (pipelined)"):
+                return await fast.run(exchange)
 
         try:
             outcomes = await self._call(store())

@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from tiering.format import peek_lengths
 
 __all__ = ["RespError", "RespPool", "command"]
 
 Buffer = bytes | memoryview
+T = TypeVar("T")
 
 HEADER_PEEK = 512
 """Bytes of a value read before its payload is placed (an object header is ~100 bytes)."""
@@ -61,8 +63,14 @@ class RespConnection:
         self._view = memoryview(self._buffer)
         self._start = 0
         self._end = 0
+        self._reading_on: asyncio.AbstractEventLoop | None = None  # where the reader is
+        self._waiter: asyncio.Future[None] | None = None
+        self.uses = 0
 
     def close(self) -> None:
+        if self._reading_on is not None and not self._reading_on.is_closed():
+            self._reading_on.remove_reader(self.sock.fileno())
+        self._reading_on = None
         self.sock.close()
 
     # -- sending ----------------------------------------------------------------------------------
@@ -85,25 +93,41 @@ class RespConnection:
     # -- receiving --------------------------------------------------------------------------------
 
     async def _ready(self, writing: bool = False) -> None:
+        """Wait until the socket can be read (or written). The reader stays registered between
+        waits (two `epoll_ctl` calls fewer per reply); it unregisters itself when it fires with
+        nobody waiting (a peer that closed an idle connection must not spin the loop)."""
         loop = asyncio.get_running_loop()
-        fd = self.sock.fileno()
         waiter = loop.create_future()
-
-        def wake() -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
         if writing:
+            fd = self.sock.fileno()
+
+            def wake() -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
             loop.add_writer(fd, wake)
-        else:
-            loop.add_reader(fd, wake)
+            try:
+                await waiter
+            finally:
+                loop.remove_writer(fd)
+            return
+        if self._reading_on is not loop:
+            loop.add_reader(self.sock.fileno(), self._readable)
+            self._reading_on = loop
+        self._waiter = waiter
         try:
             await waiter
         finally:
-            if writing:
-                loop.remove_writer(fd)
-            else:
-                loop.remove_reader(fd)
+            self._waiter = None
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is None:
+            assert self._reading_on is not None
+            self._reading_on.remove_reader(self.sock.fileno())
+            self._reading_on = None
+        elif not waiter.done():
+            waiter.set_result(None)
 
     async def _fill(self) -> None:
         """Read what the socket has into the buffer (at least one byte)."""
@@ -254,23 +278,38 @@ class RespPool:
         self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
     @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[RespConnection]:
+    async def connection(self, fresh: bool = False) -> AsyncIterator[RespConnection]:
+        """A connection for one exchange: an idle one (unless `fresh`) or a new one."""
         loop = asyncio.get_running_loop()
         gate = self._gates.get(loop)
         if gate is None:
             self._gates = {loop: asyncio.Semaphore(self.size)}  # a new loop: forget the old
             gate = self._gates[loop]
         async with gate:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = self._idle.pop() if self._idle and not fresh else await self._connect()
+            conn.uses += 1
             healthy = False
             try:
                 yield conn
                 healthy = True
             finally:
-                if healthy:
+                if healthy and conn.sock.fileno() >= 0:
                     self._idle.append(conn)
                 else:
                     conn.close()
+
+    async def run(self, exchange: Callable[[RespConnection], Awaitable[T]]) -> T:
+        """`exchange` on a pooled connection; once more on a new one if a reused connection
+        turns out closed by the server (idle timeout, restart). For idempotent exchanges."""
+        async with self.connection() as conn:
+            try:
+                return await exchange(conn)
+            except (ConnectionError, OSError):
+                if conn.uses == 1:
+                    raise
+                conn.close()
+        async with self.connection(fresh=True) as conn:
+            return await exchange(conn)
 
     async def _connect(self) -> RespConnection:
         loop = asyncio.get_running_loop()
