@@ -1,8 +1,9 @@
 """Secondary tiers against raw baselines on the same disk or server, in the same run.
 
-- file tier: sequential puts and gets of 256 KiB and 2 MiB blocks (one at a time) against
-  `fio` (or `dd` when fio is missing) writing and reading the same number of bytes with O_DIRECT
-  in the same directory, same block size, one job, queue depth 1. Target: at least 0.8.
+- file tier: puts and gets of 256 KiB and 2 MiB blocks, one at a time, `--clients` calls in
+  flight, and batches of `--clients` (`put_many`/`get_many`, the manager's way), against `fio`
+  (or `dd` when fio is missing) writing and reading the same number of bytes with O_DIRECT in
+  the same directory, same block size, as many jobs, queue depth 1. Target: at least 0.8.
 - redis tier: puts and gets with `--clients` calls in flight against `redis-benchmark -t set,get`
   with the same value size and `-c` clients on the same server. Target: at least 0.7.
 - s3 tier: puts and gets with `--clients` calls in flight against plain boto3 put_object /
@@ -41,6 +42,18 @@ from tiers.s3 import S3Tier  # noqa: E402
 SIZES = (256 << 10, 2 << 20)
 
 
+def summarize(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Median of each figure over the repetitions, and the median of the per-repetition
+    ratios: each tier run is compared with the baseline run right after it (the disk and the
+    two shared cores drift a lot between runs, so ratios of separate maxima would mislead)."""
+    import statistics
+
+    out = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+    out["put_ratio"] = statistics.median(run["put"] / run["raw_write"] for run in runs)
+    out["get_ratio"] = statistics.median(run["get"] / run["raw_read"] for run in runs)
+    return out
+
+
 # -- file ---------------------------------------------------------------------------------------
 
 
@@ -48,26 +61,24 @@ def bench_file(directory: Path, clients: int, repeat: int) -> list[dict[str, Any
     rows = []
     for size in SIZES:
         count = max(64, (512 << 20) // size)
-        for jobs in (1, clients):
-            best: dict[str, float] = {"put": 0, "get": 0, "raw_write": 0, "raw_read": 0}
+        for jobs, batched in ((1, False), (clients, False), (clients, True)):
+            runs = []
             tool = ""
             for rep in range(repeat):
                 root = directory / f"file-tier-{rep}"
                 tier = FileTier(namespace=NAMESPACE, path=root, min_free=0, concurrency=jobs)
-                put, get = asyncio.run(_run_and_close(tier, size, count, jobs))
+                put, get = asyncio.run(_run_and_close(tier, size, count, jobs, batched))
                 shutil.rmtree(root, ignore_errors=True)
                 write, read, tool = raw_disk(directory, size, count, jobs)
-                measured = {"put": put, "get": get, "raw_write": write, "raw_read": read}
-                best = {k: max(best[k], v) for k, v in measured.items()}
+                runs.append({"put": put, "get": get, "raw_write": write, "raw_read": read})
+            how = f"batches of {jobs}" if batched else f"{jobs} call(s) in flight"
             rows.append(
                 {
                     "tier": "file",
                     "block_bytes": size,
                     "in_flight": jobs,
-                    "baseline": f"{tool} O_DIRECT, {jobs} stream(s)",
-                    **best,
-                    "put_ratio": best["put"] / best["raw_write"],
-                    "get_ratio": best["get"] / best["raw_read"],
+                    "baseline": f"{tool} O_DIRECT, {jobs} stream(s); tier: {how}",
+                    **summarize(runs),
                 }
             )
     return rows
@@ -127,14 +138,7 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
         for size in SIZES:
             count = max(200, (1 << 30) // size)
             for batched in (False, True):
-                best = {
-                    "put": 0.0,
-                    "get": 0.0,
-                    "raw_write": 0.0,
-                    "raw_read": 0.0,
-                    "lib_write": 0.0,
-                    "lib_read": 0.0,
-                }
+                runs = []
                 for _ in range(repeat):
                     tier = RedisTier(namespace=NAMESPACE, url=server.url, concurrency=clients)
                     put, get = asyncio.run(_run_and_close(tier, size, count, clients, batched))
@@ -142,15 +146,17 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
                     lib_write, lib_read = asyncio.run(
                         plain_redis_py(server.url, size, count, clients)
                     )
-                    measured = {
-                        "put": put,
-                        "get": get,
-                        "raw_write": write,
-                        "raw_read": read,
-                        "lib_write": lib_write,
-                        "lib_read": lib_read,
-                    }
-                    best = {k: max(best[k], v) for k, v in measured.items()}
+                    runs.append(
+                        {
+                            "put": put,
+                            "get": get,
+                            "raw_write": write,
+                            "raw_read": read,
+                            "lib_write": lib_write,
+                            "lib_read": lib_read,
+                        }
+                    )
+                row = summarize(runs)
                 how = f"pipelines of {clients}" if batched else f"{clients} calls in flight"
                 rows.append(
                     {
@@ -158,10 +164,8 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
                         "block_bytes": size,
                         "in_flight": clients,
                         "baseline": f"redis-benchmark -c {clients}; tier: {how}; plain redis-py "
-                        f"put {best['lib_write']:.2f} get {best['lib_read']:.2f}",
-                        **best,
-                        "put_ratio": best["put"] / best["raw_write"],
-                        "get_ratio": best["get"] / best["raw_read"],
+                        f"put {row['lib_write']:.2f} get {row['lib_read']:.2f}",
+                        **row,
                     }
                 )
     finally:
@@ -179,7 +183,7 @@ def bench_s3(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]
     try:
         for size in SIZES:
             count = max(40, (128 << 20) // size)
-            best = {"put": 0.0, "get": 0.0, "raw_write": 0.0, "raw_read": 0.0}
+            runs = []
             for rep in range(repeat):
                 tier = S3Tier(
                     namespace=NAMESPACE,
@@ -201,24 +205,14 @@ def bench_s3(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]
                     server.ACCESS_KEY,
                     server.SECRET_KEY,
                 )
-                best = {
-                    k: max(best[k], v)
-                    for k, v in {
-                        "put": put,
-                        "get": get,
-                        "raw_write": write,
-                        "raw_read": read,
-                    }.items()
-                }
+                runs.append({"put": put, "get": get, "raw_write": write, "raw_read": read})
             rows.append(
                 {
                     "tier": "s3",
                     "block_bytes": size,
                     "in_flight": clients,
                     "baseline": f"boto3, {clients} threads",
-                    **best,
-                    "put_ratio": best["put"] / best["raw_write"],
-                    "get_ratio": best["get"] / best["raw_read"],
+                    **summarize(runs),
                 }
             )
     finally:
@@ -251,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"best of {args.repeat}, GiB/s (tier / baseline)")
+    print(f"median of {args.repeat}, GiB/s (tier / baseline; ratio: median per repetition)")
     for r in rows:
         size = f"{r['block_bytes'] >> 10:>5} KiB x{r['in_flight']:<2}"
         put = f"put {r['put']:.2f} / {r['raw_write']:.2f} = {r['put_ratio']:.2f}"

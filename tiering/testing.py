@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tiering.errors import KeyFormatError, StateError
+from tiering.errors import KeyFormatError, StateError, TierFull
 from tiering.format import encode
 from tiering.keys import BlockKey, make_key
 from tiering.tier import Tier
@@ -204,6 +204,46 @@ class TierConformance:
                     assert tier.counters[f"corrupt.{reason}"] == 1, reason
                     assert await self.raw_get(tier, k) is None, f"{reason}: not deleted"
                 assert tier.counters["hits"] == 0
+
+        run(body())
+
+    def test_batches_verify_like_single_calls(self, make_tier: MakeTier) -> None:
+        """Backends that batch their own way (pipelines, grouped I/O) refuse, count and delete
+        corrupt objects item by item, like `get`; the good ones around them still arrive."""
+
+        async def body() -> None:
+            async with make_tier() as tier:
+                data = [payload(4096, i) for i in range(5)]
+                good = [(key(i), data[i]) for i in (0, 2, 4)]
+                assert await tier.put_many(good) == [None] * 3
+                bad = self.corrupt_variants(tier, key(1), data[1])["checksum"]
+                await self.raw_put(tier, key(1), bad)
+                short = self.corrupt_variants(tier, key(3), data[3])["truncated"]
+                await self.raw_put(tier, key(3), short)
+                buffers = [bytearray(4096) for _ in range(6)]
+                found = await tier.get_many([(key(i), buffers[i]) for i in range(6)])
+                assert found == [True, False, True, False, True, False], found
+                assert all(buffers[i] == data[i] for i in (0, 2, 4))
+                assert tier.counters["corrupt.checksum"] == 1
+                assert tier.counters["corrupt.truncated"] == 1
+                assert await self.raw_get(tier, key(1)) is None
+                assert await self.raw_get(tier, key(3)) is None
+
+        run(body())
+
+    def test_capacity_holds_for_batches(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier(capacity=1 << 20) as tier:
+                if not tier.evicts:
+                    return
+                blocks = [(key(i), payload(200_000, i)) for i in range(8)]
+                assert await tier.put_many(blocks[:4]) == [None] * 4
+                assert await tier.put_many(blocks[4:]) == [None] * 4
+                stat = await tier.stat()
+                assert stat.bytes_used <= 1 << 20
+                assert (await tier.contains([key(i) for i in range(8)]))[4:] == [True] * 4
+                too_big = await tier.put_many([(key(20), payload(2 << 20)), blocks[0]])
+                assert isinstance(too_big[0], TierFull) and too_big[1] is None
 
         run(body())
 
