@@ -411,3 +411,12 @@ class TestPinsAndReclaim:
         assert grant is not None and set(grant.slots) == {slot for _, slot in victims}
         with pytest.raises(StateError, match="was not reclaimed"):
             pool.release([0])
+
+    def test_a_bad_release_changes_nothing(self) -> None:
+        pool = PrimaryPool(3, "lru")
+        stored(pool, 1, 2, 3)
+        (_, slot), (_, other) = pool.reclaim(2)
+        for bad in ([slot, slot], [other, 99]):
+            with pytest.raises(StateError, match="was not reclaimed"):
+                pool.release(bad)
+            assert pool.num_held == 2 and pool.num_free == 0

@@ -579,11 +579,13 @@ class TieringOffloadingManager:
         if held == "copy":
             pass  # demoted from copies: no slot to give back
         elif held:
-            release = []
+            held_by, release = self._held, []
             for slot in slots:
-                self._held[slot] -= 1
-                if self._held[slot] == 0:
-                    del self._held[slot]
+                left = held_by[slot] - 1
+                if left:
+                    held_by[slot] = left
+                else:
+                    del held_by[slot]
                     release.append(slot)
             self.pool.release(release)
         else:

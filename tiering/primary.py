@@ -334,11 +334,13 @@ class PrimaryPool:
 
     def release(self, slots: Iterable[int]) -> None:
         """Return slots taken by `reclaim` to the free list."""
-        for slot in slots:
-            if slot not in self._held:
-                raise StateError(f"release: slot {slot} was not reclaimed")
-            self._held.discard(slot)
-            self._free.append(slot)
+        slots = list(slots)
+        held = self._held
+        if not held.issuperset(slots) or len(set(slots)) != len(slots):
+            slot = next(s for s in slots if s not in held or slots.count(s) > 1)
+            raise StateError(f"release: slot {slot} was not reclaimed (or is given twice)")
+        held.difference_update(slots)
+        self._free.extend(slots)
 
     @property
     def num_held(self) -> int:
