@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 from unittest.mock import Mock
@@ -49,7 +50,9 @@ class Harness:
             metrics=kw.pop("metrics", MetricsConfig()),
             tiers=tuple(cfg for cfg, _ in tiers),
             promotion=PromotionConfig(
-                deadline=2.0, gate=gate, prefill_rate=kw.pop("prefill_rate", 20_000.0)
+                deadline=kw.pop("promotion_deadline", 2.0),
+                gate=gate,
+                prefill_rate=kw.pop("prefill_rate", 20_000.0),
             ),
             faults=FaultsConfig(
                 timeout=kw.pop("timeout", 2.0), breaker=BreakerConfig(failures=100)
@@ -264,6 +267,42 @@ def test_promotions_without_room_are_misses_the_next_step(cleanup: Any) -> None:
     assert not h.manager.promoting
     h.manager.on_schedule_end()
     assert h.manager.lookup(k(0)) is PENDING  # asked again once the step is over
+
+
+class StubbornMemoryTier(MemoryTier):
+    """Reads that cannot be stopped once started (like the file tier's pool threads writing
+    into a slot): a cancelled read still runs to its end before the call returns."""
+
+    async def _read(self, key: BlockKey) -> bytes | None:
+        work = asyncio.ensure_future(asyncio.sleep(0.6))
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            await work
+            raise
+        return self._objects.get(key)
+
+
+def test_a_late_promotion_is_a_miss_and_keeps_its_slot_until_the_tier_lets_go(
+    cleanup: Any,
+) -> None:
+    cfg = TierConfig(name="mem", type="memory", write="back")
+    tier = StubbornMemoryTier(namespace=NAMESPACE, name="mem")
+    h = Harness([(cfg, tier)], slots=4, reserve=1, promotion_deadline=0.2)
+    cleanup(h)
+    tier.raw_put(k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    assert h.manager.lookup(k(1)) is PENDING
+    h.manager.on_schedule_end()  # the promotion starts
+    time.sleep(0.3)  # past its deadline, the read still running
+    assert h.manager.lookup(k(1)) is MISS  # recompute rather than wait
+    assert h.manager.pool.lookup(k(1)) is PENDING  # the slot is still the tier's
+    assert h.manager.counters["promotions_late"] == 1
+    deadline = time.monotonic() + 5
+    while h.runtime.pending() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    h.settle(1)
+    assert h.manager.pool.lookup(k(1)) is MISS and h.manager.pool.num_writing == 0
+    assert h.manager.stats()["tiers"]["mem"]["promotion_failures"] == 1
 
 
 def test_a_broken_tier_never_raises_into_the_caller(cleanup: Any) -> None:

@@ -131,3 +131,37 @@ def test_direct_io_moves_page_aligned_slots_without_bounce_buffers(tmp_path: Pat
             assert tier.counters["corrupt.truncated"] == 1
 
     asyncio.run(body())
+
+
+def test_a_timed_out_read_lets_go_of_the_buffer_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool thread reads straight into the caller's buffer (a primary slot): after a
+    deadline the call must not return while that thread can still write there, or a slot
+    handed to another block would be overwritten."""
+    import time
+
+    from tiering.errors import TierTimeout
+
+    tier = FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, timeout=0.05)
+    asyncio.run(tier.put(key(1), payload(4096, 1)))
+    read = tier._read_file_into
+
+    def slow(path: Path, view: memoryview) -> bytes | None:
+        time.sleep(0.3)
+        return read(path, view)
+
+    monkeypatch.setattr(tier, "_read_file_into", slow)
+    buffers = [bytearray(4096), bytearray(4096)]
+
+    async def body() -> None:
+        with pytest.raises(TierTimeout):
+            await tier.get(key(1), buffers[0])
+        outcome = await tier.get_many([(key(1), buffers[1]), (key(2), bytearray(4096))])
+        assert all(isinstance(o, TierTimeout) for o in outcome)
+        seen = [bytes(b) for b in buffers]
+        await asyncio.sleep(0.5)
+        assert [bytes(b) for b in buffers] == seen  # nothing wrote into them after the return
+        await tier.close()
+
+    asyncio.run(body())

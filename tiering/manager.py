@@ -21,14 +21,16 @@ waiting on I/O:
 - **gating** (`promotion.gate: auto`): a tier's hit is promoted only while its measured time per
   block (a moving average) beats recomputing the block at `prefill_rate` tokens per second.
 - **faults**: every job has a deadline and goes through the tier's circuit breaker; failures are
-  misses, dropped demotions and counters, never exceptions.
+  misses, dropped demotions and counters, never exceptions. A tier that cannot stop its I/O at
+  once (the file tier's threads read into primary slots) ends its job late rather than let a
+  slot be reused under it; meanwhile a late promotion's key reads as MISS (recompute).
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +132,10 @@ class TieringOffloadingManager:
         that the engine did not write, and those queued this step (slots are allocated for a
         tier's whole batch at the end of the step)."""
         self._refused: set[BlockKey] = set()  # no slot at the end of the last step: MISS now
+        self._deadlines: deque[tuple[float, list[BlockKey]]] = deque()  # promotions in flight
+        self._late: set[BlockKey] = set()
+        """Keys whose promotion outlived `promotion.deadline`: MISS (recompute) while the slot
+        stays WRITING until the tier lets go of it."""
         self._hits: dict[BlockKey, int] = {}  # kept only for `selective` tiers
         self._stored_at: dict[BlockKey, float] = {}  # kept only for tiers with a `min_age`
         self._held: dict[int, int] = {}  # reclaimed slot -> demotions still reading it
@@ -157,7 +163,11 @@ class TieringOffloadingManager:
     def lookup(self, key: BlockKey) -> LookupResult:
         self._poll_once()
         result = self.pool.lookup(key)
-        if result is not LookupResult.MISS or not self.tiers:
+        if result is not LookupResult.MISS:
+            if result is LookupResult.PENDING and key in self._late:
+                return LookupResult.MISS  # its promotion is late: recomputing is sooner
+            return result
+        if not self.tiers:
             return result
         if key in self.promoting:
             return LookupResult.PENDING  # queued this step
@@ -226,6 +236,8 @@ class TieringOffloadingManager:
         self._promotions.clear()
         self.promoting.clear()
         self._refused.clear()
+        self._deadlines.clear()
+        self._late.clear()
         self._outbox.clear()
         self._hits.clear()
         self._stored_at.clear()
@@ -354,6 +366,8 @@ class TieringOffloadingManager:
             if not grant.keys:
                 continue
             batch = list(zip(grant.keys, grant.slots, strict=True))
+            deadline = self.config.promotion.deadline
+            self._deadlines.append((self.clock() + deadline, list(grant.keys)))
             self._outbox.append(
                 Job(
                     state.config.name,
@@ -494,6 +508,11 @@ class TieringOffloadingManager:
             self._poll()
 
     def _poll(self) -> None:
+        now = self.clock()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            late = [key for key in self._deadlines.popleft()[1] if key in self.promoting]
+            self._late.update(late)
+            self.counters["promotions_late"] += len(late)
         for result in self.runtime.poll():
             kind, generation, index, payload = result.tag
             if generation != self._generation:
@@ -541,6 +560,8 @@ class TieringOffloadingManager:
         for (key, _), ok in zip(batch, found, strict=True):
             (arrived if ok is True else missing).append(key)
         self.promoting.difference_update(key for key, _ in batch)
+        if self._late:
+            self._late.difference_update(key for key, _ in batch)
         if arrived:
             self.pool.complete_store(arrived)
             state.counters["promotions"] += len(arrived)

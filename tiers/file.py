@@ -143,7 +143,15 @@ class FileTier(Tier):
         return self.root / (key_path(key) + _SUFFIX)
 
     async def _run(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, function, *args)
+        """`function` in the pool. Cancelled (a deadline), it still waits for the thread: the
+        thread reads into and writes from the caller's buffers (primary slots), which must not
+        be handed to anyone else while it runs. The caller's deadline comes late instead."""
+        future = asyncio.get_running_loop().run_in_executor(self._pool, function, *args)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            await asyncio.wait([future])
+            raise
 
     async def _read(self, key: BlockKey) -> Buffer | None:
         blob = await self._run(self._read_file, self._path(key))
