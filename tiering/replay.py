@@ -343,6 +343,7 @@ def replay_tiered(
                     tier_tokens[tier] += tokens[i]
             if progress is not None and index % 256 == 255:
                 progress(index + 1)
+        manager.on_schedule_end()  # collect the last step's results (not measured)
         stats = manager.stats()
         stats["replay"] = {"unsettled_requests": deferrals}
     finally:
