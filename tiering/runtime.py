@@ -36,7 +36,7 @@ __all__ = ["Breaker", "Job", "JobResult", "Runtime"]
 
 log = logging.getLogger(__name__)
 
-TICK = 0.0005
+TICK = 0.001
 """Seconds between the runtime's looks at its inbox while it has work."""
 IDLE_AFTER = 0.05
 """Seconds without work after which the runtime waits to be woken instead of ticking."""
