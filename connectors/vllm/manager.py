@@ -45,6 +45,7 @@ TIER_COUNTERS = {
     "demotions": "Blocks written to the tier.",
     "demotion_failures": "Blocks the tier failed to write.",
     "demotions_dropped": "Demotions dropped because the tier had too many in flight.",
+    "demotions_skipped": "Demotions not written: the tier already held the block.",
     "gated": "Tier hits not used because loading was estimated slower than recomputing.",
     "errors": "Tier jobs that failed (the breaker counts these).",
     "bytes_promoted": "Bytes promoted from the tier.",
@@ -82,6 +83,9 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         ),
         "vllm:kvtier_dropped_direct_evictions": OffloadingCounterMetadata(
             documentation="Blocks evicted on the store path before a write-back tier had them."
+        ),
+        "vllm:kvtier_promotions_late": OffloadingCounterMetadata(
+            documentation="Promotions that outlived promotion.deadline (blocks recomputed)."
         ),
     }
     for name, doc in TIER_COUNTERS.items():
@@ -169,6 +173,9 @@ class KvtierManager(OffloadingManager):
             "vllm:kvtier_dropped_direct_evictions",
             (),
             report["manager"].get("demotions_dropped_direct_eviction", 0),
+        )
+        self._delta(
+            stats, "vllm:kvtier_promotions_late", (), report["manager"].get("promotions_late", 0)
         )
         for tier, figures in report["tiers"].items():
             for name in TIER_COUNTERS:
