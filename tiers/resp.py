@@ -11,9 +11,8 @@ reused: its position in the reply stream is unknown.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from tiering.format import peek_lengths
@@ -277,39 +276,43 @@ class RespPool:
         self._idle: list[RespConnection] = []
         self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
-    @contextlib.asynccontextmanager
-    async def connection(self, fresh: bool = False) -> AsyncIterator[RespConnection]:
-        """A connection for one exchange: an idle one (unless `fresh`) or a new one."""
+    def _gate(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         gate = self._gates.get(loop)
         if gate is None:
             self._gates = {loop: asyncio.Semaphore(self.size)}  # a new loop: forget the old
             gate = self._gates[loop]
-        async with gate:
-            conn = self._idle.pop() if self._idle and not fresh else await self._connect()
-            conn.uses += 1
-            healthy = False
-            try:
-                yield conn
-                healthy = True
-            finally:
-                if healthy and conn.sock.fileno() >= 0:
-                    self._idle.append(conn)
-                else:
-                    conn.close()
+        return gate
 
     async def run(self, exchange: Callable[[RespConnection], Awaitable[T]]) -> T:
         """`exchange` on a pooled connection; once more on a new one if a reused connection
-        turns out closed by the server (idle timeout, restart). For idempotent exchanges."""
-        async with self.connection() as conn:
+        turns out closed by the server (idle timeout, restart): for idempotent exchanges. A
+        connection whose exchange did not finish is closed (its reply stream is out of step)."""
+        gate = self._gate()
+        await gate.acquire()
+        try:
+            conn = self._idle.pop() if self._idle else await self._connect()
+            conn.uses += 1
             try:
-                return await exchange(conn)
+                result = await exchange(conn)
             except (ConnectionError, OSError):
+                conn.close()
                 if conn.uses == 1:
                     raise
+                conn = await self._connect()
+                conn.uses += 1
+                try:
+                    result = await exchange(conn)
+                except BaseException:
+                    conn.close()
+                    raise
+            except BaseException:
                 conn.close()
-        async with self.connection(fresh=True) as conn:
-            return await exchange(conn)
+                raise
+            self._idle.append(conn)
+            return result
+        finally:
+            gate.release()
 
     async def _connect(self) -> RespConnection:
         loop = asyncio.get_running_loop()
