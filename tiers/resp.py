@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from tiering.format import peek_lengths
 
-__all__ = ["RespError", "RespPool", "command"]
+__all__ = ["RespConnection", "RespError", "RespPool", "command", "set_command"]
 
 Buffer = bytes | memoryview
 T = TypeVar("T")
