@@ -198,15 +198,7 @@ class Runtime:
             if breaker.allow():
                 runnable.append((job_id, job, breaker))
             else:
-                self._report(
-                    JobResult(
-                        job_id,
-                        job.tier,
-                        False,
-                        error=TierUnavailable(f"tier {job.tier!r}: circuit breaker open"),
-                        tag=job.tag,
-                    )
-                )
+                self._fail(job_id, job, TierUnavailable(f"tier {job.tier!r}: circuit breaker open"))
         if runnable:
             with self._lock:
                 self._pending.update(job_id for job_id, _, _ in runnable)
@@ -289,37 +281,22 @@ class Runtime:
         try:
             async with asyncio.timeout(job.deadline):
                 value = await job.run()
-        except TimeoutError as e:
-            seconds = time.monotonic() - start
-            breaker.record(False, seconds)
-            error: BaseException = (
-                e
-                if isinstance(e, TierError)
-                else TierTimeout(f"tier {job.tier!r}: job passed its {job.deadline:g}s deadline")
-            )
-            self._report(
-                JobResult(job_id, job.tier, False, error=error, seconds=seconds, tag=job.tag)
-            )
-            return
         except asyncio.CancelledError:  # shutdown
-            self._report(
-                JobResult(
-                    job_id,
-                    job.tier,
-                    False,
-                    error=TierTimeout(f"tier {job.tier!r}: job cancelled at shutdown"),
-                    tag=job.tag,
-                )
-            )
+            self._fail(job_id, job, TierTimeout(f"tier {job.tier!r}: job cancelled at shutdown"))
             raise
         except Exception as e:  # a tier's failure is data for the submitter
             seconds = time.monotonic() - start
             breaker.record(False, seconds)
-            self._report(JobResult(job_id, job.tier, False, error=e, seconds=seconds, tag=job.tag))
+            if isinstance(e, TimeoutError) and not isinstance(e, TierError):
+                e = TierTimeout(f"tier {job.tier!r}: job passed its {job.deadline:g}s deadline")
+            self._fail(job_id, job, e, seconds)
             return
         seconds = time.monotonic() - start
         breaker.record(True, seconds)
         self._report(JobResult(job_id, job.tier, True, value=value, seconds=seconds, tag=job.tag))
+
+    def _fail(self, job_id: int, job: Job, error: BaseException, seconds: float = 0.0) -> None:
+        self._report(JobResult(job_id, job.tier, False, error=error, seconds=seconds, tag=job.tag))
 
     def _report(self, result: JobResult) -> None:
         with self._lock:

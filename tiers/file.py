@@ -174,8 +174,7 @@ class FileTier(Tier):
                 )
             await self._evict_for(size - self._index.get(key, 0))
         await self._run(self._write_file, self._path(key), parts, size)
-        self._bytes += size - self._index.pop(key, 0)
-        self._index[key] = size
+        self._indexed(key, size)
 
     async def _delete(self, key: BlockKey) -> bool:
         size = self._index.pop(key, None)
@@ -268,9 +267,7 @@ class FileTier(Tier):
         jobs = [(self._path(encoded[i][0]), encoded[i][1], sizes[i]) for i in todo]
         for i, outcome in zip(todo, await self._in_groups(self._write_group, jobs), strict=True):
             if outcome is None:
-                block = encoded[i][0]
-                self._bytes += sizes[i] - self._index.pop(block, 0)
-                self._index[block] = sizes[i]
+                self._indexed(encoded[i][0], sizes[i])
                 self.counters["puts"] += 1
                 self.counters["bytes_written"] += len(items[i][1])
             else:
@@ -321,6 +318,11 @@ class FileTier(Tier):
         return out
 
     # -- bookkeeping on the loop thread ---------------------------------------------------------
+
+    def _indexed(self, key: BlockKey, size: int) -> None:
+        """Record a written object (the most recently used)."""
+        self._bytes += size - self._index.pop(key, 0)
+        self._index[key] = size
 
     def _touch(self, key: BlockKey) -> None:
         if key in self._index:

@@ -24,7 +24,6 @@ from redis.asyncio.connection import parse_url
 
 from tiering.config import parse_duration
 from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
-from tiering.format import peek_lengths
 from tiering.keys import BlockKey, key_from_hex
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
 from tiers.resp import RespConnection, RespError, RespPool, command, set_command
@@ -137,7 +136,7 @@ class RedisTier(Tier):
     async def _read_into(self, key: BlockKey, payload: memoryview) -> Buffer | None:
         """The object's header, its payload read straight into `payload` (see `ReadsInto`)."""
         if self._fast is None:
-            return _place(await self._read(key), payload)
+            return await self._read(key)  # the whole object: verified and copied by `_accept`
         request = [command(b"GET", self._name(key))]
 
         async def get(conn: RespConnection) -> bytes | None:
@@ -337,18 +336,3 @@ class RedisTier(Tier):
     async def raw_get(self, key: BlockKey) -> bytes | None:
         value: bytes | None = await self._client.get(self._name(key))
         return value
-
-
-def _place(blob: Buffer | None, payload: memoryview) -> Buffer | None:
-    """`_read_into` from a whole object: copy its payload into `payload` when the header says
-    it fits exactly, return the header (or the whole object, which the caller refuses)."""
-    if blob is None:
-        return None
-    lengths = peek_lengths(blob)
-    if lengths is None:
-        return blob
-    offset, stored = lengths
-    if stored != len(payload) or offset + stored != len(blob):
-        return blob
-    payload[:] = memoryview(blob)[offset:]
-    return memoryview(blob)[:offset]

@@ -207,18 +207,14 @@ class RespConnection:
         if kind == b"-":
             raise RespError(rest.decode(errors="replace"))
         if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = bytearray(n)
-            await self.read_into(memoryview(data))
-            await self._crlf()
-            return bytes(data)
+            return await self._bulk(int(rest))
         raise RespError(f"unexpected reply {line[:40]!r}")
 
     async def value(self) -> bytes | None:
         """A bulk reply as bytes (None: no such key)."""
-        n = await self._bulk_length()
+        return await self._bulk(await self._bulk_length())
+
+    async def _bulk(self, n: int) -> bytes | None:
         if n < 0:
             return None
         data = bytearray(n)
