@@ -131,35 +131,23 @@ def redis_benchmark(
 ) -> tuple[float, float]:
     """SET and GET GiB/s of `redis-benchmark` with `clients` connections and values of `size`."""
     auth = ["-a", password] if password else []
-    out = subprocess.run(
-        [
-            "redis-benchmark",
-            *auth,
-            "-h",
-            host,
-            "-p",
-            str(port),
-            "-t",
-            "set,get",
-            "-d",
-            str(size),
-            "-n",
-            str(count),
-            "-c",
-            str(clients),
-            "-r",
-            "64",
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    rates = {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(r"(SET|GET): ([\d.]+) requests per second", out)
-    }
-    return gib_s(int(rates["SET"] * size), 1.0), gib_s(int(rates["GET"] * size), 1.0)
+    command = [
+        "redis-benchmark",
+        *auth,
+        *("-h", host, "-p", str(port), "-t", "set,get", "-d", str(size)),
+        *("-n", str(count), "-c", str(clients), "-r", "64", "-q"),
+    ]
+    out = ""
+    for _ in range(3):  # a summary line is now and then missing from a very short run
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        rates = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(r"(SET|GET): ([\d.]+) requests per second", out)
+        }
+        if rates.keys() == {"SET", "GET"}:
+            return gib_s(int(rates["SET"] * size), 1.0), gib_s(int(rates["GET"] * size), 1.0)
+    summary = " | ".join(line.strip() for line in out.replace("\r", "\n").splitlines()[-4:])
+    raise RuntimeError(f"redis-benchmark printed no SET and GET rates: {summary!r}")
 
 
 def plain_boto3(
