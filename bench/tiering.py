@@ -90,6 +90,13 @@ def main() -> int:
                         t: n / max(r.total_tokens, 1) for t, n in r.tier_hit_tokens.items()
                     },
                     "manager_us_per_block": r.us_per_block,
+                    "manager_us_per_block_by_call": {
+                        call: 1e6 * seconds / max(r.block_refs, 1)
+                        for call, seconds in r.seconds_by_call.items()
+                    },
+                    "runtime_bookkeeping_us_per_block": 1e6
+                    * r.stats["manager"].get("bookkeeping_seconds", 0.0)
+                    / max(r.block_refs, 1),
                     "manager": r.stats["manager"],
                     "tiers": {
                         t: {k: v for k, v in f.items() if k != "latencies"}
@@ -122,6 +129,11 @@ def main() -> int:
         print(
             f"{row['setup']:<24} hit rate {100 * row['hit_rate']:6.2f}% ({gain}; "
             f"from tiers: {tiers or '-'})  manager {cost}"
+        )
+        calls = ", ".join(f"{c} {us:.2f}" for c, us in row["manager_us_per_block_by_call"].items())
+        print(
+            f"{'':<24} us/block by call: {calls}; on the runtime's thread "
+            f"{row['runtime_bookkeeping_us_per_block']:.2f}"
         )
     return 0
 

@@ -24,14 +24,29 @@ waiting on I/O:
   misses, dropped demotions and counters, never exceptions. A tier that cannot stop its I/O at
   once (the file tier's threads read into primary slots) ends its job late rather than let a
   slot be reused under it; meanwhile a late promotion's key reads as MISS (recompute).
+
+**Threads.** The scheduler's calls do only what must be answered now; the runtime's thread does
+the rest, under one lock (`lock`): it applies finished jobs (promoted blocks become ready,
+demoted blocks' slots are given back) and, between steps, submits the existence checks and
+promotions the step queued (allocating their slots), pins write-through blocks and reclaims
+slots for write-back demotions. In vLLM that work runs while the model does, not in the
+scheduler's step. The scheduler holds the lock from a step's first `lookup` to
+`on_schedule_end` (one acquisition per step, not one per call), so a block looked up as HIT is
+never reclaimed or evicted before the same step's `prepare_load`; other calls take it one at a
+time. The runtime never waits for the lock: it tries, and tries again a tick later. If it missed
+a whole window between two steps, `on_schedule_end` does the work itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import threading
 import time
+import weakref
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +58,13 @@ from tiering.runtime import Job, JobResult, Runtime
 from tiering.tier import Tier
 
 __all__ = ["TierEvent", "TieringOffloadingManager", "build_tiers"]
+
+_HIT, _PENDING, _MISS, _RETRY = (  # plain globals: an enum member costs ~0.2 µs per access
+    LookupResult.HIT,
+    LookupResult.PENDING,
+    LookupResult.MISS,
+    LookupResult.RETRY,
+)
 
 ABSENT = -1
 NEGATIVE_TTL = 2.0
@@ -94,7 +116,9 @@ class _TierState:
 
 
 class TieringOffloadingManager:
-    """The primary pool's API over the primary plus tiers. Scheduler process, scheduler thread."""
+    """The primary pool's API over the primary plus tiers. Scheduler process: the public methods
+    are called from one thread (the scheduler's); the runtime's thread works alongside under
+    `lock` (module docstring)."""
 
     def __init__(
         self,
@@ -106,7 +130,7 @@ class TieringOffloadingManager:
         runtime: Runtime,
         block_tokens: int,
         reserve: int | None = None,
-        max_inflight: int = 64,
+        max_inflight: int = 256,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
@@ -117,11 +141,22 @@ class TieringOffloadingManager:
         self.config = config
         self.runtime = runtime
         self.block_tokens = block_tokens
-        self.reserve = max(1, pool.num_slots // 20) if reserve is None else reserve
+        self.reserve = max(1, pool.num_slots // 10) if reserve is None else reserve
         self.max_inflight = max_inflight
         self.clock = clock
         self._generation = 0
-        self._polled = False
+        self.lock = threading.Lock()
+        """Guards the pool and this manager's state between the scheduler's calls and the
+        runtime's bookkeeping. Held by the scheduler from a step's first `lookup` to
+        `on_schedule_end`; `quiet()` holds it from outside."""
+        self._stepping = False  # the scheduler holds `lock` for the rest of this step
+        self._step = 0  # `on_schedule_end` calls so far
+        self._arrivals: deque[JobResult] = deque()  # finished jobs, to apply under the lock
+        self._drain_step = 0  # `_step` when the oldest of `_arrivals` arrived
+        self._work_queued = False  # between-step work handed to the runtime, not yet done
+        self._work_step = 0
+        self._ticking = False  # the runtime's hook is at work
+        self._through: list[BlockKey] = []  # stored blocks for the write-through tiers
         self._where: dict[BlockKey, tuple[int, float]] = {}
         self._checking: dict[BlockKey, set[int]] = {}  # key -> tiers yet to answer
         self._found: dict[BlockKey, set[int]] = {}
@@ -147,6 +182,8 @@ class TieringOffloadingManager:
         self._track_hits = any(t.config.write == "selective" for t in self.tiers)
         self._track_age = any(t.config.min_age > 0 for t in self.tiers)
         self.metrics_server = None
+        _release_lock_in_forked_child(self)
+        runtime.add_hook(self._on_tick)
         if config.metrics.prometheus_port is not None:
             from tiering.metrics import MetricsServer
 
@@ -161,51 +198,58 @@ class TieringOffloadingManager:
         return self.pool.num_slots
 
     def lookup(self, key: BlockKey) -> LookupResult:
-        self._poll_once()
+        if not self._stepping:
+            self._begin_step()
         result = self.pool.lookup(key)
-        if result is not LookupResult.MISS:
-            if result is LookupResult.PENDING and key in self._late:
-                return LookupResult.MISS  # its promotion is late: recomputing is sooner
+        if result is not _MISS:
+            if result is _PENDING and key in self._late:
+                return _MISS  # its promotion is late: recomputing is sooner
             return result
         if not self.tiers:
             return result
         if key in self.promoting:
-            return LookupResult.PENDING  # queued this step
+            return _PENDING  # queued this step, or its slot not allocated yet
         if key in self._refused:
-            return LookupResult.MISS
+            return _MISS
         for state in self._indexed:
             if state.tier.knows(key):
                 return self._promote(key, state.index)
         if not self._checked_tiers:
-            return LookupResult.MISS
+            return _MISS
         where = self._where.get(key)
         if where is not None and where[1] > self.clock():
-            return self._promote(key, where[0]) if where[0] != ABSENT else LookupResult.MISS
+            return self._promote(key, where[0]) if where[0] != ABSENT else _MISS
         if key not in self._checking:
             self._checking[key] = set()  # queued: submitted at the end of the step
             self._to_check.append(key)
-        return LookupResult.RETRY
+        return _RETRY
 
     def prepare_store(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
-        self._poll_once()
-        grant = self.pool.prepare_store(keys)
-        if grant is None:
-            return None
-        if grant.evicted:
-            if self._write_back:
-                self._demote_evicted(grant)
-            self._forget(grant.evicted)
-        if self._track_age:
-            self._stored_at.update(dict.fromkeys(grant.keys, self.clock()))
+        with self._guard():
+            grant = self.pool.prepare_store(keys)
+            if grant is None:
+                return None
+            if grant.evicted:
+                if self._write_back:
+                    self._demote_evicted(grant)
+                self._forget(grant.evicted)
+            if self._track_age:
+                self._stored_at.update(dict.fromkeys(grant.keys, self.clock()))
+            jobs, self._outbox = self._outbox, []
+        if jobs:  # demotions of copies (`_demote_evicted`): they hold no slot
+            self.runtime.submit_many(jobs)
         return grant
 
     def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
         keys = list(keys)
-        self.pool.complete_store(keys, ok=ok)
-        if ok and self._write_through:
-            self._demote_through(keys)
+        with self._guard():
+            self.pool.complete_store(keys, ok=ok)
+            if ok and self._write_through:
+                self._through += keys  # pinned and demoted by the runtime, between steps
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
+        if not self._stepping:
+            self._begin_step()
         slots = self.pool.prepare_load(keys)
         if self._track_hits:
             hits = self._hits
@@ -214,68 +258,105 @@ class TieringOffloadingManager:
         return slots
 
     def complete_load(self, keys: Iterable[BlockKey]) -> None:
-        self.pool.complete_load(keys)
+        with self._guard():
+            self.pool.complete_load(keys)
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
-        self.pool.touch(keys)
+        with self._guard():
+            self.pool.touch(keys)
 
     def reset(self, drain_timeout: float = 30.0) -> None:
         """Wait for in-flight jobs (they may be writing or reading primary slots), then forget
         the primary and every job; the tiers keep their blocks. vLLM calls this between steps,
         never in one, so the wait (bounded by the jobs' deadlines) is allowed here."""
+        self._end_step()  # the runtime applies what finishes meanwhile
         deadline = self.clock() + drain_timeout
         while self.runtime.pending() and self.clock() < deadline:
             time.sleep(0.001)
         self.runtime.poll()
-        self._generation += 1
-        self.pool.reset()
-        self._where.clear()
-        self._checking.clear()
-        self._found.clear()
-        self._to_check.clear()
-        self._promotions.clear()
-        self.promoting.clear()
-        self._refused.clear()
-        self._deadlines.clear()
-        self._late.clear()
-        self._outbox.clear()
-        self._hits.clear()
-        self._stored_at.clear()
-        self._held.clear()
-        for t in self.tiers:
-            t.inflight = 0
+        with self.lock:
+            self._generation += 1
+            self.pool.reset()
+            self._arrivals.clear()
+            self._work_queued = False
+            self._through.clear()
+            self._where.clear()
+            self._checking.clear()
+            self._found.clear()
+            self._to_check.clear()
+            self._promotions.clear()
+            self.promoting.clear()
+            self._refused.clear()
+            self._deadlines.clear()
+            self._late.clear()
+            self._outbox.clear()
+            self._hits.clear()
+            self._stored_at.clear()
+            self._held.clear()
+            for t in self.tiers:
+                t.inflight = 0
 
     def take_events(self) -> list[PrimaryEvent | TierEvent]:
-        events: list[PrimaryEvent | TierEvent] = list(self.pool.take_events())
-        events += self._events
-        self._events = []
+        with self._guard():
+            events: list[PrimaryEvent | TierEvent] = list(self.pool.take_events())
+            events += self._events
+            self._events = []
         return events
 
     def has_pending_work(self) -> bool:
         return bool(
             self.runtime.pending()
+            or self._arrivals
+            or self._work_queued
+            or self._ticking
             or self._to_check
             or self._outbox
+            or self._through
             or any(self._promotions.values())
         )
 
     def on_schedule_end(self) -> None:
-        """Once per engine step, after lookups and before stores: collect results, submit the
-        step's existence checks and promotions, and reclaim for write-back demotions."""
-        self._poll()
-        self._refused.clear()
-        self._submit_checks()
-        self._submit_promotions()
-        self._reclaim()
-        if self._outbox:
-            self.runtime.submit_many(self._outbox)
-            self._outbox = []
-        self._polled = False
-        if self.metrics_server is not None:
-            self.metrics_server.publish(self.snapshot())
+        """Once per engine step, after its lookups and loads: hand the step's existence checks,
+        promotions and write-through demotions to the runtime, which submits them and reclaims
+        for write-back demotions between steps (or do it here, when the runtime missed the last
+        window)."""
+        if not self._stepping:
+            self.lock.acquire()
+        jobs: list[Job] = []
+        nudge = False
+        try:
+            self._step += 1
+            self._refused.clear()
+            late = self._work_queued and self._work_step < self._step
+            late_drain = self._arrivals and self._drain_step < self._step - 1
+            if late or late_drain:  # the runtime did not get the lock between two steps
+                self.counters["bookkeeping_on_scheduler"] += 1
+                self._between()
+                jobs, self._outbox = self._outbox, []
+            elif not self._work_queued and self._between_due():
+                self._work_queued, self._work_step, nudge = True, self._step, True
+            if self.metrics_server is not None:
+                self.metrics_server.publish(self._snapshot())
+        finally:
+            self._stepping = False
+            self.lock.release()
+        if jobs:
+            self.runtime.submit_many(jobs)
+        if nudge:
+            self.runtime.nudge()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Hold the runtime's bookkeeping still (for a consistent look at the state)."""
+        with self._guard():
+            yield
 
     def snapshot(self) -> dict[str, Any]:
         """Counters and gauges as plain numbers (no latency samples: `stats` drains those)."""
+        with self._guard():
+            return self._snapshot()
+
+    def _snapshot(self) -> dict[str, Any]:
         pool = self.pool
         tiers = {
             state.config.name: {
@@ -296,6 +377,7 @@ class TieringOffloadingManager:
         return {"primary": primary, "manager": dict(self.counters), "tiers": tiers}
 
     def shutdown(self, timeout: float = 5.0) -> None:
+        self._end_step()
         if self.metrics_server is not None:
             self.metrics_server.close()
         for t in self.tiers:
@@ -311,10 +393,10 @@ class TieringOffloadingManager:
         state = self.tiers[index]
         if not self._gate_open(state):
             state.counters["gated"] += 1
-            return LookupResult.MISS
+            return _MISS
         self._promotions[index].append(key)
         self.promoting.add(key)
-        return LookupResult.PENDING
+        return _PENDING
 
     def _gate_open(self, state: _TierState) -> bool:
         gate = self.config.promotion.gate
@@ -340,6 +422,7 @@ class TieringOffloadingManager:
                     functools.partial(tier.contains, keys),
                     self.config.faults.timeout,
                     tag=("check", self._generation, state.index, keys),
+                    done=self._arrived,
                 )
             )
             state.counters["lookups"] += len(keys)
@@ -356,7 +439,7 @@ class TieringOffloadingManager:
                 granted = set(grant.keys)
                 left = [key for key in keys if key not in granted]
                 self.promoting.difference_update(left)
-                refused = [key for key in left if self.pool.lookup(key) is LookupResult.MISS]
+                refused = [key for key in left if self.pool.lookup(key) is _MISS]
                 self._refused.update(refused)  # (the others became resident meanwhile)
                 self.counters["promotion_allocation_failures"] += len(refused)
             if grant.evicted:
@@ -372,8 +455,9 @@ class TieringOffloadingManager:
                 Job(
                     state.config.name,
                     functools.partial(_get_into, state.tier, self.slot_view, batch),
-                    self.config.promotion.deadline,
+                    deadline,
                     tag=("promote", self._generation, index, batch),
+                    done=self._arrived,
                 )
             )
         self._promotions.clear()
@@ -394,7 +478,18 @@ class TieringOffloadingManager:
 
     # -- demotions -------------------------------------------------------------------------------
 
-    def _demote_through(self, stored: list[BlockKey]) -> None:
+    def _demote_through(self) -> None:
+        """Pin the blocks stored since the last time and demote them to the write-through
+        tiers. One evicted meanwhile (it was not pinned yet) is dropped and counted."""
+        if not self._through:
+            return
+        lookup = self.pool.lookup
+        queued = dict.fromkeys(self._through)
+        self._through = []
+        stored = [key for key in queued if lookup(key) is _HIT]
+        if len(stored) < len(queued):
+            for state in self._write_through:
+                state.counters["demotions_dropped"] += len(queued) - len(stored)
         for state in self._write_through:
             keys = [key for key in stored if not self._holds(state, key)]
             if not keys:
@@ -462,6 +557,7 @@ class TieringOffloadingManager:
                         functools.partial(state.tier.put_many, chosen),
                         self.config.faults.timeout * len(chosen),
                         tag=("demote", self._generation, state.index, (keys, [], "copy")),
+                        done=self._arrived,
                     )
                 )
 
@@ -497,23 +593,90 @@ class TieringOffloadingManager:
                 functools.partial(_put_from, state.tier, self.slot_view, keys, slots),
                 self.config.faults.timeout * max(1, len(keys)),
                 tag=("demote", self._generation, state.index, (keys, slots, held)),
+                done=self._arrived,
             )
         )
 
     # -- results ---------------------------------------------------------------------------------
 
-    def _poll_once(self) -> None:
-        if not self._polled:
-            self._polled = True
-            self._poll()
+    def _begin_step(self) -> None:
+        self.lock.acquire()
+        self._stepping = True
 
-    def _poll(self) -> None:
+    def _end_step(self) -> None:
+        if self._stepping:
+            self._stepping = False
+            self.lock.release()
+
+    def _guard(self) -> contextlib.AbstractContextManager[Any]:
+        """The lock for one call, unless the scheduler holds it for the step already."""
+        return contextlib.nullcontext() if self._stepping else self.lock
+
+    def _between_due(self) -> bool:
+        """Whether the runtime has between-step work (checked under the lock)."""
+        return bool(
+            self._to_check
+            or self._promotions
+            or self._through
+            or (self._write_back and self.pool.num_free + self.pool.num_held < self.reserve)
+        )
+
+    def _on_tick(self) -> bool:
+        """The runtime's hook, on its thread at every tick: apply finished jobs, mark late
+        promotions, and do the between-step work once a step has handed it over. Never waits
+        for the lock: if the scheduler holds it, next tick. Whether it did or has work."""
+        if not (
+            self._arrivals
+            or self._work_queued
+            or (self._deadlines and self._deadlines[0][0] <= self.clock())
+        ):
+            return False
+        if not self.lock.acquire(blocking=False):
+            return True
+        self._ticking = True  # pending work, for `has_pending_work` on other threads
+        try:
+            start = time.perf_counter()
+            if self._work_queued:
+                self._between()
+            else:
+                self._drain()
+            jobs, self._outbox = self._outbox, []
+            if jobs:
+                self.runtime.submit_from_loop(jobs)
+            self.counters["bookkeeping_seconds"] += time.perf_counter() - start
+        finally:
+            self._ticking = False
+            self.lock.release()
+        return True
+
+    def _between(self) -> None:
+        """Apply finished jobs, submit the queued checks, write-through demotions and
+        promotions (allocating their slots), and reclaim for write-back demotions. Between two
+        steps only: allocating and reclaiming evict blocks."""
+        self._work_queued = False
+        self._drain()
+        self._submit_checks()
+        self._demote_through()
+        self._submit_promotions()
+        self._reclaim()
+
+    def _arrived(self, result: JobResult) -> None:
+        """A job's `done` handler, on the runtime's thread: applied under the lock at the next
+        tick (`_on_tick`)."""
+        if not self._arrivals:
+            self._drain_step = self._step
+        self._arrivals.append(result)
+
+    def _drain(self) -> None:
+        """Apply the finished jobs, and mark promotions past their deadline late."""
         now = self.clock()
         while self._deadlines and self._deadlines[0][0] <= now:
             late = [key for key in self._deadlines.popleft()[1] if key in self.promoting]
             self._late.update(late)
             self.counters["promotions_late"] += len(late)
-        for result in self.runtime.poll():
+        arrivals = self._arrivals
+        while arrivals:
+            result = arrivals.popleft()
             kind, generation, index, payload = result.tag
             if generation != self._generation:
                 continue  # from before a reset
@@ -621,6 +784,10 @@ class TieringOffloadingManager:
 
     def where(self, key: BlockKey) -> str | None:
         """The first tier known to hold `key`, by name (None: none known)."""
+        with self._guard():
+            return self._where_is(key)
+
+    def _where_is(self, key: BlockKey) -> str | None:
         for state in self._indexed:
             if state.tier.knows(key):
                 return state.config.name
@@ -638,6 +805,10 @@ class TieringOffloadingManager:
     def stats(self) -> dict[str, Any]:
         """Counters per tier and of the manager, breaker states, and the latency samples since
         the last call (for histograms)."""
+        with self._guard():
+            return self._stats()
+
+    def _stats(self) -> dict[str, Any]:
         tiers = {}
         for state in self.tiers:
             samples, state.latencies = state.latencies, []
@@ -650,6 +821,20 @@ class TieringOffloadingManager:
                 **{f"tier.{k}": v for k, v in state.tier.counters.items()},
             }
         return {"manager": dict(self.counters), "tiers": tiers}
+
+
+def _release_lock_in_forked_child(manager: TieringOffloadingManager) -> None:
+    """A child forked while the runtime's thread held the lock would wait for it forever (the
+    thread stays with the parent): give the child a fresh lock and no step in progress."""
+    ref = weakref.ref(manager)
+
+    def after_in_child() -> None:
+        child = ref()
+        if child is not None:
+            child.lock = threading.Lock()
+            child._stepping = False
+
+    os.register_at_fork(after_in_child=after_in_child)
 
 
 def _known_at(where: tuple[int, float] | None, index: int, now: float) -> bool:

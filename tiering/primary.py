@@ -47,6 +47,10 @@ class LookupResult(enum.Enum):
     by the primary pool itself; the tiering manager uses it."""
 
 
+# Enum members as plain globals: `LookupResult.HIT` costs ~0.2 µs per access on Python 3.11.
+_HIT, _PENDING, _MISS = LookupResult.HIT, LookupResult.PENDING, LookupResult.MISS
+
+
 class KeyState(enum.Enum):
     """State of a resident key (see the module docstring)."""
 
@@ -152,8 +156,8 @@ class PrimaryPool:
         """
         ref = self._ref.get(key)
         if ref is None:
-            return LookupResult.MISS
-        return LookupResult.PENDING if ref == _WRITING else LookupResult.HIT
+            return _MISS
+        return _PENDING if ref == _WRITING else _HIT
 
     def state(self, key: BlockKey) -> KeyState | None:
         """The state of a key, or None when it is not resident."""

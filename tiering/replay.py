@@ -20,7 +20,7 @@ import io
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +139,9 @@ def _parse_line(line: str, path: Path, lineno: int) -> TraceRequest:
         raise TraceError(f"{where}: not valid JSON: {e.msg} at column {e.colno}") from None
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    for field in ("input_length", "hash_ids"):
-        if field not in obj:
-            raise TraceError(f"{where}: missing field {field!r}")
+    for name in ("input_length", "hash_ids"):
+        if name not in obj:
+            raise TraceError(f"{where}: missing field {name!r}")
     length = obj["input_length"]
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
         raise TraceError(f"{where}: input_length must be a non-negative integer, got {length!r}")
@@ -236,6 +236,8 @@ class TieredReplayResult:
     manager_seconds: float
     """Time spent inside the manager's calls (the scheduler-side cost), waits excluded."""
     stats: dict[str, Any]
+    seconds_by_call: dict[str, float] = field(default_factory=dict)
+    """`manager_seconds` by method."""
 
     @property
     def hit_rate(self) -> float:
@@ -276,6 +278,7 @@ def replay_tiered(
     )
     clock = time.perf_counter
     spent = 0.0
+    by_call: dict[str, float] = {}
     measured_from = len(requests) // 2
     hit_tokens = total_tokens = refs = deferrals = 0
     tier_tokens: dict[str, int] = {cfg.name: 0 for cfg in config.tiers}
@@ -286,13 +289,16 @@ def replay_tiered(
         try:
             return function(*args)
         finally:
-            spent += clock() - start
+            seconds = clock() - start
+            spent += seconds
+            name = function.__name__
+            by_call[name] = by_call.get(name, 0.0) + seconds
 
     def step() -> None:
         """One engine step: the manager submits what the step queued; the runtime is let
         finish before the next step (ample time between steps)."""
         call(manager.on_schedule_end)
-        while runtime.pending():
+        while manager.has_pending_work():
             time.sleep(0.0002)
 
     HIT, MISS = LookupResult.HIT, LookupResult.MISS
@@ -349,7 +355,7 @@ def replay_tiered(
     finally:
         manager.shutdown()
     return TieredReplayResult(
-        capacity, block_bytes, hit_tokens, total_tokens, tier_tokens, refs, spent, stats
+        capacity, block_bytes, hit_tokens, total_tokens, tier_tokens, refs, spent, stats, by_call
     )
 
 

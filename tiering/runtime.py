@@ -1,10 +1,16 @@
 """The background I/O runtime: one thread, one asyncio loop, in the scheduler process.
 
 The scheduler thread never awaits: it `submit`s jobs (coroutine factories with a deadline and a
-tier name) and, once per engine step, `poll`s the finished ones. Results are data
-(`JobResult`), never exceptions thrown into the scheduler. Each tier has a circuit breaker: it
-opens after `failures` consecutive failures (a call slower than `latency` counts as one), refuses
-that tier's jobs at once while open, and lets one probe through after `cooldown`.
+tier name) and, once per engine step, `poll`s the finished ones, or gives each job a `done`
+handler that the runtime calls with its result on its own thread. Results are data
+(`JobResult`), never exceptions thrown into the scheduler. A hook (`add_hook`) runs on the
+runtime's thread at every tick (the tiering manager applies results and reclaims slots this way,
+off the scheduler's calls; `nudge` wakes an idle runtime for it); `call_soon` runs a piece of
+bookkeeping once, retried every `TICK` until it says it is done.
+
+Each tier has a circuit breaker: it opens after `failures` consecutive failures (a call slower
+than `latency` counts as one), refuses that tier's jobs at once while open, and lets one probe
+through after `cooldown`.
 
 Hand-off costs the scheduler no system call while the runtime is busy: `submit` appends to an
 inbox that the runtime looks at every `TICK` while it has work; only a runtime idle for
@@ -21,6 +27,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -52,6 +59,9 @@ class Job:
     """Seconds from submission; later, the job is cancelled and fails with `TierTimeout`."""
     tag: Any = None
     """Returned with the result, for the submitter's bookkeeping."""
+    done: Callable[[JobResult], None] | None = None
+    """Called with the result on the runtime's thread instead of queuing it for `poll` (the job
+    counts as pending until it returns). It must not block; an exception is logged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +127,9 @@ class Runtime:
         self._breakers: dict[str, Breaker] = {}
         self._next_id = 0
         self._pending: set[int] = set()  # submitted, not yet reported
-        self._inbox: collections.deque[tuple[int, Job, Breaker]] = collections.deque()
+        self._inbox: collections.deque[tuple[int, Job, Breaker | None]] = collections.deque()
         self._sleeping = False  # the pump waits for a wake-up (it ticks otherwise)
+        self._hooks: list[Callable[[], bool]] = []
         self._wake: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,10 +161,11 @@ class Runtime:
                 loop.run_forever()
                 pump.cancel()
 
+            # Both set before the thread starts: its hooks may submit (from the loop) at once.
+            self._loop = loop
             self._thread = threading.Thread(target=main, name=self.name, daemon=True)
             self._thread.start()
             ready.wait()
-            self._loop = loop
         return self._loop
 
     def shutdown(self, grace: float = 2.0) -> None:
@@ -187,27 +199,60 @@ class Runtime:
         `TICK` seconds later) with no system call here; an idle one is woken, once. (Waking a
         thread costs ~45 µs of this thread's CPU on a small VM: too much for every step.)"""
         self._refuse_reentry()
+        return self._submit(jobs)
+
+    def submit_from_loop(self, jobs: list[Job]) -> list[int]:
+        """`submit_many` from a job or handler running on the runtime's own thread: the jobs
+        start at once (a tier calling back into the scheduler's API must still use `submit`,
+        which refuses)."""
+        if self._thread is None or threading.current_thread() is not self._thread:
+            raise StateError(f"runtime {self.name}: submit_from_loop called off its thread")
+        return self._submit(jobs)
+
+    def call_soon(self, attempt: Callable[[], bool]) -> None:
+        """Run `attempt` on the runtime's thread, and again every `TICK` until it returns True
+        (it could not do its work yet, e.g. a lock was taken); pending until then. From any
+        thread. An exception ends it and is logged."""
+        self._submit([Job("", functools.partial(_until, attempt), _INTERNAL_DEADLINE)], False)
+
+    def _submit(self, jobs: list[Job], tier_jobs: bool = True) -> list[int]:
         loop = self._ensure_started()
-        ids, runnable = [], []
-        for job in jobs:
-            with self._lock:
-                job_id = self._next_id
-                self._next_id += 1
+        ids: list[int] = []
+        runnable: list[tuple[int, Job, Breaker | None]] = []
+        with self._lock:
+            first = self._next_id
+            self._next_id += len(jobs)
+        for job_id, job in enumerate(jobs, first):
             ids.append(job_id)
+            if not tier_jobs:
+                runnable.append((job_id, job, None))
+                continue
             breaker = self._breaker(job.tier)
             if breaker.allow():
                 runnable.append((job_id, job, breaker))
             else:
                 self._fail(job_id, job, TierUnavailable(f"tier {job.tier!r}: circuit breaker open"))
-        if runnable:
-            with self._lock:
-                self._pending.update(job_id for job_id, _, _ in runnable)
-            self._inbox.extend(runnable)
-            if self._sleeping:  # read after the append: see `_pump`
-                self._sleeping = False
-                assert self._wake is not None
-                loop.call_soon_threadsafe(self._wake.set)
+        if not runnable:
+            return ids
+        with self._lock:
+            self._pending.update(job_id for job_id, _, _ in runnable)
+        if threading.current_thread() is self._thread:  # on the loop: start them now
+            self._start(loop, runnable)
+            return ids
+        self._inbox.extend(runnable)
+        if self._sleeping:  # read after the append: see `_pump`
+            self._sleeping = False
+            assert self._wake is not None
+            loop.call_soon_threadsafe(self._wake.set)
         return ids
+
+    def _start(
+        self, loop: asyncio.AbstractEventLoop, runnable: list[tuple[int, Job, Breaker | None]]
+    ) -> None:
+        for entry in runnable:
+            task = loop.create_task(self._run(*entry))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _pump(self) -> None:
         """Start the inbox's jobs; tick every `TICK` seconds while there is work (jobs in
@@ -217,21 +262,46 @@ class Runtime:
         active_until = 0.0
         while True:
             if self._inbox:
-                while self._inbox:
-                    task = loop.create_task(self._run(*self._inbox.popleft()))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                inbox = self._inbox
+                self._start(loop, [inbox.popleft() for _ in range(len(inbox))])
                 active_until = time.monotonic() + IDLE_AFTER
-            elif not self._tasks and time.monotonic() > active_until:
-                # Say we sleep, then look again: a submitter appends before it reads the flag,
-                # so either we see its jobs here or it sees the flag and wakes us.
+            if self._hooks and self._run_hooks():
+                active_until = time.monotonic() + IDLE_AFTER
+            elif not self._inbox and not self._tasks and time.monotonic() > active_until:
+                # Say we sleep, then look again: a submitter appends (a hook's owner queues
+                # its work) before it reads the flag, so either we see it here or it sees the
+                # flag and wakes us.
                 self._wake.clear()
                 self._sleeping = True
-                if not self._inbox:
+                if not self._inbox and not (self._hooks and self._run_hooks()):
                     await self._wake.wait()
                 self._sleeping = False
                 continue
             await asyncio.sleep(TICK)
+
+    def add_hook(self, hook: Callable[[], bool]) -> None:
+        """Call `hook` on the runtime's thread at every tick; it returns whether it did or has
+        work (the runtime keeps ticking while it does, and for `IDLE_AFTER` after). It must not
+        block; an exception is logged."""
+        self._hooks.append(hook)
+
+    def nudge(self) -> None:
+        """Make sure the hooks run within a tick: wake the runtime if it is idle (a busy one
+        ticks anyway, at no cost here)."""
+        loop = self._ensure_started()
+        if self._sleeping:
+            self._sleeping = False
+            assert self._wake is not None
+            loop.call_soon_threadsafe(self._wake.set)
+
+    def _run_hooks(self) -> bool:
+        busy = False
+        for hook in self._hooks:
+            try:
+                busy = hook() or busy
+            except Exception:  # a hook's bug must not stop the runtime
+                log.exception("runtime %s: a hook failed", self.name)
+        return busy
 
     def poll(self) -> list[JobResult]:
         """Results finished since the last poll, oldest first. Never blocks."""
@@ -276,7 +346,9 @@ class Runtime:
                 "scheduler's API); that would deadlock"
             )
 
-    async def _run(self, job_id: int, job: Job, breaker: Breaker) -> None:
+    async def _run(self, job_id: int, job: Job, breaker: Breaker | None) -> None:
+        """Run one job; `breaker` None: the runtime's own work (`call_soon`), whose failure is
+        logged rather than reported."""
         start = time.monotonic()
         try:
             async with asyncio.timeout(job.deadline):
@@ -286,21 +358,39 @@ class Runtime:
             raise
         except Exception as e:  # a tier's failure is data for the submitter
             seconds = time.monotonic() - start
+            if breaker is None:
+                log.error("runtime %s: internal work failed", self.name, exc_info=e)
+                self._report(JobResult(job_id, job.tier, False, error=e), _ignore)
+                return
             breaker.record(False, seconds)
             if isinstance(e, TimeoutError) and not isinstance(e, TierError):
                 e = TierTimeout(f"tier {job.tier!r}: job passed its {job.deadline:g}s deadline")
             self._fail(job_id, job, e, seconds)
             return
         seconds = time.monotonic() - start
+        if breaker is None:
+            self._report(JobResult(job_id, job.tier, True), _ignore)
+            return
         breaker.record(True, seconds)
-        self._report(JobResult(job_id, job.tier, True, value=value, seconds=seconds, tag=job.tag))
+        self._report(
+            JobResult(job_id, job.tier, True, value=value, seconds=seconds, tag=job.tag), job.done
+        )
 
     def _fail(self, job_id: int, job: Job, error: BaseException, seconds: float = 0.0) -> None:
-        self._report(JobResult(job_id, job.tier, False, error=error, seconds=seconds, tag=job.tag))
+        result = JobResult(job_id, job.tier, False, error=error, seconds=seconds, tag=job.tag)
+        self._report(result, job.done if job.tier else _ignore)
 
-    def _report(self, result: JobResult) -> None:
+    def _report(self, result: JobResult, done: Callable[[JobResult], None] | None) -> None:
+        if done is None:
+            with self._lock:
+                self._results.append(result)
+                self._pending.discard(result.job_id)
+            return
+        try:
+            done(result)
+        except Exception:  # a handler's bug must not stop the runtime
+            log.exception("runtime %s: the handler of job %d failed", self.name, result.job_id)
         with self._lock:
-            self._results.append(result)
             self._pending.discard(result.job_id)
 
 
@@ -310,6 +400,18 @@ async def _cancel_all() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+_INTERNAL_DEADLINE = 3600.0
+
+
+async def _until(attempt: Callable[[], bool]) -> None:
+    while not attempt():
+        await asyncio.sleep(TICK)
+
+
+def _ignore(result: JobResult) -> None:
+    pass
 
 
 async def _call(factory: Callable[[], Awaitable[Any]]) -> Any:
