@@ -94,6 +94,11 @@ def main() -> int:
                         call: 1e6 * seconds / max(r.block_refs, 1)
                         for call, seconds in r.seconds_by_call.items()
                     },
+                    "us_per_block_handed": {
+                        call: 1e6 * seconds / max(r.blocks_by_call.get(call, 1), 1)
+                        for call, seconds in r.seconds_by_call.items()
+                    },
+                    "blocks_handed": dict(r.blocks_by_call),
                     "runtime_bookkeeping_us_per_block": 1e6
                     * r.stats["manager"].get("bookkeeping_seconds", 0.0)
                     / max(r.block_refs, 1),
@@ -110,6 +115,13 @@ def main() -> int:
     for row in rows:
         row["hit_rate_gain_points"] = 100 * (row["hit_rate"] - alone["hit_rate"])
         row["cost_ratio"] = row["manager_us_per_block"] / alone["manager_us_per_block"]
+        # The same operation per block, with tiers vs without: what the tiers add to each call,
+        # apart from the change in the mix of calls that their hits bring.
+        row["per_call_ratio"] = {
+            call: us / alone["us_per_block_handed"][call]
+            for call, us in row["us_per_block_handed"].items()
+            if alone["us_per_block_handed"].get(call)
+        }
     if args.json:
         print(
             json.dumps(
@@ -135,6 +147,11 @@ def main() -> int:
             f"{'':<24} us/block by call: {calls}; on the runtime's thread "
             f"{row['runtime_bookkeeping_us_per_block']:.2f}"
         )
+        handed = ", ".join(
+            f"{c} {us:.2f} (x{row['per_call_ratio'].get(c, 0):.2f}, {row['blocks_handed'][c]:,})"
+            for c, us in row["us_per_block_handed"].items()
+        )
+        print(f"{'':<24} us per block handed to the call (vs primary only, blocks): {handed}")
     return 0
 
 

@@ -174,3 +174,69 @@ def test_a_busy_runtime_takes_jobs_without_a_wake_up_and_an_idle_one_is_woken(
     runtime.submit(Job("t", lambda: value(3), 1.0))
     assert [r.value for r in wait_for(runtime, 1)] == [3]
     assert len(wakes) == 1 and time.monotonic() - start < 1.0
+
+
+def test_done_handlers_run_on_the_runtime_thread_and_count_as_pending(runtime: Runtime) -> None:
+    import threading
+
+    seen: list[tuple[object, str]] = []
+
+    def done(result: JobResult) -> None:
+        time.sleep(0.05)  # still pending meanwhile
+        seen.append((result.value, threading.current_thread().name))
+
+    runtime.submit(Job("t", lambda: value(3), 1.0, done=done))
+    time.sleep(0.02)
+    assert runtime.pending() == 1
+    deadline = time.monotonic() + 5
+    while runtime.pending() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert seen == [(3, runtime.name)] and runtime.poll() == []  # handled, not queued
+
+
+def test_hooks_run_every_tick_and_a_nudge_wakes_an_idle_runtime(runtime: Runtime) -> None:
+    work: list[int] = []
+    done: list[int] = []
+
+    def hook() -> bool:
+        if work:
+            done.append(work.pop())
+            return True
+        return False
+
+    runtime.add_hook(hook)
+    runtime.nudge()  # starts it
+    time.sleep(0.2)  # idle for longer than IDLE_AFTER: asleep
+    work.append(1)
+    runtime.nudge()
+    deadline = time.monotonic() + 2
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert done == [1]
+
+
+def test_hooks_run_in_a_forked_child(runtime: Runtime) -> None:
+    work: list[int] = []
+    done: list[int] = []
+
+    def hook() -> bool:
+        if work:
+            done.append(work.pop())
+        return False
+
+    runtime.add_hook(hook)
+    runtime.submit(Job("t", lambda: value(1, 0.5), 2.0))  # in flight: the runtime is ticking
+    time.sleep(0.02)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's thread is gone; a nudge starts a new one
+        try:
+            work.append(7)
+            runtime.nudge()
+            deadline = time.monotonic() + 2
+            while not done and time.monotonic() < deadline:
+                time.sleep(0.001)
+            os._exit(0 if done == [7] else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -238,6 +238,8 @@ class TieredReplayResult:
     stats: dict[str, Any]
     seconds_by_call: dict[str, float] = field(default_factory=dict)
     """`manager_seconds` by method."""
+    blocks_by_call: dict[str, int] = field(default_factory=dict)
+    """Blocks handed to each method (a lookup: one; `on_schedule_end`: one per step)."""
 
     @property
     def hit_rate(self) -> float:
@@ -279,6 +281,7 @@ def replay_tiered(
     clock = time.perf_counter
     spent = 0.0
     by_call: dict[str, float] = {}
+    blocks: dict[str, int] = {}
     measured_from = len(requests) // 2
     hit_tokens = total_tokens = refs = deferrals = 0
     tier_tokens: dict[str, int] = {cfg.name: 0 for cfg in config.tiers}
@@ -293,6 +296,8 @@ def replay_tiered(
             spent += seconds
             name = function.__name__
             by_call[name] = by_call.get(name, 0.0) + seconds
+            n = len(args[0]) if args and isinstance(args[0], list) else 1
+            blocks[name] = blocks.get(name, 0) + n
 
     def step() -> None:
         """One engine step: the manager submits what the step queued; the runtime is let
@@ -355,7 +360,16 @@ def replay_tiered(
     finally:
         manager.shutdown()
     return TieredReplayResult(
-        capacity, block_bytes, hit_tokens, total_tokens, tier_tokens, refs, spent, stats, by_call
+        capacity,
+        block_bytes,
+        hit_tokens,
+        total_tokens,
+        tier_tokens,
+        refs,
+        spent,
+        stats,
+        by_call,
+        blocks,
     )
 
 

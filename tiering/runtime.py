@@ -32,6 +32,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +137,7 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
+        _mark_forked_children(self)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -286,13 +288,14 @@ class Runtime:
         self._hooks.append(hook)
 
     def nudge(self) -> None:
-        """Make sure the hooks run within a tick: wake the runtime if it is idle (a busy one
-        ticks anyway, at no cost here)."""
-        loop = self._ensure_started()
-        if self._sleeping:
-            self._sleeping = False
-            assert self._wake is not None
-            loop.call_soon_threadsafe(self._wake.set)
+        """Make sure the hooks run within a tick: start the runtime or wake it if it is idle (a
+        busy one ticks anyway: this costs a few attribute reads then)."""
+        if self._sleeping or self._loop is None or self._pid < 0:
+            loop = self._ensure_started()
+            if self._sleeping:
+                self._sleeping = False
+                assert self._wake is not None
+                loop.call_soon_threadsafe(self._wake.set)
 
     def _run_hooks(self) -> bool:
         busy = False
@@ -403,6 +406,19 @@ async def _cancel_all() -> None:
 
 
 _INTERNAL_DEADLINE = 3600.0
+
+
+def _mark_forked_children(runtime: Runtime) -> None:
+    """In a forked child the thread and loop stayed with the parent: mark the runtime so that
+    its next use (`nudge` included) starts afresh."""
+    ref = weakref.ref(runtime)
+
+    def after_in_child() -> None:
+        child = ref()
+        if child is not None:
+            child._pid = -1
+
+    os.register_at_fork(after_in_child=after_in_child)
 
 
 async def _until(attempt: Callable[[], bool]) -> None:
