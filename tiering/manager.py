@@ -48,7 +48,7 @@ import weakref
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tiering.config import Config, TierConfig
 from tiering.errors import TierError
@@ -65,6 +65,8 @@ _HIT, _PENDING, _MISS, _RETRY = (  # plain globals: an enum member costs ~0.2 µ
     LookupResult.MISS,
     LookupResult.RETRY,
 )
+
+_T = TypeVar("_T")
 
 ABSENT = -1
 NEGATIVE_TTL = 2.0
@@ -137,6 +139,7 @@ class TieringOffloadingManager:
         self.tiers = [_TierState(cfg, tier, i, tier.indexed) for i, (cfg, tier) in enumerate(tiers)]
         self._indexed = [t for t in self.tiers if t.indexed]
         self._checked_tiers = [t for t in self.tiers if not t.indexed]
+        self._knows = [(t.tier.knows, t.index) for t in self._indexed]
         self.slot_view = slot_view
         self.config = config
         self.runtime = runtime
@@ -211,9 +214,9 @@ class TieringOffloadingManager:
             return _PENDING  # queued this step, or its slot not allocated yet
         if key in self._refused:
             return _MISS
-        for state in self._indexed:
-            if state.tier.knows(key):
-                return self._promote(key, state.index)
+        for knows, index in self._knows:
+            if knows(key):
+                return self._promote(key, index)
         if not self._checked_tiers:
             return _MISS
         where = self._where.get(key)
@@ -225,27 +228,31 @@ class TieringOffloadingManager:
         return _RETRY
 
     def prepare_store(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
-        with self._guard():
-            grant = self.pool.prepare_store(keys)
-            if grant is None:
-                return None
-            if grant.evicted:
-                if self._write_back:
-                    self._demote_evicted(grant)
-                self._forget(grant.evicted)
-            if self._track_age:
-                self._stored_at.update(dict.fromkeys(grant.keys, self.clock()))
-            jobs, self._outbox = self._outbox, []
+        grant, jobs = self._locked(self._prepare_store, keys)
         if jobs:  # demotions of copies (`_demote_evicted`): they hold no slot
             self.runtime.submit_many(jobs)
         return grant
 
+    def _prepare_store(self, keys: Iterable[BlockKey]) -> tuple[StoreGrant | None, list[Job]]:
+        grant = self.pool.prepare_store(keys)
+        if grant is None:
+            return None, []
+        if grant.evicted:
+            if self._write_back:
+                self._demote_evicted(grant)
+            self._forget(grant.evicted)
+        if self._track_age:
+            self._stored_at.update(dict.fromkeys(grant.keys, self.clock()))
+        jobs, self._outbox = self._outbox, []
+        return grant, jobs
+
     def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
-        keys = list(keys)
-        with self._guard():
-            self.pool.complete_store(keys, ok=ok)
-            if ok and self._write_through:
-                self._through += keys  # pinned and demoted by the runtime, between steps
+        self._locked(self._complete_store, list(keys), ok)
+
+    def _complete_store(self, keys: list[BlockKey], ok: bool) -> None:
+        self.pool.complete_store(keys, ok=ok)
+        if ok and self._write_through:
+            self._through += keys  # pinned and demoted by the runtime, between steps
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
         if not self._stepping:
@@ -258,12 +265,10 @@ class TieringOffloadingManager:
         return slots
 
     def complete_load(self, keys: Iterable[BlockKey]) -> None:
-        with self._guard():
-            self.pool.complete_load(keys)
+        self._locked(self.pool.complete_load, keys)
 
     def touch(self, keys: Iterable[BlockKey]) -> None:
-        with self._guard():
-            self.pool.touch(keys)
+        self._locked(self.pool.touch, keys)
 
     def reset(self, drain_timeout: float = 30.0) -> None:
         """Wait for in-flight jobs (they may be writing or reading primary slots), then forget
@@ -390,9 +395,8 @@ class TieringOffloadingManager:
     # -- lookups and promotions -----------------------------------------------------------------
 
     def _promote(self, key: BlockKey, index: int) -> LookupResult:
-        state = self.tiers[index]
-        if not self._gate_open(state):
-            state.counters["gated"] += 1
+        if self.config.promotion.gate != "always" and not self._gate_open(self.tiers[index]):
+            self.tiers[index].counters["gated"] += 1
             return _MISS
         self._promotions[index].append(key)
         self.promoting.add(key)
@@ -607,6 +611,13 @@ class TieringOffloadingManager:
         if self._stepping:
             self._stepping = False
             self.lock.release()
+
+    def _locked(self, function: Callable[..., _T], *args: Any) -> _T:
+        """`function(*args)` under the lock, unless the scheduler holds it for the step."""
+        if self._stepping:
+            return function(*args)
+        with self.lock:
+            return function(*args)
 
     def _guard(self) -> contextlib.AbstractContextManager[Any]:
         """The lock for one call, unless the scheduler holds it for the step already."""
