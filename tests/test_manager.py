@@ -313,6 +313,30 @@ def test_a_late_promotion_is_a_miss_and_keeps_its_slot_until_the_tier_lets_go(
     assert h.manager.stats()["tiers"]["mem"]["promotion_failures"] == 1
 
 
+def test_a_reset_that_a_job_outlives_keeps_its_slot_out_of_use_until_it_ends(
+    cleanup: Any,
+) -> None:
+    cfg = TierConfig(name="mem", type="memory", write="back")
+    tier = StubbornMemoryTier(namespace=NAMESPACE, name="mem")
+    h = Harness([(cfg, tier)], slots=4, reserve=1)
+    cleanup(h)
+    tier.raw_put(k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    assert h.manager.lookup(k(1)) is PENDING
+    h.manager.on_schedule_end()
+    time.sleep(0.1)  # the promotion's read into its slot has started (it takes 0.6 s)
+    reading = h.manager.pool.slot(k(1))
+    h.manager.reset(drain_timeout=0.05)  # gives up waiting for it
+    assert h.manager.pool.num_free == 3 and h.manager.counters["reset_slots_quarantined"] == 1
+    h.store(10, 11, 12)  # every free slot: none is the one being read into
+    assert reading not in {h.manager.pool.slot(k(i)) for i in (10, 11, 12)}
+    assert h.manager.prepare_store([k(13)]) is not None  # ...by eviction, not that slot
+    assert h.manager.pool.slot(k(13)) != reading
+    deadline = time.monotonic() + 5
+    while h.manager.pool.num_held and time.monotonic() < deadline:
+        h.settle(1)
+    assert h.manager.pool.num_held == 0  # the read ended: the slot is back
+
+
 def test_a_broken_tier_never_raises_into_the_caller(cleanup: Any) -> None:
     cfg, inner = memory_tier()
     faulty = FaultyTier(inner, fail=1.0)

@@ -159,6 +159,8 @@ class TieringOffloadingManager:
         self._work_queued = False  # between-step work handed to the runtime, not yet done
         self._work_step = 0
         self._ticking = False  # the runtime's hook is at work
+        self._stuck: set[int] = set()  # jobs that outlived a reset's drain
+        self._quarantined: set[int] = set()  # their possible slots, held until they end
         self._through: list[BlockKey] = []  # stored blocks for the write-through tiers
         self._where: dict[BlockKey, tuple[int, float]] = {}
         self._checking: dict[BlockKey, set[int]] = {}  # key -> tiers yet to answer
@@ -280,8 +282,15 @@ class TieringOffloadingManager:
             time.sleep(0.001)
         self.runtime.poll()
         with self.lock:
+            stuck = self.runtime.pending_ids()
+            keep: set[int] = set()
+            if stuck:  # jobs that did not end (a hung disk): their slots stay out of use
+                keep = self.pool.slots_in_use() | self._quarantined
+                self.counters["reset_slots_quarantined"] += len(keep - self._quarantined)
+                self._stuck |= stuck
+            self._quarantined = keep
             self._generation += 1
-            self.pool.reset()
+            self.pool.reset(keep)
             self._arrivals.clear()
             self._work_queued = False
             self._through.clear()
@@ -640,6 +649,7 @@ class TieringOffloadingManager:
             self._arrivals
             or self._work_queued
             or (self._deadlines and self._deadlines[0][0] <= self.clock())
+            or self._stuck
         ):
             return False
         if not self.lock.acquire(blocking=False):
@@ -651,6 +661,9 @@ class TieringOffloadingManager:
                 self._between()
             else:
                 self._drain()
+            if self._stuck and self._stuck.isdisjoint(self.runtime.pending_ids()):
+                self.pool.release(self._quarantined)  # the jobs a reset outlived have ended
+                self._stuck, self._quarantined = set(), set()
             jobs, self._outbox = self._outbox, []
             if jobs:
                 self.runtime.submit_from_loop(jobs)

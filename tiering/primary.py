@@ -346,6 +346,11 @@ class PrimaryPool:
         held.difference_update(slots)
         self._free.extend(slots)
 
+    def slots_in_use(self) -> set[int]:
+        """Slots being written, pinned or held: those a job may be using."""
+        get = self._policy.get
+        return {get(key) for key in self._busy} | self._held  # type: ignore[return-value]
+
     @property
     def num_held(self) -> int:
         """Slots reclaimed and not yet released."""
@@ -357,11 +362,13 @@ class PrimaryPool:
         """Record a use of each resident key, in order; other keys are ignored."""
         self._policy.touch(keys)
 
-    def reset(self) -> None:
+    def reset(self, keep: Iterable[int] = ()) -> None:
         """Forget every key and pin, free every slot and clear the policy (ghosts included).
 
         For vLLM's `reset_cache`: afterwards no completion of an earlier job arrives. Ready
-        keys are reported as removed; keys still being written were never announced.
+        keys are reported as removed; keys still being written were never announced. Slots in
+        `keep` stay out of the free list, held until `release` (a job that could not be
+        stopped may still be using them).
         """
         if self._events is not None:
             ready = tuple(key for key, r in self._ref.items() if r != _WRITING)
@@ -371,8 +378,8 @@ class PrimaryPool:
         self._policy.clear()
         self._busy.clear()
         self._writing.clear()
-        self._held.clear()
-        self._free = list(range(self.num_slots - 1, -1, -1))
+        self._held = set(keep)
+        self._free = [slot for slot in range(self.num_slots - 1, -1, -1) if slot not in self._held]
 
     def take_events(self) -> list[PrimaryEvent]:
         """Events since the last call, oldest first (empty unless built with `events=True`)."""

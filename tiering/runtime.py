@@ -316,6 +316,11 @@ class Runtime:
     def pending(self) -> int:
         return len(self._pending)
 
+    def pending_ids(self) -> set[int]:
+        """The ids of the jobs submitted and not yet reported (a copy)."""
+        with self._lock:
+            return set(self._pending)
+
     def run_sync(self, factory: Callable[[], Awaitable[Any]], timeout: float) -> Any:
         """Run a coroutine on the runtime and wait for it (set-up and tear-down only: never on
         the scheduler's step path)."""
