@@ -656,7 +656,7 @@ class TieringOffloadingManager:
             return True
         self._ticking = True  # pending work, for `has_pending_work` on other threads
         try:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             if self._work_queued:
                 self._between()
             else:
@@ -668,6 +668,7 @@ class TieringOffloadingManager:
             if jobs:
                 self.runtime.submit_from_loop(jobs)
             self.counters["bookkeeping_seconds"] += time.perf_counter() - start
+            self.counters["bookkeeping_cpu_seconds"] += time.thread_time() - cpu
         finally:
             self._ticking = False
             self.lock.release()
