@@ -1,8 +1,9 @@
 """`TieringOffloadingManager`: the CPU primary pool plus secondary tiers.
 
-Scheduler process, scheduler thread. It serves the primary pool's contract (so the vLLM adapter
-serves it unchanged) and moves blocks between the primary and the tiers on the runtime, never
-waiting on I/O:
+Scheduler process: called on the scheduler's thread, with its bookkeeping on the runtime's
+(**Threads**, below). It serves the primary pool's contract (so the vLLM adapter serves it
+unchanged) and moves blocks between the primary and the tiers on the runtime, never waiting on
+I/O:
 
 - **lookup**: the primary first, then the `indexed` tiers (memory, file: they know what they
   hold without I/O), in order. A key none of them has is looked for in the other tiers (Redis,

@@ -84,8 +84,8 @@ class PrimaryEvent:
 
 
 class PrimaryPool:
-    """Slot bookkeeping of the CPU primary tier. Scheduler process, scheduler thread; not
-    thread-safe.
+    """Slot bookkeeping of the CPU primary tier. Scheduler process; not thread-safe (the
+    tiering manager serializes its users under its lock).
 
     Every method is synchronous, does no I/O and costs O(keys given) amortized. A caller's
     misuse (completing a key that is not in flight, loading a key that is not ready) raises
