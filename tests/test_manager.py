@@ -21,7 +21,7 @@ from tiering.config import (
 from tiering.keys import BlockKey, make_key
 from tiering.manager import TierEvent, TieringOffloadingManager
 from tiering.primary import LookupResult, PrimaryPool
-from tiering.runtime import Runtime
+from tiering.runtime import Job, Runtime
 from tiering.testing import NAMESPACE
 from tiering.tier import Tier
 from tiering.wrappers import FaultyTier
@@ -115,6 +115,11 @@ class Harness:
 
     def close(self) -> None:
         self.manager.shutdown()
+
+
+async def hog(seconds: float) -> None:
+    """Block the runtime's thread (its loop) for `seconds`."""
+    time.sleep(seconds)
 
 
 class UnindexedMemoryTier(MemoryTier):
@@ -368,7 +373,7 @@ def test_a_block_looked_up_as_hit_is_not_reclaimed_before_the_steps_load(cleanup
     h = Harness([(cfg, tier)], slots=8, reserve=8)  # the runtime reclaims every block it can
     cleanup(h)
     h.store(0, 1)
-    h.runtime.call_soon(lambda: time.sleep(0.1) or True)  # the runtime's thread is busy
+    h.runtime.submit(Job("busy", lambda: hog(0.1), 5.0))  # the runtime's thread is busy
     time.sleep(0.02)
     h.manager.on_schedule_end()  # the runtime is to reclaim both blocks between steps...
     assert h.manager.lookup(k(0)) is HIT  # ...but the next step began first
@@ -385,7 +390,7 @@ def test_the_scheduler_does_the_runtimes_work_when_it_missed_the_window(cleanup:
     h = Harness([(cfg, tier)], slots=8, reserve=8)
     cleanup(h)
     h.store(0, 1)
-    h.runtime.call_soon(lambda: time.sleep(0.2) or True)  # the runtime's thread is busy...
+    h.runtime.submit(Job("busy", lambda: hog(0.2), 5.0))  # the runtime's thread is busy...
     time.sleep(0.02)
     h.manager.on_schedule_end()
     h.manager.lookup(k(5))  # ...until the next step has begun: it missed the window

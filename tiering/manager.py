@@ -42,10 +42,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import threading
 import time
-import weakref
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +53,7 @@ from tiering.config import Config, TierConfig
 from tiering.errors import TierError
 from tiering.keys import BlockKey
 from tiering.primary import LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
-from tiering.runtime import Job, JobResult, Runtime
+from tiering.runtime import Job, JobResult, Runtime, at_fork_in_child
 from tiering.tier import Tier
 
 __all__ = ["TierEvent", "TieringOffloadingManager", "build_tiers"]
@@ -158,7 +156,6 @@ class TieringOffloadingManager:
         self._arrivals: deque[JobResult] = deque()  # finished jobs, to apply under the lock
         self._drain_step = 0  # `_step` when the oldest of `_arrivals` arrived
         self._work_queued = False  # between-step work handed to the runtime, not yet done
-        self._work_step = 0
         self._ticking = False  # the runtime's hook is at work
         self._stuck: set[int] = set()  # jobs that outlived a reset's drain
         self._quarantined: set[int] = set()  # their possible slots, held until they end
@@ -188,7 +185,7 @@ class TieringOffloadingManager:
         self._track_hits = any(t.config.write == "selective" for t in self.tiers)
         self._track_age = any(t.config.min_age > 0 for t in self.tiers)
         self.metrics_server = None
-        _release_lock_in_forked_child(self)
+        at_fork_in_child(self, _fresh_lock)
         runtime.add_hook(self._on_tick)
         if config.metrics.prometheus_port is not None:
             from tiering.metrics import MetricsServer
@@ -312,10 +309,12 @@ class TieringOffloadingManager:
                 t.inflight = 0
 
     def take_events(self) -> list[PrimaryEvent | TierEvent]:
-        with self._guard():
-            events: list[PrimaryEvent | TierEvent] = list(self.pool.take_events())
-            events += self._events
-            self._events = []
+        return self._locked(self._take_events)
+
+    def _take_events(self) -> list[PrimaryEvent | TierEvent]:
+        events: list[PrimaryEvent | TierEvent] = list(self.pool.take_events())
+        events += self._events
+        self._events = []
         return events
 
     def has_pending_work(self) -> bool:
@@ -342,14 +341,14 @@ class TieringOffloadingManager:
         try:
             self._step += 1
             self._refused.clear()
-            late = self._work_queued and self._work_step < self._step
+            late = self._work_queued  # queued at the last step's end, and not done since
             late_drain = self._arrivals and self._drain_step < self._step - 1
             if late or late_drain:  # the runtime did not get the lock between two steps
                 self.counters["bookkeeping_on_scheduler"] += 1
                 self._between()
                 jobs, self._outbox = self._outbox, []
             elif not self._work_queued and self._between_due():
-                self._work_queued, self._work_step, nudge = True, self._step, True
+                self._work_queued = nudge = True
             if self.metrics_server is not None:
                 self.metrics_server.publish(self._snapshot())
         finally:
@@ -363,13 +362,15 @@ class TieringOffloadingManager:
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
         """Hold the runtime's bookkeeping still (for a consistent look at the state)."""
-        with self._guard():
+        if self._stepping:
+            yield
+            return
+        with self.lock:
             yield
 
     def snapshot(self) -> dict[str, Any]:
         """Counters and gauges as plain numbers (no latency samples: `stats` drains those)."""
-        with self._guard():
-            return self._snapshot()
+        return self._locked(self._snapshot)
 
     def _snapshot(self) -> dict[str, Any]:
         pool = self.pool
@@ -629,10 +630,6 @@ class TieringOffloadingManager:
         with self.lock:
             return function(*args)
 
-    def _guard(self) -> contextlib.AbstractContextManager[Any]:
-        """The lock for one call, unless the scheduler holds it for the step already."""
-        return contextlib.nullcontext() if self._stepping else self.lock
-
     def _between_due(self) -> bool:
         """Whether the runtime has between-step work (checked under the lock)."""
         return bool(
@@ -810,8 +807,7 @@ class TieringOffloadingManager:
 
     def where(self, key: BlockKey) -> str | None:
         """The first tier known to hold `key`, by name (None: none known)."""
-        with self._guard():
-            return self._where_is(key)
+        return self._locked(self._where_is, key)
 
     def _where_is(self, key: BlockKey) -> str | None:
         for state in self._indexed:
@@ -831,8 +827,7 @@ class TieringOffloadingManager:
     def stats(self) -> dict[str, Any]:
         """Counters per tier and of the manager, breaker states, and the latency samples since
         the last call (for histograms)."""
-        with self._guard():
-            return self._stats()
+        return self._locked(self._stats)
 
     def _stats(self) -> dict[str, Any]:
         tiers = {}
@@ -849,18 +844,11 @@ class TieringOffloadingManager:
         return {"manager": dict(self.counters), "tiers": tiers}
 
 
-def _release_lock_in_forked_child(manager: TieringOffloadingManager) -> None:
-    """A child forked while the runtime's thread held the lock would wait for it forever (the
-    thread stays with the parent): give the child a fresh lock and no step in progress."""
-    ref = weakref.ref(manager)
-
-    def after_in_child() -> None:
-        child = ref()
-        if child is not None:
-            child.lock = threading.Lock()
-            child._stepping = False
-
-    os.register_at_fork(after_in_child=after_in_child)
+def _fresh_lock(manager: TieringOffloadingManager) -> None:
+    """In a forked child: the runtime's thread may have held the lock, and it stays with the
+    parent."""
+    manager.lock = threading.Lock()
+    manager._stepping = False
 
 
 def _known_at(where: tuple[int, float] | None, index: int, now: float) -> bool:

@@ -5,8 +5,7 @@ tier name) and, once per engine step, `poll`s the finished ones, or gives each j
 handler that the runtime calls with its result on its own thread. Results are data
 (`JobResult`), never exceptions thrown into the scheduler. A hook (`add_hook`) runs on the
 runtime's thread at every tick (the tiering manager applies results and reclaims slots this way,
-off the scheduler's calls; `nudge` wakes an idle runtime for it); `call_soon` runs a piece of
-bookkeeping once, retried every `TICK` until it says it is done.
+off the scheduler's calls; `nudge` wakes an idle runtime for it).
 
 Each tier has a circuit breaker: it opens after `failures` consecutive failures (a call slower
 than `latency` counts as one), refuses that tier's jobs at once while open, and lets one probe
@@ -27,7 +26,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -35,7 +33,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tiering.config import BreakerConfig
 from tiering.errors import StateError, TierError, TierTimeout, TierUnavailable
@@ -128,7 +126,7 @@ class Runtime:
         self._breakers: dict[str, Breaker] = {}
         self._next_id = 0
         self._pending: set[int] = set()  # submitted, not yet reported
-        self._inbox: collections.deque[tuple[int, Job, Breaker | None]] = collections.deque()
+        self._inbox: collections.deque[tuple[int, Job, Breaker]] = collections.deque()
         self._sleeping = False  # the pump waits for a wake-up (it ticks otherwise)
         self._hooks: list[Callable[[], bool]] = []
         self._wake: asyncio.Event | None = None
@@ -137,7 +135,7 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._closed = False
-        _mark_forked_children(self)
+        at_fork_in_child(self, _forget_parent_thread)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -211,24 +209,15 @@ class Runtime:
             raise StateError(f"runtime {self.name}: submit_from_loop called off its thread")
         return self._submit(jobs)
 
-    def call_soon(self, attempt: Callable[[], bool]) -> None:
-        """Run `attempt` on the runtime's thread, and again every `TICK` until it returns True
-        (it could not do its work yet, e.g. a lock was taken); pending until then. From any
-        thread. An exception ends it and is logged."""
-        self._submit([Job("", functools.partial(_until, attempt), _INTERNAL_DEADLINE)], False)
-
-    def _submit(self, jobs: list[Job], tier_jobs: bool = True) -> list[int]:
+    def _submit(self, jobs: list[Job]) -> list[int]:
         loop = self._ensure_started()
         ids: list[int] = []
-        runnable: list[tuple[int, Job, Breaker | None]] = []
+        runnable: list[tuple[int, Job, Breaker]] = []
         with self._lock:
             first = self._next_id
             self._next_id += len(jobs)
         for job_id, job in enumerate(jobs, first):
             ids.append(job_id)
-            if not tier_jobs:
-                runnable.append((job_id, job, None))
-                continue
             breaker = self._breaker(job.tier)
             if breaker.allow():
                 runnable.append((job_id, job, breaker))
@@ -242,14 +231,17 @@ class Runtime:
             self._start(loop, runnable)
             return ids
         self._inbox.extend(runnable)
-        if self._sleeping:  # read after the append: see `_pump`
+        self._wake_if_sleeping(loop)  # read after the append: see `_pump`
+        return ids
+
+    def _wake_if_sleeping(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._sleeping:
             self._sleeping = False
             assert self._wake is not None
             loop.call_soon_threadsafe(self._wake.set)
-        return ids
 
     def _start(
-        self, loop: asyncio.AbstractEventLoop, runnable: list[tuple[int, Job, Breaker | None]]
+        self, loop: asyncio.AbstractEventLoop, runnable: list[tuple[int, Job, Breaker]]
     ) -> None:
         for entry in runnable:
             task = loop.create_task(self._run(*entry))
@@ -291,11 +283,7 @@ class Runtime:
         """Make sure the hooks run within a tick: start the runtime or wake it if it is idle (a
         busy one ticks anyway: this costs a few attribute reads then)."""
         if self._sleeping or self._loop is None or self._pid < 0:
-            loop = self._ensure_started()
-            if self._sleeping:
-                self._sleeping = False
-                assert self._wake is not None
-                loop.call_soon_threadsafe(self._wake.set)
+            self._wake_if_sleeping(self._ensure_started())
 
     def _run_hooks(self) -> bool:
         busy = False
@@ -354,9 +342,7 @@ class Runtime:
                 "scheduler's API); that would deadlock"
             )
 
-    async def _run(self, job_id: int, job: Job, breaker: Breaker | None) -> None:
-        """Run one job; `breaker` None: the runtime's own work (`call_soon`), whose failure is
-        logged rather than reported."""
+    async def _run(self, job_id: int, job: Job, breaker: Breaker) -> None:
         start = time.monotonic()
         try:
             async with asyncio.timeout(job.deadline):
@@ -366,19 +352,12 @@ class Runtime:
             raise
         except Exception as e:  # a tier's failure is data for the submitter
             seconds = time.monotonic() - start
-            if breaker is None:
-                log.error("runtime %s: internal work failed", self.name, exc_info=e)
-                self._report(JobResult(job_id, job.tier, False, error=e), _ignore)
-                return
             breaker.record(False, seconds)
             if isinstance(e, TimeoutError) and not isinstance(e, TierError):
                 e = TierTimeout(f"tier {job.tier!r}: job passed its {job.deadline:g}s deadline")
             self._fail(job_id, job, e, seconds)
             return
         seconds = time.monotonic() - start
-        if breaker is None:
-            self._report(JobResult(job_id, job.tier, True), _ignore)
-            return
         breaker.record(True, seconds)
         self._report(
             JobResult(job_id, job.tier, True, value=value, seconds=seconds, tag=job.tag), job.done
@@ -386,7 +365,7 @@ class Runtime:
 
     def _fail(self, job_id: int, job: Job, error: BaseException, seconds: float = 0.0) -> None:
         result = JobResult(job_id, job.tier, False, error=error, seconds=seconds, tag=job.tag)
-        self._report(result, job.done if job.tier else _ignore)
+        self._report(result, job.done)
 
     def _report(self, result: JobResult, done: Callable[[JobResult], None] | None) -> None:
         if done is None:
@@ -410,29 +389,24 @@ async def _cancel_all() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-_INTERNAL_DEADLINE = 3600.0
+_Owner = TypeVar("_Owner")
 
 
-def _mark_forked_children(runtime: Runtime) -> None:
-    """In a forked child the thread and loop stayed with the parent: mark the runtime so that
-    its next use (`nudge` included) starts afresh."""
-    ref = weakref.ref(runtime)
+def at_fork_in_child(owner: _Owner, reset: Callable[[_Owner], None]) -> None:
+    """Call `reset(owner)` in a forked child while `owner` lives: threads (and any lock they
+    held) stay with the parent."""
+    ref = weakref.ref(owner)
 
     def after_in_child() -> None:
         child = ref()
         if child is not None:
-            child._pid = -1
+            reset(child)
 
     os.register_at_fork(after_in_child=after_in_child)
 
 
-async def _until(attempt: Callable[[], bool]) -> None:
-    while not attempt():
-        await asyncio.sleep(TICK)
-
-
-def _ignore(result: JobResult) -> None:
-    pass
+def _forget_parent_thread(runtime: Runtime) -> None:
+    runtime._pid = -1  # the next use (a `nudge` too) starts a thread and loop afresh
 
 
 async def _call(factory: Callable[[], Awaitable[Any]]) -> Any:
