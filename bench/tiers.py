@@ -1,7 +1,8 @@
 """Secondary tiers against raw baselines on the same disk or server, in the same run.
 
-- file tier: puts and gets of 256 KiB and 2 MiB blocks, one at a time, `--clients` calls in
-  flight, and batches of `--clients` (`put_many`/`get_many`, the manager's way), against `fio`
+- file tier, both layouts (a file per block; segment files): puts and gets of 256 KiB and 2 MiB
+  blocks, one at a time, `--clients` calls in flight, and batches of `--clients`
+  (`put_many`/`get_many`, the manager's way), against `fio`
   (or `dd` when fio is missing) writing and reading the same number of bytes with O_DIRECT in
   the same directory, same block size, as many jobs, queue depth 1. Target: at least 0.8.
 - redis tier: puts and gets with `--clients` calls in flight against `redis-benchmark -t set,get`
@@ -57,16 +58,20 @@ def summarize(runs: list[dict[str, float]]) -> dict[str, float]:
 # -- file ---------------------------------------------------------------------------------------
 
 
-def bench_file(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]:
+def bench_file(
+    directory: Path, clients: int, repeat: int, layouts: Sequence[str] = ("files", "segments")
+) -> list[dict[str, Any]]:
     rows = []
-    for size in SIZES:
+    for layout, size in ((layout, size) for layout in layouts for size in SIZES):
         count = max(64, (512 << 20) // size)
         for jobs, batched in ((1, False), (clients, False), (clients, True)):
             runs = []
             tool = ""
             for rep in range(repeat):
                 root = directory / f"file-tier-{rep}"
-                tier = FileTier(namespace=NAMESPACE, path=root, min_free=0, concurrency=jobs)
+                tier = FileTier(
+                    namespace=NAMESPACE, path=root, min_free=0, concurrency=jobs, layout=layout
+                )
                 put, get = asyncio.run(_run_and_close(tier, size, count, jobs, batched))
                 shutil.rmtree(root, ignore_errors=True)
                 write, read, tool = raw_disk(directory, size, count, jobs)
@@ -74,7 +79,7 @@ def bench_file(directory: Path, clients: int, repeat: int) -> list[dict[str, Any
             how = f"batches of {jobs}" if batched else f"{jobs} call(s) in flight"
             rows.append(
                 {
-                    "tier": "file",
+                    "tier": "file" if layout == "files" else "file/segments",
                     "block_bytes": size,
                     "in_flight": jobs,
                     "baseline": f"{tool} O_DIRECT, {jobs} stream(s); tier: {how}",
@@ -226,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tiers", default="file,redis,s3")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--layouts", default="files,segments", help="file tier layouts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=args.dir))
@@ -233,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for name in args.tiers.split(","):
             if name == "file":
-                rows += bench_file(directory, args.clients, args.repeat)
+                rows += bench_file(directory, args.clients, args.repeat, args.layouts.split(","))
             elif name == "redis":
                 rows += bench_redis(directory, args.clients, args.repeat)
             elif name == "s3":
@@ -250,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         size = f"{r['block_bytes'] >> 10:>5} KiB x{r['in_flight']:<2}"
         put = f"put {r['put']:.2f} / {r['raw_write']:.2f} = {r['put_ratio']:.2f}"
         get = f"get {r['get']:.2f} / {r['raw_read']:.2f} = {r['get_ratio']:.2f}"
-        print(f"{r['tier']:<6} {size} {put}   {get}   ({r['baseline']})")
+        print(f"{r['tier']:<13} {size} {put}   {get}   ({r['baseline']})")
     return 0
 
 

@@ -15,6 +15,7 @@ from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
 from tiering.tier import Tier
 from tiers.file import FileTier
+from tiers.segments import SegmentFileTier
 
 
 class TestFileTier(TierConformance):
@@ -37,6 +38,43 @@ class TestFileTier(TierConformance):
         assert isinstance(tier, FileTier)
         path = tier.raw_path(key)
         return path.read_bytes() if path.exists() else None
+
+
+class TestSegmentFileTier(TierConformance):
+    """The segment layout: blocks appended to segment files."""
+
+    @pytest.fixture(params=[True, False], ids=["direct", "buffered"])
+    def make_tier(self, request: pytest.FixtureRequest, tmp_path: Path) -> MakeTier:
+        def make(**options: Any) -> Tier:
+            return FileTier(
+                namespace=NAMESPACE,
+                path=tmp_path,
+                min_free=0,
+                direct=request.param,
+                layout="segments",
+                segment_size="1MiB",
+                **options,
+            )
+
+        return make
+
+    async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
+        assert isinstance(tier, SegmentFileTier)
+        read_only, tier.read_only = tier.read_only, False  # (a read-only tier opens files so)
+        try:
+            await tier._write(key, [blob])  # the bytes as they are: no header made, none checked
+        finally:
+            tier.read_only = read_only
+
+    async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
+        assert isinstance(tier, SegmentFileTier)
+        where = tier.raw_location(key)
+        if where is None:
+            return None
+        path, offset, length = where
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
 
 
 def test_direct_io_is_used_where_supported(tmp_path: Path) -> None:
@@ -165,3 +203,122 @@ def test_a_timed_out_read_lets_go_of_the_buffer_before_it_returns(
         await tier.close()
 
     asyncio.run(body())
+
+
+# -- the segment layout -----------------------------------------------------------------------
+
+
+def segments(path: Path, **options: Any) -> SegmentFileTier:
+    options.setdefault("min_free", 0)
+    tier = FileTier(namespace=NAMESPACE, path=path, layout="segments", **options)
+    assert isinstance(tier, SegmentFileTier)
+    return tier
+
+
+def test_segments_append_blocks_to_few_files(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with segments(tmp_path, segment_size="1MiB") as tier:
+            await tier.put_many([(key(i), payload(60_000, i)) for i in range(40)])
+            files = sorted(tmp_path.rglob("*.kvs"))
+            assert len(files) == 3  # 16 objects of 64 KiB (4 KiB header, padded) per 1 MiB
+            assert not list(tmp_path.rglob("*.kv"))
+            assert [tier.raw_location(key(i))[1] for i in range(3)] == [0, 65536, 131072]  # type: ignore[index]
+
+    asyncio.run(body())
+
+
+def test_segments_restart_keeps_blocks_skips_holes_and_drops_torn_ones(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with segments(tmp_path, segment_size="256KiB") as tier:
+            for i in range(8):  # two objects of 64 KiB + 4 KiB... per segment
+                await tier.put(key(i), payload(100_000, i))
+            await tier.put(key(1), payload(100_000, 11))  # overwritten: the later copy wins
+            assert await tier.delete(key(4))  # deleted: a tombstone keeps it deleted
+            hole = tier.raw_location(key(2))
+            torn = tier.raw_location(key(7))  # in the newest segments: payloads are verified
+            last = tier.raw_location(key(1))
+        assert hole and torn and last
+        with open(hole[0], "r+b") as f:  # a crash left a hole where an object was going
+            f.seek(hole[1])
+            f.write(bytes(hole[2]))
+        with open(torn[0], "r+b") as f:  # a write cut short in its payload
+            f.seek(torn[1] + 50_000)
+            f.write(b"\xff" * 100)
+        async with segments(tmp_path, segment_size="256KiB") as again:
+            wanted = {0: 0, 1: 11, 3: 3, 5: 5, 6: 6}
+            for i, seed in wanted.items():
+                assert await again.get_bytes(key(i), 100_000) == payload(100_000, seed), i
+            for i in (2, 4, 7):
+                assert await again.get_bytes(key(i), 100_000) is None, i
+            assert (await again.stat()).objects == 5
+            assert again.counters["corrupt.checksum"] == 1
+
+    asyncio.run(body())
+
+
+def test_segments_evict_the_least_recently_used_segment_whole(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with segments(tmp_path, capacity=4 << 20) as tier:  # segments of 256 KiB
+            assert tier.segment_size == 256 << 10
+            for i in range(40):  # 100 KiB objects: two per segment
+                await tier.put(key(i), payload(100_000, i))
+                if i % 4 == 3:
+                    assert await tier.get_bytes(key(0), 100_000) is not None  # keep it used
+            stat = await tier.stat()
+            assert stat.bytes_used <= 4 << 20
+            present = await tier.contains([key(i) for i in range(40)])
+            assert present[0] and present[1]  # segment-mate of a block in use
+            assert not present[2] and present[39]
+            assert tier.counters["evictions"] == 40 - stat.objects
+            on_disk = sum(p.stat().st_size for p in tmp_path.rglob("*.kvs"))
+            assert on_disk <= 4 << 20  # evicted segments' files are gone
+
+    asyncio.run(body())
+
+
+def test_segments_emptied_by_deletes_are_removed(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with segments(tmp_path, segment_size="128KiB") as tier:
+            for i in range(6):  # one 100 KiB object per segment
+                await tier.put(key(i), payload(100_000, i))
+            assert len(list(tmp_path.rglob("*.kvs"))) == 6
+            for i in range(5):
+                await tier.delete(key(i))
+            await asyncio.sleep(0.05)  # files go on the pool once no call uses them
+            assert len(list(tmp_path.rglob("*.kvs"))) == 1  # the active one stays
+            assert (await tier.stat()).bytes_used == 104 << 10
+
+    asyncio.run(body())
+
+
+def test_segments_a_block_deleted_while_being_written_stays_deleted(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with segments(tmp_path) as tier:
+            put = asyncio.ensure_future(tier.put(key(1), payload(100_000, 1)))
+            await asyncio.sleep(0)  # the write is on its way
+            await tier.delete(key(1))
+            await put
+            assert await tier.contains([key(1)]) == [False]
+        async with segments(tmp_path) as again:
+            assert await again.contains([key(1)]) == [False]
+
+    asyncio.run(body())
+
+
+def test_segments_full_disk_fails_softly(tmp_path: Path) -> None:
+    async def body() -> None:
+        free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+        async with segments(tmp_path, min_free=free + (1 << 30)) as tier:
+            with pytest.raises(TierFull, match="would leave less than min_free"):
+                await tier.put(key(1), b"x" * 4096)
+            assert await tier.contains([key(1)]) == [False]
+            assert await tier.get_bytes(key(1), 4096) is None
+
+    asyncio.run(body())
+
+
+def test_unknown_layout_is_refused(tmp_path: Path) -> None:
+    from tiering.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="layout: expected one of files, segments"):
+        FileTier(namespace=NAMESPACE, path=tmp_path, layout="log")

@@ -40,6 +40,7 @@ __all__ = [
     "Header",
     "decode_header",
     "encode",
+    "peek_key",
     "peek_lengths",
     "verify_payload",
 ]
@@ -238,6 +239,17 @@ def peek_lengths(raw: bytes | memoryview) -> tuple[int, int] | None:
         return None
     fields = _FIXED.unpack_from(raw)
     return int(fields[5]), int(fields[7])
+
+
+def peek_key(raw: bytes | memoryview) -> BlockKey | None:
+    """The key a header names, unverified; None if `raw` does not start with one. For backends
+    that find objects without knowing their keys (a scan); `decode_header` verifies."""
+    if len(raw) < HEADER_MIN or bytes(raw[:8]) != MAGIC:
+        return None
+    key_len = int(_FIXED.unpack_from(raw)[4])
+    if len(raw) < HEADER_MIN + key_len:
+        return None
+    return BlockKey(bytes(raw[HEADER_MIN : HEADER_MIN + key_len]))
 
 
 def verify_payload(header: Header, payload: bytes | memoryview) -> None:

@@ -24,7 +24,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ from tiering.errors import ConfigError, TierError, TierFull, TierTimeout, TierUn
 from tiering.format import Corrupt, decode_header, peek_lengths
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.tier import Buffer, KeyLike, ObjectInfo, Tier, TierStat, as_key
+from tiers.threads import IOThreads
 
 __all__ = ["FileTier"]
 
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BLOCK = 4096
+LAYOUTS = ("files", "segments")
 _SUFFIX = ".kv"
 _said_buffered: set[str] = set()
 
@@ -59,6 +60,13 @@ class FileTier(Tier):
     """The index is this process's: blocks another process writes into the same directory
     meanwhile are found at the next start."""
 
+    def __new__(cls, *args: Any, layout: str = "files", **options: Any) -> FileTier:
+        if cls is FileTier and layout == "segments":
+            from tiers.segments import SegmentFileTier
+
+            cls = SegmentFileTier
+        return super().__new__(cls)
+
     def __init__(
         self,
         *,
@@ -66,11 +74,18 @@ class FileTier(Tier):
         min_free: int | str = "1GiB",
         direct: bool | None = None,
         fsync: bool = False,
+        layout: str = "files",
+        segment_size: int | str = "64MiB",
         **options: Any,
     ) -> None:
         """`min_free`: puts fail (`TierFull`) rather than leave less free space on the disk.
         `direct`: use O_DIRECT (None: when the file system supports it). `fsync`: flush each
-        object and its directory before acknowledging the put (survives power loss, slower)."""
+        object and its directory before acknowledging the put (survives power loss, slower).
+        `layout`: `files` (a file per block) or `segments` (blocks appended to files of
+        `segment_size`, `tiers.segments`: one system call per block, no file created per
+        block; evicts a segment at a time)."""
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
         super().__init__(**options)
         self.base = Path(path)
         self.root = self.base / self.namespace.hex()  # made on the first write
@@ -88,7 +103,7 @@ class FileTier(Tier):
             log.info(
                 "tier %r: %s does not support O_DIRECT; using buffered I/O", self.name, self.base
             )
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"kvtier-{self.name}")
+        self._pool = IOThreads(self.concurrency, f"kvtier-{self.name}")
         self._index: OrderedDict[BlockKey, int] = OrderedDict()
         self._bytes = 0
         self._tmp = itertools.count()
@@ -146,7 +161,7 @@ class FileTier(Tier):
         """`function` in the pool. Cancelled (a deadline), it still waits for the thread: the
         thread reads into and writes from the caller's buffers (primary slots), which must not
         be handed to anyone else while it runs. The caller's deadline comes late instead."""
-        future = asyncio.get_running_loop().run_in_executor(self._pool, function, *args)
+        future = self._pool.submit(function, *args)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -215,7 +230,7 @@ class FileTier(Tier):
         return sorted(found)
 
     async def _close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown()
 
     # -- batches: one thread hop per group of blocks ----------------------------------------------
 
@@ -418,7 +433,7 @@ class FileTier(Tier):
         finally:
             os.close(fd)
 
-    def _write_file(self, path: Path, parts: Sequence[Buffer], size: int) -> None:
+    def _check_free(self, size: int) -> None:
         stat = os.statvfs(self.base)
         free = stat.f_bavail * stat.f_frsize
         if free - size < self.min_free:
@@ -426,6 +441,9 @@ class FileTier(Tier):
                 f"tier {self.name!r}: {free} bytes free on {self.root}; a put of {size} would "
                 f"leave less than min_free ({self.min_free})"
             )
+
+    def _write_file(self, path: Path, parts: Sequence[Buffer], size: int) -> None:
+        self._check_free(size)
         if path.parent not in self._dirs:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._dirs.add(path.parent)
@@ -433,27 +451,10 @@ class FileTier(Tier):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | self._flags(), 0o644)
             try:
-                header, payload = parts
-                if self.direct and len(header) == BLOCK and _aligned(memoryview(payload)):
-                    aligned_header = self._aligned(BLOCK)  # a primary slot: DMA straight out
-                    aligned_header[:] = header
-                    written = os.writev(fd, [aligned_header, payload])
-                    if written != size:
-                        raise OSError(errno.EIO, f"short write ({written} of {size})")
-                elif self.direct:
-                    buffer = self._aligned(-(-size // BLOCK) * BLOCK)
-                    at = 0
-                    for part in parts:
-                        buffer[at : at + len(part)] = part
-                        at += len(part)
-                    buffer[at:] = bytes(len(buffer) - at)  # no stale bytes in the padding
-                    written = os.write(fd, buffer)
-                    if written != len(buffer):
-                        raise OSError(errno.EIO, f"short write ({written} of {len(buffer)})")
-                else:
-                    written = os.writev(fd, [memoryview(p) for p in parts])
-                    if written != size:
-                        raise OSError(errno.EIO, f"short write ({written} of {size})")
+                buffers = self._gather(parts, size)
+                written = os.writev(fd, buffers)
+                if written != sum(len(b) for b in buffers):
+                    raise OSError(errno.EIO, f"short write ({written} of {size})")
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -472,6 +473,24 @@ class FileTier(Tier):
             raise TierUnavailable(
                 f"tier {self.name!r}: cannot write {path}: {e.strerror or e}"
             ) from e
+
+    def _gather(self, parts: Sequence[Buffer], size: int) -> list[Buffer]:
+        """The buffers one write of an object sends: with O_DIRECT, page-aligned and whole
+        4 KiB blocks (a primary slot's payload goes as it is, behind an aligned copy of the
+        header; anything else through this thread's bounce buffer, zero-padded)."""
+        if not self.direct:
+            return [memoryview(p) for p in parts]
+        if len(parts) == 2 and len(parts[0]) == BLOCK and _aligned(memoryview(parts[1])):
+            header = self._aligned(BLOCK)
+            header[:] = parts[0]
+            return [header, parts[1]]
+        buffer = self._aligned(-(-size // BLOCK) * BLOCK)
+        at = 0
+        for part in parts:
+            buffer[at : at + len(part)] = part
+            at += len(part)
+        buffer[at:] = bytes(len(buffer) - at)  # no stale bytes in the padding
+        return [buffer]
 
     def _aligned(self, size: int) -> memoryview:
         """This thread's page-aligned buffer, `size` bytes of it (grown as needed, reused:

@@ -1,0 +1,535 @@
+"""The file tier's segment layout (`layout: segments`): blocks appended to large files.
+
+A file per block costs the file system an inode, a directory entry and a rename per put and an
+open per get: at 256 KiB that is a fifth to a third of the disk's time on the machines we measure
+on (BENCHMARKS.md). Here a put is one `pwritev` at an offset reserved in the current segment
+file (`<path>/<namespace hex>/<sequence>.kvs`, up to `segment_size`), and a get one `preadv`
+on a file kept open; the object format is the same, each object starting on a 4 KiB boundary.
+
+- Visibility: a block enters the index when its write has completed, so a get never sees a
+  half-written block; a later put of the same key is appended elsewhere (never written in
+  place), so a reader of the older copy is never torn.
+- Restart: the index is rebuilt by reading each object's header in segment order (the header
+  carries its own checksum); where no header parses, the scan steps 4 KiB and looks again, so a
+  hole left by a crash costs time, never later blocks. The two newest segments, those a crash
+  can have left half-written, also have every payload verified. Of two copies of a key, the later
+  one wins, as in the index before the restart.
+- Deletes write a tombstone over the object's header, so a restart does not bring it back; a
+  segment with no live object left is removed.
+- Capacity counts every byte of the segment files (dead objects too) and is enforced by removing
+  the least recently used segment whole (a get or a put touches its segment). A segment is at
+  most a sixteenth of the capacity, so an eviction frees a bounded share of it. Dead space is
+  reclaimed when its segment goes; segments are not compacted.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tiering.config import parse_size
+from tiering.errors import ConfigError, TierError, TierFull, TierUnavailable
+from tiering.format import Corrupt, decode_header, peek_key, peek_lengths, verify_payload
+from tiering.keys import BlockKey
+from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
+from tiers.file import BLOCK, FileTier, _aligned, _unlink
+
+__all__ = ["SegmentFileTier"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_SUFFIX = ".kvs"
+_TOMBSTONE = b"KVTIERDEAD\x00\x01"
+_TOMB = struct.Struct(f"<{len(_TOMBSTONE)}sQ")  # the marker, then the dead record's length
+
+
+def _record(length: int) -> int:
+    """Bytes a stored object of `length` takes in a segment (whole 4 KiB blocks)."""
+    return max(-(-length // BLOCK) * BLOCK, BLOCK)
+
+
+@dataclass(eq=False, slots=True)
+class _Segment:
+    seq: int
+    path: Path
+    size: int = 0
+    """Bytes reserved in the file: objects, dead objects, holes."""
+    keys: set[BlockKey] = field(default_factory=set)
+    """Keys whose current copy lives here."""
+    users: int = 0
+    """Calls in flight on the file; it is closed when it is gone and this is 0."""
+    gone: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    segment: _Segment
+    offset: int
+    length: int  # of the stored object
+
+
+class SegmentFileTier(FileTier):
+    """The file tier with blocks appended to segment files. Created by
+    `FileTier(layout="segments", ...)`; the index and the segments' bookkeeping are only touched
+    on the loop thread, file descriptors are opened by the pool's threads."""
+
+    def __init__(self, *, segment_size: int | str = "64MiB", **options: Any) -> None:
+        size = parse_size(segment_size, "segment_size")
+        if size < BLOCK:
+            raise ConfigError(f"segment_size: at least 4KiB, got {segment_size!r}")
+        self.segment_size = size
+        self._segments: OrderedDict[int, _Segment] = OrderedDict()  # least recently used first
+        self._where: dict[BlockKey, _Where] = {}
+        self._landing: dict[BlockKey, _Where] = {}  # the latest put of a key, in flight
+        self._voided: set[_Where] = set()  # puts in flight whose key was deleted meanwhile
+        self._active: _Segment | None = None
+        self._next_seq = 0
+        self._fds: dict[int, int] = {}
+        self._fd_lock = threading.Lock()
+        super().__init__(**options)
+        if self.capacity is not None:
+            self.segment_size = max(BLOCK, min(size, self.capacity // 16 // BLOCK * BLOCK))
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def _rebuild_index(self) -> None:
+        if not self.root.is_dir():
+            return
+        found: list[tuple[int, Path]] = []
+        for path in self.root.iterdir():
+            if path.name.endswith(_SUFFIX) and path.name[: -len(_SUFFIX)].isdigit():
+                found.append((int(path.name[: -len(_SUFFIX)]), path))
+        found.sort()
+        newest = {seq for seq, _ in found[-2:]}
+        for seq, path in found:
+            segment = _Segment(seq, path)
+            self._segments[seq] = segment
+            self._next_seq = seq + 1
+            try:
+                self._scan(segment, verify=seq in newest)
+            except OSError as e:
+                log.warning("tier %r: cannot read segment %s at start: %s", self.name, path, e)
+            if not segment.keys and not self.read_only:
+                self._drop(segment)
+        if self._where:
+            log.info(
+                "tier %r: %d blocks (%d bytes in %d segments) found in %s",
+                self.name,
+                len(self._where),
+                self._bytes,
+                len(self._segments),
+                self.root,
+            )
+
+    def _scan(self, segment: _Segment, *, verify: bool) -> None:
+        """Index the objects of one segment file, in file order."""
+        with open(segment.path, "rb", buffering=0) as f:
+            fd = f.fileno()
+            end = os.fstat(fd).st_size
+            segment.size = -(-end // BLOCK) * BLOCK
+            self._bytes += segment.size
+            offset = 0
+            while offset + 66 <= end:
+                raw = os.pread(fd, BLOCK, offset)
+                if raw.startswith(_TOMBSTONE):
+                    offset += _record(_TOMB.unpack_from(raw)[1])
+                    continue
+                key = peek_key(raw)
+                try:
+                    if key is None:
+                        raise Corrupt("magic", "no object here")
+                    header = decode_header(raw, key, self.namespace)
+                    length = header.object_length
+                    if offset + length > end:
+                        raise Corrupt("truncated", f"object of {length} bytes at {offset}")
+                    if verify:
+                        payload = os.pread(fd, header.stored_length, offset + header.payload_offset)
+                        verify_payload(header, payload)
+                except Corrupt as e:
+                    if key is not None:  # a header that named a key: worth a word
+                        self.counters[f"corrupt.{e.reason}"] += 1
+                        log.warning(
+                            "tier %r: skipping an object in %s at %d at start: %s",
+                            self.name,
+                            segment.path,
+                            offset,
+                            e,
+                        )
+                    offset += BLOCK
+                    continue
+                self._place(key, _Where(segment, offset, length))
+                offset += _record(length)
+
+    # -- the index, on the loop thread ----------------------------------------------------------
+
+    def _place(self, key: BlockKey, where: _Where) -> None:
+        """`where` holds the current copy of `key`."""
+        old = self._where.get(key)
+        if old is not None:
+            old.segment.keys.discard(key)
+            self._index.pop(key, None)
+        self._where[key] = where
+        self._index[key] = where.length
+        where.segment.keys.add(key)
+
+    def _reserve(self, length: int) -> _Where:
+        segment = self._active
+        if segment is None or (segment.size and segment.size + length > self.segment_size):
+            segment = _Segment(self._next_seq, self.root / f"{self._next_seq:08d}{_SUFFIX}")
+            self._next_seq += 1
+            self._segments[segment.seq] = segment
+            self._active = segment
+        where = _Where(segment, segment.size, length)
+        segment.size += _record(length)
+        self._bytes += _record(length)
+        self._segments.move_to_end(segment.seq)
+        return where
+
+    def _touch_segment(self, segment: _Segment) -> None:
+        if not segment.gone:
+            self._segments.move_to_end(segment.seq)
+
+    def _release(self, segment: _Segment) -> None:
+        segment.users -= 1
+        if segment.gone and segment.users == 0:
+            # removed once nobody uses it: a pool thread opening it later would create it again
+            fd = self._fds.pop(segment.seq, None)
+            try:
+                self._pool.submit(_close_and_unlink, fd, segment.path)
+            except RuntimeError:  # no loop runs (the start-up scan), or the pool is shut down
+                _close_and_unlink(fd, segment.path)
+
+    def _drop(self, segment: _Segment, *, evicted: bool = False) -> None:
+        """Forget `segment` and its objects; its file goes when no call uses it any more."""
+        self._segments.pop(segment.seq, None)
+        segment.gone = True
+        self._bytes -= segment.size
+        for key in segment.keys:
+            del self._where[key]
+            self._index.pop(key, None)
+        if evicted:
+            self.counters["evictions"] += len(segment.keys)
+        segment.keys.clear()
+        if self._active is segment:
+            self._active = None
+        segment.users += 1
+        self._release(segment)
+
+    async def _evict_for(self, size: int) -> None:
+        assert self.capacity is not None
+        while self._segments and self._bytes + size > self.capacity:
+            victim = next(iter(self._segments.values()))
+            self._drop(victim, evicted=True)
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    async def _read(self, key: BlockKey) -> Buffer | None:
+        where = self._where.get(key)
+        if where is None:
+            return None
+        blob = await self._on(where.segment, self._read_object, where)
+        if blob is not None:
+            self._touch_segment(where.segment)
+        return blob
+
+    async def _read_into(self, key: BlockKey, payload: memoryview) -> bytes | None:
+        where = self._where.get(key)
+        if where is None:
+            return None
+        header = await self._on(where.segment, self._read_object_into, where, payload)
+        if header is not None:
+            self._touch_segment(where.segment)
+        return header
+
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+        size = sum(len(p) for p in parts)
+        if self.capacity is not None:
+            if size > self.capacity:
+                raise TierFull(
+                    f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
+                )
+            await self._evict_for(_record(size))
+        where = self._reserve(size)
+        self._landing[key] = where
+        try:
+            await self._on(where.segment, self._write_object, where, parts)
+        except BaseException:
+            if self._landing.get(key) is where:
+                del self._landing[key]
+            self._voided.discard(where)
+            raise
+        await self._landed(key, where)
+
+    async def _landed(self, key: BlockKey, where: _Where) -> None:
+        """A put's object is on disk: it becomes the key's copy, unless the key was deleted
+        or put again since (the later put wins, as a restart's scan would decide)."""
+        if where in self._voided:  # deleted while in flight: a restart must not find it
+            self._voided.discard(where)
+            if not where.segment.gone:
+                await self._on(where.segment, self._bury, where)
+            return
+        if self._landing.get(key) is not where:
+            return
+        del self._landing[key]
+        if where.segment.gone:  # evicted while being written
+            return
+        old = self._where.get(key)
+        self._place(key, where)
+        if old is not None and not old.segment.keys and old.segment is not self._active:
+            self._drop(old.segment)
+
+    async def _delete(self, key: BlockKey) -> bool:
+        landing = self._landing.pop(key, None)
+        if landing is not None:
+            self._voided.add(landing)
+        where = self._where.pop(key, None)
+        if where is None:
+            return landing is not None
+        self._index.pop(key, None)
+        segment = where.segment
+        segment.keys.discard(key)
+        if not segment.keys and segment is not self._active:
+            self._drop(segment)
+        else:
+            await self._on(segment, self._bury, where)
+        return True
+
+    async def _entries(self) -> AsyncIterator[ObjectInfo]:
+        for key, where in list(self._where.items()):
+            try:
+                st = await self._run(os.stat, where.segment.path)
+            except FileNotFoundError:
+                continue
+            yield ObjectInfo(key, where.length, st.st_mtime)
+
+    async def _namespaces(self) -> list[bytes]:
+        found = []
+        for entry in self.base.iterdir():
+            if entry.is_dir() and len(entry.name) == 32 and any(entry.glob("*" + _SUFFIX)):
+                try:
+                    found.append(bytes.fromhex(entry.name))
+                except ValueError:
+                    continue
+        return sorted(found)
+
+    async def _close(self) -> None:
+        await super()._close()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    async def _on(self, segment: _Segment, function: Callable[..., T], *args: Any) -> T:
+        """`function(*args)` in the pool, with `segment`'s file kept open meanwhile."""
+        segment.users += 1
+        try:
+            return await self._run(function, *args)
+        finally:
+            self._release(segment)
+
+    # -- batches: one pool call per group of blocks -----------------------------------------------
+
+    async def get_many(
+        self, items: Sequence[tuple[KeyLike, memoryview | bytearray]]
+    ) -> list[bool | BaseException]:
+        if len(items) < 2 or self.codec != "raw":
+            return await super(FileTier, self).get_many(items)
+        blocks = [as_key(k) for k, _ in items]
+        views = [memoryview(buffer).cast("B") for _, buffer in items]
+        places = [self._where.get(block) for block in blocks]
+        jobs = [(where, view) for where, view in zip(places, views, strict=True)]
+        held = [where.segment for where in places if where is not None]
+        for segment in held:
+            segment.users += 1
+        try:
+            answers = await self._in_groups(self._read_segment_group, jobs)
+        finally:
+            for segment in held:
+                self._release(segment)
+        results: list[bool | BaseException] = []
+        for block, view, where, answer in zip(blocks, views, places, answers, strict=True):
+            if isinstance(answer, Corrupt):
+                await self._refuse(block, answer)
+                results.append(False)
+            elif isinstance(answer, BaseException):
+                self.counters["errors"] += 1
+                results.append(answer)
+            else:
+                if answer is not None and where is not None:
+                    self._touch_segment(where.segment)
+                results.append(await self._accept_into(block, answer, view))
+        return results
+
+    async def put_many(
+        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
+    ) -> list[None | BaseException]:
+        if len(items) < 2 or self.read_only:
+            return await super(FileTier, self).put_many(items)
+        encoded = [self._encode(k, d) for k, d in items]
+        sizes = [sum(len(p) for p in parts) for _, parts in encoded]
+        results: list[None | BaseException] = [None] * len(items)
+        todo = []
+        for i, size in enumerate(sizes):
+            if self.capacity is not None and size > self.capacity:
+                results[i] = TierFull(
+                    f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
+                )
+            else:
+                todo.append(i)
+        if self.capacity is not None:
+            growth = sum(_record(sizes[i]) for i in todo)
+            await self._evict_for(min(growth, self.capacity))
+        places = []
+        for i in todo:
+            where = self._reserve(sizes[i])
+            self._landing[encoded[i][0]] = where
+            where.segment.users += 1
+            places.append(where)
+        jobs = [(where, encoded[i][1]) for i, where in zip(todo, places, strict=True)]
+        try:
+            outcomes = await self._in_groups(self._write_segment_group, jobs)
+        finally:
+            for where in places:
+                self._release(where.segment)
+        for i, where, outcome in zip(todo, places, outcomes, strict=True):
+            block = encoded[i][0]
+            if outcome is None:
+                await self._landed(block, where)
+                self.counters["puts"] += 1
+                self.counters["bytes_written"] += len(items[i][1])
+            else:
+                if self._landing.get(block) is where:
+                    del self._landing[block]
+                self._voided.discard(where)
+                self.counters["errors"] += 1
+                results[i] = outcome
+        return results
+
+    def _read_segment_group(self, jobs: list[tuple[_Where | None, memoryview]]) -> list[Any]:
+        out: list[Any] = []
+        for where, view in jobs:
+            try:
+                out.append(None if where is None else self._read_object_into(where, view))
+            except (TierError, Corrupt) as e:
+                out.append(e)
+        return out
+
+    def _write_segment_group(self, jobs: list[tuple[_Where, Sequence[Buffer]]]) -> list[Any]:
+        out: list[Any] = []
+        for where, parts in jobs:
+            try:
+                self._write_object(where, parts)
+                out.append(None)
+            except TierError as e:
+                out.append(e)
+        return out
+
+    # -- file I/O, in the pool -------------------------------------------------------------------
+
+    def _fd(self, segment: _Segment) -> int:
+        fd = self._fds.get(segment.seq)
+        if fd is None:
+            with self._fd_lock:
+                fd = self._fds.get(segment.seq)
+                if fd is None:
+                    if self.read_only:
+                        flags = os.O_RDONLY
+                    else:
+                        flags = os.O_RDWR | os.O_CREAT
+                        if not self.root.is_dir():
+                            self.root.mkdir(parents=True, exist_ok=True)
+                    fd = os.open(segment.path, flags | self._flags(), 0o644)
+                    self._fds[segment.seq] = fd
+        return fd
+
+    def _read_object_into(self, where: _Where, payload: memoryview) -> bytes | None:
+        """The header, the payload read straight into `payload` when the object is laid out
+        as a block of that size; otherwise the whole object (placed upstairs)."""
+        if where.length == BLOCK + len(payload) and (not self.direct or _aligned(payload)):
+            header = self._aligned(BLOCK)
+            try:
+                n = os.preadv(self._fd(where.segment), [header, payload], where.offset)
+            except OSError as e:
+                raise self._unavailable("read", where, e) from e
+            if bytes(header[: len(_TOMBSTONE)]) == _TOMBSTONE:
+                return None  # deleted while this read was on its way
+            lengths = peek_lengths(header)
+            if lengths is not None and (lengths[0] != BLOCK or lengths[1] != len(payload)):
+                return bytes(header)  # not laid out as we read it: refused upstairs
+            if n < where.length:
+                raise Corrupt("truncated", f"{where.segment.path} ends inside an object")
+            return bytes(header)
+        return self._read_object(where)
+
+    def _read_object(self, where: _Where) -> bytes | None:
+        buffer = self._aligned(_record(where.length))
+        try:
+            n = os.preadv(self._fd(where.segment), [buffer], where.offset)
+        except OSError as e:
+            raise self._unavailable("read", where, e) from e
+        if bytes(buffer[: len(_TOMBSTONE)]) == _TOMBSTONE:
+            return None
+        if n < where.length:
+            raise Corrupt("truncated", f"{where.segment.path} ends inside an object")
+        return bytes(buffer[: where.length])
+
+    def _write_object(self, where: _Where, parts: Sequence[Buffer]) -> None:
+        self._check_free(where.length)
+        try:
+            fd = self._fd(where.segment)
+            buffers = self._gather(parts, where.length)
+            written = os.pwritev(fd, buffers, where.offset)
+            if written != sum(len(b) for b in buffers):
+                raise OSError(errno.EIO, f"short write ({written} of {where.length})")
+            if self.fsync:
+                os.fdatasync(fd)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise TierFull(f"tier {self.name!r}: disk full writing {where.segment.path}") from e
+            raise self._unavailable("write", where, e) from e
+
+    def _bury(self, where: _Where) -> None:
+        """Write a tombstone over a dead object's header."""
+        tomb = self._aligned(BLOCK)
+        tomb[:] = bytes(BLOCK)
+        _TOMB.pack_into(tomb, 0, _TOMBSTONE, where.length)
+        try:
+            os.pwritev(self._fd(where.segment), [tomb], where.offset)
+            if self.fsync:
+                os.fdatasync(self._fd(where.segment))
+        except OSError as e:
+            raise self._unavailable("delete in", where, e) from e
+
+    def _unavailable(self, what: str, where: _Where, e: OSError) -> TierUnavailable:
+        return TierUnavailable(
+            f"tier {self.name!r}: cannot {what} {where.segment.path} at {where.offset}: "
+            f"{e.strerror or e}"
+        )
+
+    # -- for white-box tests and operators -------------------------------------------------------
+
+    def raw_path(self, key: BlockKey) -> Path:
+        """The segment file holding `key` (see `raw_location`)."""
+        where = self._where.get(key)
+        if where is None:
+            raise KeyError(key.hex())
+        return where.segment.path
+
+    def raw_location(self, key: BlockKey) -> tuple[Path, int, int] | None:
+        """(segment file, offset, object length) of `key`'s copy, or None."""
+        where = self._where.get(key)
+        return None if where is None else (where.segment.path, where.offset, where.length)
+
+
+def _close_and_unlink(fd: int | None, path: Path) -> None:
+    if fd is not None:
+        os.close(fd)
+    _unlink(path)
