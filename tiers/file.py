@@ -161,12 +161,7 @@ class FileTier(Tier):
         """`function` in the pool. Cancelled (a deadline), it still waits for the thread: the
         thread reads into and writes from the caller's buffers (primary slots), which must not
         be handed to anyone else while it runs. The caller's deadline comes late instead."""
-        future = self._pool.submit(function, *args)
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            await asyncio.wait([future])
-            raise
+        return await self._pool.run_to_end(function, *args)
 
     async def _read(self, key: BlockKey) -> Buffer | None:
         blob = await self._run(self._read_file, self._path(key))

@@ -22,7 +22,6 @@ import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import boto3
@@ -39,6 +38,7 @@ from tiering.config import parse_size
 from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey, key_from_hex
 from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
+from tiers.threads import IOThreads
 
 __all__ = ["S3Tier"]
 
@@ -103,7 +103,7 @@ class S3Tier(Tier):
                 max_pool_connections=self.concurrency,
             ),
         )
-        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"kvtier-{self.name}")
+        self._pool = IOThreads(self.concurrency, f"kvtier-{self.name}")
         # Packing: key -> (pack name, offset, length); blocks waiting for a pack; live blocks
         # per pack. Touched from pool threads, hence the lock.
         self._lock = threading.Lock()
@@ -119,9 +119,7 @@ class S3Tier(Tier):
         return f"{self._base}{text[:2]}/{text}"
 
     async def _run(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._guard, function, args
-        )
+        return await self._pool.run(self._guard, function, args)
 
     def _guard(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
         try:
@@ -266,7 +264,7 @@ class S3Tier(Tier):
             if batch:
                 await self._write_pack(batch)
         finally:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown()
 
     # -- packs ----------------------------------------------------------------------------------
 

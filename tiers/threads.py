@@ -37,9 +37,26 @@ class IOThreads:
         self._threads: list[threading.Thread] = []
         self._pid = 0
         self._closed = False
+        self._watched: dict[asyncio.Future[Any], asyncio.Future[None] | None] = {}
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         return await self.submit(function, *args)
+
+    async def run_to_end(self, function: Callable[..., T], *args: Any) -> T:
+        """Like `run`, but a cancelled caller returns only once the call has ended (it may be
+        using the caller's buffers); cheaper than `asyncio.shield` (no second future)."""
+        future = self.submit(function, *args)
+        self._watched[future] = None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.cancelled() and future in self._watched:  # the call still runs
+                waiter = future.get_loop().create_future()
+                self._watched[future] = waiter
+                await asyncio.wait([waiter])
+            raise
+        finally:
+            self._watched.pop(future, None)
 
     def submit(self, function: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """The future of `function(*args)` on the running loop. Cancelling it does not stop
@@ -82,31 +99,25 @@ class IOThreads:
         get = self._queue.get
         while (item := get()) is not _STOP:
             loop, future, function, args = item
+            result, error = None, None
             try:
                 result = function(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
-                _settle_soon(loop, future, None, e)
-            else:
-                _settle_soon(loop, future, result, None)
-            del item, loop, future, function, args
+                error = e
+            try:
+                loop.call_soon_threadsafe(self._settle, future, result, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+            del item, loop, future, function, args, result, error
 
-
-def _settle_soon(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any],
-    result: Any,
-    error: BaseException | None,
-) -> None:
-    try:
-        loop.call_soon_threadsafe(_settle, future, result, error)
-    except RuntimeError:  # the loop is closed: nobody is waiting any more
-        pass
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+    def _settle(
+        self, future: asyncio.Future[Any], result: Any, error: BaseException | None
+    ) -> None:
+        if future.cancelled():
+            waiter = self._watched.pop(future, None)  # popped: the call has ended
+            if waiter is not None:
+                waiter.set_result(None)
+        elif error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)

@@ -1,0 +1,71 @@
+"""The tier I/O thread pool: results and errors reach the caller, a cancelled `run_to_end`
+returns only once its call has ended, a forked child gets workers of its own, and shutdown runs
+what was queued."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+from tiers.threads import IOThreads
+
+
+def test_results_and_errors_reach_the_caller() -> None:
+    async def body() -> None:
+        threads = IOThreads(2, "t")
+        assert await threads.run(lambda a, b: a + b, 2, 3) == 5
+        assert await threads.run(threading.current_thread) is not threading.current_thread()
+        with pytest.raises(ZeroDivisionError):
+            await threads.run(lambda: 1 / 0)
+        got = await asyncio.gather(*(threads.run(time.sleep, 0.05) for _ in range(4)))
+        assert got == [None] * 4
+        threads.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            await threads.run(int)
+
+    asyncio.run(body())
+
+
+def test_a_cancelled_run_to_end_returns_after_its_call() -> None:
+    ended: list[float] = []
+
+    def slow() -> None:
+        time.sleep(0.2)
+        ended.append(time.monotonic())
+
+    async def body() -> None:
+        threads = IOThreads(1, "t")
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.02):
+                await threads.run_to_end(slow)
+        assert ended and ended[0] <= time.monotonic()  # the call was over before we got here
+        assert not threads._watched
+        # a plain `run` does not wait: it returns at once and the call goes on
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.02):
+                await threads.run(slow)
+        assert len(ended) == 1
+        threads.shutdown()  # runs what is queued, then stops
+        assert len(ended) == 2
+
+    asyncio.run(body())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_starts_its_own_workers() -> None:
+    threads = IOThreads(1, "t")
+    assert asyncio.run(threads.run(os.getpid)) == os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's worker is not here
+        try:
+            ok = asyncio.run(asyncio.wait_for(threads.run(os.getpid), 5)) == os.getpid()
+        except BaseException:
+            ok = False
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    threads.shutdown()
