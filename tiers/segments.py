@@ -49,6 +49,9 @@ T = TypeVar("T")
 
 _SUFFIX = ".kvs"
 _MAX_RUN = 64  # objects per system call in a batch (IOV_MAX is 1024 vectors)
+_RUN_BYTES = 1 << 20
+"""Bytes per system call in a batch: larger runs leave the disk fewer requests in parallel
+(a batch of 8 blocks of 256 KiB read 0.64-0.72 GiB/s in runs of 4, 0.57 in one run of 8)."""
 _TOMBSTONE = b"KVTIERDEAD\x00\x01"
 _TOMB = struct.Struct(f"<{len(_TOMBSTONE)}sQ")  # the marker, then the dead record's length
 
@@ -443,18 +446,23 @@ class SegmentFileTier(FileTier):
             key=lambda i: (jobs[i][0].segment.seq, jobs[i][0].offset),  # type: ignore[union-attr]
         )
         runs: list[list[int]] = []
+        run_bytes = 0
         for i in order:
             where = jobs[i][0]
             assert where is not None
             if runs and fits[i] and fits[runs[-1][-1]] and len(runs[-1]) < _MAX_RUN:
                 last = jobs[runs[-1][-1]][0]
                 assert last is not None
-                if last.segment is where.segment and last.offset + _record(last.length) == (
-                    where.offset
+                if (
+                    last.segment is where.segment
+                    and last.offset + _record(last.length) == where.offset
+                    and run_bytes + where.length <= _RUN_BYTES
                 ):
                     runs[-1].append(i)
+                    run_bytes += where.length
                     continue
             runs.append([i])
+            run_bytes = where.length
         answers: list[Any] = [None] * len(jobs)
         done = await self._in_groups(work, [[jobs[i] for i in run] for run in runs])
         for run, got in zip(runs, done, strict=True):
