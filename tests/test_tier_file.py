@@ -374,3 +374,19 @@ def test_segments_move_a_batch_in_one_system_call(
             assert all(bytes(targets[i]) == payload(64 << 10, i) for i in (0, 1, 3, 4, 6, 7))
 
     asyncio.run(body())
+
+
+def test_segments_allow_one_writer_per_directory(tmp_path: Path) -> None:
+    from tiering.errors import ConfigError
+
+    async def body() -> None:
+        async with segments(tmp_path) as tier:
+            await tier.put(key(1), payload(10_000, 1))
+            with pytest.raises(ConfigError, match="in use by another process"):
+                segments(tmp_path)
+            async with segments(tmp_path, read_only=True) as reader:  # readers take no lock
+                assert await reader.get_bytes(key(1), 10_000) == payload(10_000, 1)
+        async with segments(tmp_path) as again:  # closed: the lock went with it
+            assert await again.get_bytes(key(1), 10_000) == payload(10_000, 1)
+
+    asyncio.run(body())

@@ -25,6 +25,7 @@ on a file kept open; the object format is the same, each object starting on a 4 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import struct
@@ -99,6 +100,7 @@ class SegmentFileTier(FileTier):
         self._next_seq = 0
         self._fds: dict[int, int] = {}
         self._fd_lock = threading.Lock()
+        self._writer_lock: int | None = None
         super().__init__(**options)
         if self.capacity is not None:
             self.segment_size = max(BLOCK, min(size, self.capacity // 16 // BLOCK * BLOCK))
@@ -106,6 +108,8 @@ class SegmentFileTier(FileTier):
     # -- start-up -------------------------------------------------------------------------------
 
     def _rebuild_index(self) -> None:
+        if not self.read_only:
+            self._lock_directory()
         if not self.root.is_dir():
             return
         found: list[tuple[int, Path]] = []
@@ -133,6 +137,25 @@ class SegmentFileTier(FileTier):
                 len(self._segments),
                 self.root,
             )
+
+    def _lock_directory(self) -> None:
+        """One writer per directory: two processes appending to the same segments would write
+        over each other's objects. Readers (`read_only`) take no lock."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root / ".writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"tier {self.name!r}: cannot open {self.root}: {e.strerror}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(
+                f"tier {self.name!r}: {self.root} is in use by another process (the segment "
+                "layout allows one writer per directory; give each engine its own path, open "
+                "this one read-only, or use layout: files)"
+            ) from None
+        self._writer_lock = fd
 
     def _scan(self, segment: _Segment, *, verify: bool) -> None:
         """Index the objects of one segment file, in file order."""
@@ -330,6 +353,9 @@ class SegmentFileTier(FileTier):
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._writer_lock is not None:
+            os.close(self._writer_lock)  # and with it the lock
+            self._writer_lock = None
 
     async def _on(self, segment: _Segment, function: Callable[..., T], *args: Any) -> T:
         """`function(*args)` in the pool, with `segment`'s file kept open meanwhile."""
