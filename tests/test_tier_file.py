@@ -390,3 +390,25 @@ def test_segments_allow_one_writer_per_directory(tmp_path: Path) -> None:
             assert await again.get_bytes(key(1), 10_000) == payload(10_000, 1)
 
     asyncio.run(body())
+
+
+def test_a_config_chooses_the_segment_layout(tmp_path: Path) -> None:
+    import yaml
+
+    from tiering.config import parse_config
+    from tiering.errors import ConfigError
+    from tiering.manager import build_tiers
+
+    text = f"""
+version: 1
+primary: {{capacity: 64MiB}}
+tiers:
+  - {{name: nvme, type: file, path: {tmp_path}, capacity: 1GiB, min_free: 0,
+     layout: segments, segment_size: 32MiB, write: back}}
+"""
+    ((_, tier),) = build_tiers(parse_config(yaml.safe_load(text), {}), NAMESPACE)
+    assert isinstance(tier, SegmentFileTier) and tier.segment_size == 32 << 20
+    asyncio.run(tier.close())
+    bad = text.replace("layout: segments", "layout: logs")
+    with pytest.raises(ConfigError, match="layout: expected one of files, segments"):
+        build_tiers(parse_config(yaml.safe_load(bad), {}), NAMESPACE)
