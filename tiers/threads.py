@@ -3,7 +3,8 @@
 `loop.run_in_executor(ThreadPoolExecutor)` costs ~110 µs per call on the 2-vCPU machines we
 measure on (a `concurrent.futures.Future`, its chaining to an asyncio future, the executor's
 queue and lock); a `SimpleQueue` to the workers and one `call_soon_threadsafe` back costs ~50 µs
-(bench figures in BENCHMARKS.md). That is a fifth of a 256 KiB read from NVMe.
+(BENCHMARKS.md). That is a fifth of a 256 KiB read from NVMe. Calls that end while the loop has
+not yet run the previous ones' results are handed over with them, in one wake-up.
 
 The workers start on first use and again in a forked child (a fork keeps no threads), and stop
 at `shutdown`, after the calls already queued.
@@ -38,6 +39,9 @@ class IOThreads:
         self._pid = 0
         self._closed = False
         self._watched: dict[asyncio.Future[Any], asyncio.Future[None] | None] = {}
+        # Calls ended and not yet settled, per loop; a loop is in here when a drain is due.
+        self._ended_lock = threading.Lock()
+        self._ended: dict[asyncio.AbstractEventLoop, list[tuple[Any, Any, Any]]] = {}
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
         return await self.submit(function, *args)
@@ -87,6 +91,8 @@ class IOThreads:
             if self._pid == os.getpid() or self._closed:
                 return
             self._queue = queue.SimpleQueue()  # a parent's queue may hold its calls
+            self._ended_lock = threading.Lock()
+            self._ended = {}
             self._threads = [
                 threading.Thread(target=self._work, name=f"{self.name}-{i}", daemon=True)
                 for i in range(self.count)
@@ -104,20 +110,29 @@ class IOThreads:
                 result = function(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
                 error = e
-            try:
-                loop.call_soon_threadsafe(self._settle, future, result, error)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
-            del item, loop, future, function, args, result, error
+            with self._ended_lock:  # one wake-up of the loop for the calls that end meanwhile
+                ended = self._ended.get(loop)
+                if ended is not None:
+                    ended.append((future, result, error))
+                else:
+                    self._ended[loop] = [(future, result, error)]
+            if ended is None:
+                try:
+                    loop.call_soon_threadsafe(self._settle, loop)
+                except RuntimeError:  # the loop is closed: nobody is waiting any more
+                    with self._ended_lock:
+                        self._ended.pop(loop, None)
+            del item, loop, future, function, args, result, error, ended
 
-    def _settle(
-        self, future: asyncio.Future[Any], result: Any, error: BaseException | None
-    ) -> None:
-        if future.cancelled():
-            waiter = self._watched.pop(future, None)  # popped: the call has ended
-            if waiter is not None:
-                waiter.set_result(None)
-        elif error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+    def _settle(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._ended_lock:
+            ended = self._ended.pop(loop, ())
+        for future, result, error in ended:
+            if future.cancelled():
+                waiter = self._watched.pop(future, None)  # popped: the call has ended
+                if waiter is not None:
+                    waiter.set_result(None)
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
