@@ -93,8 +93,9 @@ class RespConnection:
 
     async def _ready(self, writing: bool = False) -> None:
         """Wait until the socket can be read (or written). The reader stays registered between
-        waits (two `epoll_ctl` calls fewer per reply); it unregisters itself when it fires with
-        nobody waiting (a peer that closed an idle connection must not spin the loop)."""
+        waits and between exchanges (two `epoll_ctl` calls fewer per reply); it unregisters
+        itself when it fires with nobody waiting and bytes or an end to read (a peer that
+        closed an idle connection must not spin the loop), not on a stale event."""
         loop = asyncio.get_running_loop()
         waiter = loop.create_future()
         if writing:
@@ -122,6 +123,12 @@ class RespConnection:
     def _readable(self) -> None:
         waiter = self._waiter
         if waiter is None:
+            try:
+                self.sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                return  # a stale event (the bytes were read meanwhile): stay registered
+            except OSError:
+                pass
             assert self._reading_on is not None
             self._reading_on.remove_reader(self.sock.fileno())
             self._reading_on = None
