@@ -211,3 +211,38 @@ def test_connections_the_server_closed_are_replaced(redis_server: RedisServer) -
         asyncio.run(body())
     finally:
         admin.close()
+
+
+def test_a_connection_keeps_its_reader_between_exchanges_until_the_server_closes_it(
+    redis_server: RedisServer,
+) -> None:
+    """Registering a socket with the loop costs two system calls: a connection registers once,
+    not once per exchange; an idle one the server closes is unregistered (it must not spin)."""
+    flush(redis_server.port)
+    admin = redis.Redis(host="127.0.0.1", port=redis_server.port)
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        registered: list[int] = []
+        add_reader = loop.add_reader
+
+        def counted(fd: int, *args: Any) -> None:
+            registered.append(fd)
+            add_reader(fd, *args)
+
+        loop.add_reader = counted  # type: ignore[method-assign]
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url, concurrency=1) as tier:
+            for i in range(20):
+                await tier.put(key(i), payload(300_000, i))
+                assert await tier.get_bytes(key(i), 300_000) == payload(300_000, i)
+            assert len(registered) == 1
+            fd = registered[0]
+            admin.client_kill_filter(_type="normal", skipme=True)
+            await asyncio.sleep(0.1)
+            assert fd not in loop._selector.get_map()  # type: ignore[attr-defined]
+            assert await tier.get_bytes(key(3), 300_000) == payload(300_000, 3)
+
+    try:
+        asyncio.run(body())
+    finally:
+        admin.close()
