@@ -69,3 +69,10 @@ def test_a_forked_child_starts_its_own_workers() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     threads.shutdown()
+
+
+def test_outside_a_loop_nothing_starts() -> None:
+    threads = IOThreads(2, "t")
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        threads.submit(int)
+    assert not threads._threads

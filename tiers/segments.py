@@ -38,7 +38,14 @@ from typing import Any, TypeVar
 
 from tiering.config import parse_size
 from tiering.errors import ConfigError, TierError, TierFull, TierUnavailable
-from tiering.format import Corrupt, decode_header, peek_key, peek_lengths, verify_payload
+from tiering.format import (
+    HEADER_MIN,
+    Corrupt,
+    decode_header,
+    peek_key,
+    peek_lengths,
+    verify_payload,
+)
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
 from tiers.file import BLOCK, FileTier, _aligned, _unlink
@@ -165,7 +172,7 @@ class SegmentFileTier(FileTier):
             segment.size = -(-end // BLOCK) * BLOCK
             self._bytes += segment.size
             offset = 0
-            while offset + 66 <= end:
+            while offset + HEADER_MIN <= end:
                 raw = os.pread(fd, BLOCK, offset)
                 if raw.startswith(_TOMBSTONE):
                     offset += _record(_TOMB.unpack_from(raw)[1])

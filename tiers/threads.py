@@ -67,11 +67,12 @@ class IOThreads:
         the call (shield it and wait, when the call uses the caller's buffers)."""
         if self._closed:
             raise RuntimeError(f"thread pool {self.name!r} is shut down")
+        loop = asyncio.get_running_loop()  # RuntimeError outside a loop: nothing started
         if self._pid != os.getpid():
             self._lock = threading.Lock()  # a parent's thread may have held it at the fork
             self._start()
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.put((future.get_loop(), future, function, args))
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put((loop, future, function, args))
         return future
 
     def shutdown(self) -> None:
