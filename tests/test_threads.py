@@ -76,3 +76,22 @@ def test_outside_a_loop_nothing_starts() -> None:
     with pytest.raises(RuntimeError, match="no running event loop"):
         threads.submit(int)
     assert not threads._threads
+
+
+def test_threads_start_as_calls_need_them() -> None:
+    """Not all at the first call: starting a dozen threads at once on a busy host made a
+    restarted engine's first promotion miss its deadline."""
+
+    async def body() -> None:
+        threads = IOThreads(8, "t")
+        for _ in range(5):
+            await threads.run(int)
+        assert len(threads._threads) == 1  # one call at a time: one thread, reused
+        await asyncio.gather(*(threads.run(time.sleep, 0.05) for _ in range(3)))
+        assert 2 <= len(threads._threads) <= 3
+        await asyncio.gather(*(threads.run(time.sleep, 0.02) for _ in range(20)))
+        assert len(threads._threads) == 8  # never more than asked for
+        threads.shutdown()
+        assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("t-"))
+
+    asyncio.run(body())

@@ -6,8 +6,8 @@ queue and lock); a `SimpleQueue` to the workers and one `call_soon_threadsafe` b
 (BENCHMARKS.md). That is a fifth of a 256 KiB read from NVMe. Calls that end while the loop has
 not yet run the previous ones' results are handed over with them, in one wake-up.
 
-The workers start on first use and again in a forked child (a fork keeps no threads), and stop
-at `shutdown`, after the calls already queued.
+Workers start when calls need them (up to `count`), again in a forked child (a fork keeps no
+threads), and stop at `shutdown`, after the calls already queued.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class IOThreads:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._idle = threading.Semaphore(0)  # threads waiting for a call
         self._pid = 0
         self._closed = False
         self._watched: dict[asyncio.Future[Any], asyncio.Future[None] | None] = {}
@@ -70,9 +71,11 @@ class IOThreads:
         loop = asyncio.get_running_loop()  # RuntimeError outside a loop: nothing started
         if self._pid != os.getpid():
             self._lock = threading.Lock()  # a parent's thread may have held it at the fork
-            self._start()
+            self._reset()
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((loop, future, function, args))
+        if not self._idle.acquire(blocking=False) and len(self._threads) < self.count:
+            self._add_thread()  # as many threads as calls at once, up to `count`
         return future
 
     def shutdown(self) -> None:
@@ -87,20 +90,30 @@ class IOThreads:
             if thread is not threading.current_thread():
                 thread.join()
 
-    def _start(self) -> None:
+    def _reset(self) -> None:
+        """A fresh pool in this process (the first call, or the first in a forked child)."""
         with self._lock:
-            if self._pid == os.getpid() or self._closed:
+            if self._pid == os.getpid():
                 return
             self._queue = queue.SimpleQueue()  # a parent's queue may hold its calls
             self._ended_lock = threading.Lock()
             self._ended = {}
-            self._threads = [
-                threading.Thread(target=self._work, name=f"{self.name}-{i}", daemon=True)
-                for i in range(self.count)
-            ]
-            for thread in self._threads:
-                thread.start()
+            self._idle = threading.Semaphore(0)
+            self._threads = []
             self._pid = os.getpid()
+
+    def _add_thread(self) -> None:
+        """Threads start on demand, not all at the first call: on a busy host starting a
+        dozen threads at once made the first promotion of a restarted engine miss its
+        deadline (measured in `kvtier demo`)."""
+        with self._lock:
+            if self._closed or len(self._threads) >= self.count:
+                return
+            thread = threading.Thread(
+                target=self._work, name=f"{self.name}-{len(self._threads)}", daemon=True
+            )
+            self._threads.append(thread)
+        thread.start()
 
     def _work(self) -> None:
         get = self._queue.get
@@ -124,6 +137,7 @@ class IOThreads:
                     with self._ended_lock:
                         self._ended.pop(loop, None)
             del item, loop, future, function, args, result, error, ended
+            self._idle.release()  # free for the next call
 
     def _settle(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._ended_lock:
