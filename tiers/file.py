@@ -60,6 +60,9 @@ class FileTier(Tier):
     """The index is this process's: blocks another process writes into the same directory
     meanwhile are found at the next start."""
 
+    _objects = "**/*" + _SUFFIX
+    """Where a namespace directory's objects are (relative glob)."""
+
     def __new__(cls, *args: Any, layout: str = "files", **options: Any) -> FileTier:
         if cls is FileTier and layout == "segments":
             from tiers.segments import SegmentFileTier
@@ -177,12 +180,7 @@ class FileTier(Tier):
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         size = sum(len(p) for p in parts)
-        if self.capacity is not None:
-            if size > self.capacity:
-                raise TierFull(
-                    f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
-                )
-            await self._evict_for(size - self._index.get(key, 0))
+        await self._make_room(size, size - self._index.get(key, 0))
         await self._run(self._write_file, self._path(key), parts, size)
         self._indexed(key, size)
 
@@ -217,7 +215,7 @@ class FileTier(Tier):
     async def _namespaces(self) -> list[bytes]:
         found = []
         for entry in self.base.iterdir():
-            if entry.is_dir() and len(entry.name) == 32 and any(entry.rglob("*" + _SUFFIX)):
+            if entry.is_dir() and len(entry.name) == 32 and any(entry.glob(self._objects)):
                 try:
                     found.append(bytes.fromhex(entry.name))
                 except ValueError:
@@ -240,8 +238,19 @@ class FileTier(Tier):
         views = [memoryview(buffer).cast("B") for _, buffer in items]
         jobs = [(self._path(block), view) for block, view in zip(blocks, views, strict=True)]
         answers = await self._in_groups(self._read_group, jobs)
+        return await self._finish_reads(blocks, views, answers, lambda i: self._touch(blocks[i]))
+
+    async def _finish_reads(
+        self,
+        blocks: list[BlockKey],
+        views: list[memoryview],
+        answers: list[Any],
+        touch: Callable[[int], None],
+    ) -> list[bool | BaseException]:
+        """Each batch read's answer (a header, None, or an error) verified, counted and
+        refused where corrupt, as a single read's; `touch(i)` for each block found."""
         results: list[bool | BaseException] = []
-        for block, view, answer in zip(blocks, views, answers, strict=True):
+        for i, (block, view, answer) in enumerate(zip(blocks, views, answers, strict=True)):
             if isinstance(answer, Corrupt):
                 await self._refuse(block, answer)
                 results.append(False)
@@ -250,7 +259,7 @@ class FileTier(Tier):
                 results.append(answer)
             else:
                 if answer is not None:
-                    self._touch(block)
+                    touch(i)
                 results.append(await self._accept_into(block, answer, view))
         return results
 
@@ -260,17 +269,7 @@ class FileTier(Tier):
         """Writes in at most `concurrency` groups, each group in one pool call."""
         if len(items) < 2 or self.read_only:
             return await super().put_many(items)
-        encoded = [self._encode(k, d) for k, d in items]
-        sizes = [sum(len(p) for p in parts) for _, parts in encoded]
-        results: list[None | BaseException] = [None] * len(items)
-        todo = []
-        for i, size in enumerate(sizes):
-            if self.capacity is not None and size > self.capacity:
-                results[i] = TierFull(
-                    f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
-                )
-            else:
-                todo.append(i)
+        encoded, sizes, results, todo = self._encode_batch(items)
         if self.capacity is not None:
             growth = sum(sizes[i] - self._index.get(encoded[i][0], 0) for i in todo)
             await self._evict_for(min(growth, self.capacity))
@@ -284,6 +283,32 @@ class FileTier(Tier):
                 self.counters["errors"] += 1
                 results[i] = outcome
         return results
+
+    async def _make_room(self, size: int, growth: int) -> None:
+        """Evict for an object of `size` that grows the tier by `growth` (with a capacity)."""
+        if self.capacity is None:
+            return
+        if size > self.capacity:
+            raise TierFull(f"tier {self.name!r}: an object of {size} bytes exceeds the capacity")
+        await self._evict_for(growth)
+
+    def _encode_batch(
+        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
+    ) -> tuple[list[tuple[BlockKey, tuple[Buffer, Buffer]]], list[int], list[Any], list[int]]:
+        """The objects of a batch of puts, their sizes, the results so far (objects larger than
+        the capacity fail alone) and the indexes of those to write."""
+        encoded = [self._encode(k, d) for k, d in items]
+        sizes = [sum(len(p) for p in parts) for _, parts in encoded]
+        results: list[None | BaseException] = [None] * len(items)
+        todo = []
+        for i, size in enumerate(sizes):
+            if self.capacity is not None and size > self.capacity:
+                results[i] = TierFull(
+                    f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
+                )
+            else:
+                todo.append(i)
+        return encoded, sizes, results, todo
 
     async def _in_groups(
         self, work: Callable[[list[Any]], list[Any]], jobs: list[Any]

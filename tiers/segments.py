@@ -94,6 +94,8 @@ class SegmentFileTier(FileTier):
     `FileTier(layout="segments", ...)`; the index and the segments' bookkeeping are only touched
     on the loop thread, file descriptors are opened by the pool's threads."""
 
+    _objects = "*" + _SUFFIX
+
     def __init__(self, *, segment_size: int | str = "64MiB", **options: Any) -> None:
         size = parse_size(segment_size, "segment_size")
         if size < BLOCK:
@@ -286,12 +288,7 @@ class SegmentFileTier(FileTier):
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         size = sum(len(p) for p in parts)
-        if self.capacity is not None:
-            if size > self.capacity:
-                raise TierFull(
-                    f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
-                )
-            await self._evict_for(_record(size))
+        await self._make_room(size, _record(size))
         where = self._reserve(size)
         self._landing[key] = where
         try:
@@ -345,16 +342,6 @@ class SegmentFileTier(FileTier):
                 continue
             yield ObjectInfo(key, where.length, st.st_mtime)
 
-    async def _namespaces(self) -> list[bytes]:
-        found = []
-        for entry in self.base.iterdir():
-            if entry.is_dir() and len(entry.name) == 32 and any(entry.glob("*" + _SUFFIX)):
-                try:
-                    found.append(bytes.fromhex(entry.name))
-                except ValueError:
-                    continue
-        return sorted(found)
-
     async def _close(self) -> None:
         await super()._close()
         for fd in self._fds.values():
@@ -398,36 +385,20 @@ class SegmentFileTier(FileTier):
         finally:
             for segment in held:
                 self._release(segment)
-        results: list[bool | BaseException] = []
-        for block, view, where, answer in zip(blocks, views, places, answers, strict=True):
-            if isinstance(answer, Corrupt):
-                await self._refuse(block, answer)
-                results.append(False)
-            elif isinstance(answer, BaseException):
-                self.counters["errors"] += 1
-                results.append(answer)
-            else:
-                if answer is not None and where is not None:
-                    self._touch_segment(where.segment)
-                results.append(await self._accept_into(block, answer, view))
-        return results
+
+        def touch(i: int) -> None:
+            where = places[i]
+            if where is not None:
+                self._touch_segment(where.segment)
+
+        return await self._finish_reads(blocks, views, answers, touch)
 
     async def put_many(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
     ) -> list[None | BaseException]:
         if len(items) < 2 or self.read_only:
             return await super(FileTier, self).put_many(items)
-        encoded = [self._encode(k, d) for k, d in items]
-        sizes = [sum(len(p) for p in parts) for _, parts in encoded]
-        results: list[None | BaseException] = [None] * len(items)
-        todo = []
-        for i, size in enumerate(sizes):
-            if self.capacity is not None and size > self.capacity:
-                results[i] = TierFull(
-                    f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
-                )
-            else:
-                todo.append(i)
+        encoded, sizes, results, todo = self._encode_batch(items)
         if self.capacity is not None:
             growth = sum(_record(sizes[i]) for i in todo)
             await self._evict_for(min(growth, self.capacity))
@@ -560,17 +531,7 @@ class SegmentFileTier(FileTier):
             aligned = headers[k * BLOCK : (k + 1) * BLOCK]
             aligned[:] = header
             vectors += [aligned, payload]
-        try:
-            fd = self._fd(first.segment)
-            written = os.pwritev(fd, vectors, first.offset)
-            if written != total:
-                raise OSError(errno.EIO, f"short write ({written} of {total})")
-            if self.fsync:
-                os.fdatasync(fd)
-        except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise TierFull(f"tier {self.name!r}: disk full writing {first.segment.path}") from e
-            raise self._unavailable("write", first, e) from e
+        self._pwrite(first, vectors)
 
     def _read_segment_group(self, jobs: Sequence[tuple[_Where | None, memoryview]]) -> list[Any]:
         out: list[Any] = []
@@ -642,12 +603,16 @@ class SegmentFileTier(FileTier):
 
     def _write_object(self, where: _Where, parts: Sequence[Buffer]) -> None:
         self._check_free(where.length)
+        self._pwrite(where, self._gather(parts, where.length))
+
+    def _pwrite(self, where: _Where, vectors: Sequence[Buffer]) -> None:
+        """`vectors` at `where`'s offset, all of them (and flushed with `fsync`)."""
+        total = sum(len(v) for v in vectors)
         try:
             fd = self._fd(where.segment)
-            buffers = self._gather(parts, where.length)
-            written = os.pwritev(fd, buffers, where.offset)
-            if written != sum(len(b) for b in buffers):
-                raise OSError(errno.EIO, f"short write ({written} of {where.length})")
+            written = os.pwritev(fd, vectors, where.offset)
+            if written != total:
+                raise OSError(errno.EIO, f"short write ({written} of {total})")
             if self.fsync:
                 os.fdatasync(fd)
         except OSError as e:
