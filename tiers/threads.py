@@ -65,7 +65,7 @@ class IOThreads:
 
     def submit(self, function: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """The future of `function(*args)` on the running loop. Cancelling it does not stop
-        the call (shield it and wait, when the call uses the caller's buffers)."""
+        the call (`run_to_end` waits for it, when the call uses the caller's buffers)."""
         if self._closed:
             raise RuntimeError(f"thread pool {self.name!r} is shut down")
         loop = asyncio.get_running_loop()  # RuntimeError outside a loop: nothing started
@@ -124,6 +124,7 @@ class IOThreads:
                 result = function(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
                 error = e
+            self._idle.release()  # free for the next call, before its caller can learn it
             with self._ended_lock:  # one wake-up of the loop for the calls that end meanwhile
                 ended = self._ended.get(loop)
                 if ended is not None:
@@ -137,7 +138,6 @@ class IOThreads:
                     with self._ended_lock:
                         self._ended.pop(loop, None)
             del item, loop, future, function, args, result, error, ended
-            self._idle.release()  # free for the next call
 
     def _settle(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._ended_lock:
