@@ -6,9 +6,13 @@
   (or `dd` when fio is missing) writing and reading the same number of bytes with O_DIRECT in
   the same directory, same block size, as many jobs, queue depth 1. Target: at least 0.8.
 - redis tier: puts and gets with `--clients` calls in flight against `redis-benchmark -t set,get`
-  with the same value size and `-c` clients on the same server. Target: at least 0.7.
+  with the same value size, `-c` clients and keyspace (`-r 64`: both cycle over 64 keys) on the
+  same server. Target: at least 0.7.
 - s3 tier: puts and gets with `--clients` calls in flight against plain boto3 put_object /
   get_object from as many threads, same client settings, same bucket. Target: at least 0.9.
+
+Every "N calls in flight" is N clients each making its next call when its last one ends, as
+redis-benchmark's clients and fio's jobs do.
 
 Servers are started on loopback for the run (redis-server, SeaweedFS), as the tests do.
 
@@ -35,7 +39,16 @@ if str(ROOT) not in sys.path:
 from tests.servers import RedisServer, SeaweedS3  # noqa: E402
 from tiering.testing import NAMESPACE, key, payload  # noqa: E402
 from tiering.tier import Tier  # noqa: E402
-from tiers.baselines import gib_s, plain_boto3, raw_disk, redis_benchmark, slot, tier_rates, timed  # noqa: E402
+from tiers.baselines import (  # noqa: E402
+    REDIS_KEYSPACE,
+    gib_s,
+    plain_boto3,
+    raw_disk,
+    redis_benchmark,
+    slot,
+    tier_rates,
+    timed,
+)
 from tiers.file import FileTier  # noqa: E402
 from tiers.redis import RedisTier  # noqa: E402
 from tiers.s3 import S3Tier  # noqa: E402
@@ -90,26 +103,36 @@ def bench_file(
 
 
 async def _run_and_close(
-    tier: Tier, size: int, count: int, in_flight: int, batched: bool = False
+    tier: Tier,
+    size: int,
+    count: int,
+    in_flight: int,
+    batched: bool = False,
+    keyspace: int | None = None,
 ) -> tuple[float, float]:
     async with tier:
         if batched:
-            return await batch_rates(tier, size, count, in_flight)
-        return await tier_rates(tier, size, count, in_flight)
+            return await batch_rates(tier, size, count, in_flight, keyspace)
+        return await tier_rates(tier, size, count, in_flight, keyspace)
 
 
-async def batch_rates(tier: Tier, size: int, count: int, batch: int) -> tuple[float, float]:
-    """put_many / get_many of `batch` blocks at a time (one pipeline each for Redis)."""
+async def batch_rates(
+    tier: Tier, size: int, count: int, batch: int, keyspace: int | None = None
+) -> tuple[float, float]:
+    """put_many / get_many of `batch` blocks at a time (one pipeline each for Redis), over
+    `keyspace` distinct keys (default: `count`)."""
+    keyspace = keyspace or count
     blocks = [slot(size, payload(size, i)) for i in range(batch)]
     buffers = [slot(size) for _ in range(batch)]
     start = time.perf_counter()
     for at in range(0, count, batch):
-        results = await tier.put_many([(key(at + i), blocks[i]) for i in range(batch)])
+        items = [(key((at + i) % keyspace), blocks[i]) for i in range(batch)]
+        results = await tier.put_many(items)
         assert all(r is None for r in results), results
     put = time.perf_counter() - start
     start = time.perf_counter()
     for at in range(0, count, batch):
-        found = await tier.get_many([(key(at + i), buffers[i]) for i in range(batch)])
+        found = await tier.get_many([(key((at + i) % keyspace), buffers[i]) for i in range(batch)])
         assert all(f is True for f in found), found
     get = time.perf_counter() - start
     total = size * (count // batch) * batch
@@ -127,9 +150,12 @@ async def plain_redis_py(url: str, size: int, count: int, clients: int) -> tuple
     body = payload(size, 1)
     try:
         write = await timed(
-            [lambda i=i: client.set(f"plain:{i}", body) for i in range(count)], clients
+            [lambda i=i: client.set(f"plain:{i % REDIS_KEYSPACE}", body) for i in range(count)],
+            clients,
         )
-        read = await timed([lambda i=i: client.get(f"plain:{i}") for i in range(count)], clients)
+        read = await timed(
+            [lambda i=i: client.get(f"plain:{i % REDIS_KEYSPACE}") for i in range(count)], clients
+        )
     finally:
         await client.aclose()
     return gib_s(size * count, write), gib_s(size * count, read)
@@ -146,7 +172,9 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
                 runs = []
                 for _ in range(repeat):
                     tier = RedisTier(namespace=NAMESPACE, url=server.url, concurrency=clients)
-                    put, get = asyncio.run(_run_and_close(tier, size, count, clients, batched))
+                    put, get = asyncio.run(
+                        _run_and_close(tier, size, count, clients, batched, REDIS_KEYSPACE)
+                    )
                     write, read = redis_benchmark("127.0.0.1", server.port, size, count, clients)
                     lib_write, lib_read = asyncio.run(
                         plain_redis_py(server.url, size, count, clients)

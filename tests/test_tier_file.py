@@ -305,6 +305,39 @@ def test_segments_a_block_deleted_while_being_written_stays_deleted(tmp_path: Pa
     asyncio.run(body())
 
 
+def test_segments_a_failed_tombstone_does_not_fail_the_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A block deleted while its put is in flight gets a tombstone once the put lands; when
+    that write fails (an I/O error), the put still succeeded: it returns, and the failure is
+    counted, not raised."""
+    import errno
+
+    import tiers.segments
+
+    real = os.pwritev
+
+    def pwritev(fd: int, buffers: list[Any], offset: int) -> int:
+        if bytes(memoryview(buffers[0])[:10]) == b"KVTIERDEAD":
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(tiers.segments.os, "pwritev", pwritev)
+
+    async def body() -> None:
+        async with segments(tmp_path) as tier:
+            put = asyncio.ensure_future(tier.put(key(1), payload(100_000, 1)))
+            await asyncio.sleep(0)  # the write is on its way
+            assert await tier.delete(key(1))
+            await put  # raised TierUnavailable before
+            assert tier.counters["tombstone_errors"] == 1
+            assert await tier.contains([key(1)]) == [False]
+            await tier.put(key(2), payload(4096, 2))  # the tier goes on working
+            assert await tier.get_bytes(key(2), 4096) == payload(4096, 2)
+
+    asyncio.run(body())
+
+
 def test_segments_full_disk_fails_softly(tmp_path: Path) -> None:
     async def body() -> None:
         free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize

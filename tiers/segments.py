@@ -306,7 +306,13 @@ class SegmentFileTier(FileTier):
         if where in self._voided:  # deleted while in flight: a restart must not find it
             self._voided.discard(where)
             if not where.segment.gone:
-                await self._on(where.segment, self._bury, where)
+                try:
+                    await self._on(where.segment, self._bury, where)
+                except TierError as e:  # the put did land; only the delete is incomplete
+                    self.counters["tombstone_errors"] += 1
+                    log.warning(
+                        "tier %r: a deleted block may return after a restart: %s", self.name, e
+                    )
             return
         if self._landing.get(key) is not where:
             return
