@@ -42,3 +42,37 @@ def test_manager_benchmark_runs(tmp_path: Path, mooncake_trace: Path) -> None:
     for row in report["results"]:
         assert row["manager"] == "kvtier" and row["block_refs"] > 0
         assert 0 < row["lookup_us"] < row["whole_us"]
+
+
+def test_tiering_benchmark_runs_rounds(tmp_path: Path, mooncake_trace: Path) -> None:
+    """bench/tiering.py: every setup runs in each round, ratios are per round, the tiers hit."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "tiering.py"),
+            "--trace",
+            str(mooncake_trace),
+            "--requests",
+            "150",
+            "--capacity",
+            "256",
+            "--repeat",
+            "2",
+            "--dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    rows = {row["setup"]: row for row in report["rows"]}
+    assert list(rows) == ["primary only", "primary + file", "primary + memory + file"]
+    assert rows["primary only"]["cost_ratios"] == [1.0, 1.0]
+    for name in ("primary + file", "primary + memory + file"):
+        row = rows[name]
+        assert len(row["cost_ratios"]) == 2 and row["cost_ratio"] > 0
+        assert row["hit_rate"] > rows["primary only"]["hit_rate"]  # the file tier serves hits
+        assert row["tier_hit_rates"]["nvme"] > 0
+    assert list(tmp_path.iterdir()) == []  # the scratch directory is gone

@@ -299,12 +299,15 @@ def replay_tiered(
             n = len(args[0]) if args and isinstance(args[0], list) else 1
             blocks[name] = blocks.get(name, 0) + n
 
+    model = np.zeros(ENGINE_SWEEP_BYTES, dtype=np.uint8)
+
     def step() -> None:
-        """One engine step: the manager submits what the step queued, the model runs
-        (`ENGINE_STEP`, whatever the configuration: the next step's calls find the caches as
-        cold in every configuration), and the runtime is let finish before the next step (ample
-        time between steps)."""
+        """One engine step: the manager submits what the step queued, the model runs (it
+        streams `ENGINE_SWEEP_BYTES` through the caches and takes `ENGINE_STEP` seconds, in
+        every configuration), and the runtime is let finish before the next step (ample time
+        between steps)."""
         call(manager.on_schedule_end)
+        np.add(model, 1, out=model)
         time.sleep(ENGINE_STEP)
         while manager.has_pending_work():
             time.sleep(ENGINE_STEP)
@@ -377,10 +380,13 @@ def replay_tiered(
 
 
 ENGINE_STEP = 0.0002
-"""Seconds a tiered replay pauses after each step, for the model's step. Every configuration
-pauses (a primary alone too, with nothing pending): a replay that skipped the pause when
-nothing was pending measured the primary alone with warm caches and the tiered setups with
-cold ones, and charged the difference to the tiers."""
+"""Seconds a tiered replay pauses after each step, for the model's step."""
+
+ENGINE_SWEEP_BYTES = 16 << 20
+"""Bytes the model's step streams through the caches (half this machine's L3 and all of its L2:
+a real forward pass streams gigabytes). Every configuration pauses and sweeps, the primary
+alone too: a replay that paused only while work was pending measured the primary alone with
+warm caches and the tiered setups with cold ones, and charged the difference to the tiers."""
 
 MAX_DEFERRALS = 32
 """Steps a request may be deferred in a tiered replay before its leading hits are used."""
