@@ -313,3 +313,44 @@ def test_bench_against_the_raw_baseline(
     assert code == 0 and row["baseline"] == "redis-benchmark"
     assert row["put_gib_s"] > 0 and row["raw_read_gib_s"] > 0 and row["get_ratio"] > 0
     assert blocks(RedisTier(namespace=bytes(range(200, 216)), url=setup["redis"].url), 1) == [None]
+
+
+def test_inspection_commands_read_a_live_segment_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """stats, ls and inspect open tiers read-only: they work on a segment-layout directory that
+    a running engine holds (one writer per directory), and find what it wrote."""
+    config = tmp_path / "tiers.yaml"
+    root = tmp_path / "live"
+    config.write_text(
+        f"""
+version: 1
+primary: {{capacity: 1GiB}}
+tiers:
+  - {{name: nvme, type: file, path: "{root}", min_free: 0, layout: segments}}
+"""
+    )
+
+    async def live() -> None:
+        writer = FileTier(namespace=NS, path=root, min_free=0, layout="segments")
+        async with writer:
+            await writer.put_many([(k(i), payload(SIZE, i)) for i in range(3)])
+            for command in (
+                ["stats", "--tier", "nvme", "--json"],
+                ["ls", "--tier", "nvme", "--json"],
+                ["inspect", "--tier", "nvme", k(1).hex()],
+            ):
+                code = await asyncio.to_thread(
+                    main, [command[0], "--config", str(config), *command[1:]]
+                )
+                assert code == 0, (command, capsys.readouterr().err)
+                out = capsys.readouterr().out
+                if command[0] == "stats":
+                    assert json.loads(out)[0]["objects"] == 3
+                elif command[0] == "ls":
+                    assert len(json.loads(out)) == 3
+                else:
+                    assert "verified: True" in out
+            assert await writer.get_bytes(k(2), SIZE) == payload(SIZE, 2)  # still the writer
+
+    asyncio.run(live())

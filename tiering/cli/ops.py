@@ -110,7 +110,7 @@ async def resolve_namespace(config: Config, cfg: TierConfig, given: str | None) 
         if len(namespace) != 16:
             raise ConfigError(f"--namespace: expected 32 hex digits, got {given!r}")
         return namespace
-    async with make_tier(config, cfg, PLACEHOLDER) as probe:
+    async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
         found = await probe.namespaces()
     if len(found) == 1:
         return found[0]
@@ -179,10 +179,10 @@ def run_stats(args: argparse.Namespace) -> int:
     async def gather() -> list[dict[str, Any]]:
         rows = []
         for cfg in chosen:
-            async with make_tier(config, cfg, PLACEHOLDER) as probe:
+            async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
                 namespaces = await probe.namespaces()
             for namespace in namespaces:
-                async with make_tier(config, cfg, namespace) as tier:
+                async with make_tier(config, cfg, namespace, read_only=True) as tier:
                     stat = await tier.stat()
                 rows.append(
                     {
@@ -325,7 +325,7 @@ def run_migrate(args: argparse.Namespace) -> int:
             args.config, source_cfg.name, destination_cfg.name, namespace
         )
         async with (
-            make_tier(config, source_cfg, namespace) as source,
+            make_tier(config, source_cfg, namespace, read_only=not args.move) as source,
             make_tier(config, destination_cfg, namespace) as destination,
         ):
             bar = Progress(0, f"migrate {source_cfg.name} -> {destination_cfg.name}")
