@@ -71,9 +71,8 @@ async def tier_rates(
         nonlocal hits
         buffer = free.pop()
         try:
-            found = await tier.get(
-                key(i % keyspace), buffer
-            )  # not `hits += await`: that reads hits first
+            # not `hits += await ...`: that would read `hits` before the call
+            found = await tier.get(key(i % keyspace), buffer)
             hits += found
         finally:
             free.append(buffer)

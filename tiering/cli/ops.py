@@ -407,7 +407,7 @@ def run_purge(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     from tiering.config import parse_size
-    from tiers.baselines import tier_rates
+    from tiers.baselines import REDIS_KEYSPACE, tier_rates
 
     config = load_config(args.config)
     cfg = tier_config(config, args.tier)
@@ -415,11 +415,12 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.count < 1 or args.clients < 1:
         raise ConfigError("--count and --clients must be positive")
     namespace = bytes(range(200, 216))  # a namespace of its own, emptied afterwards
+    keyspace = REDIS_KEYSPACE if cfg.type == "redis" else None  # redis-benchmark's `-r`
 
     async def measure(size: int) -> tuple[float, float]:
         async with make_tier(config, cfg, namespace) as tier:
             try:
-                return await tier_rates(tier, size, args.count, args.clients)
+                return await tier_rates(tier, size, args.count, args.clients, keyspace)
             finally:
                 await purge(tier)
 
