@@ -80,6 +80,11 @@ class _Segment:
     users: int = 0
     """Calls in flight on the file; it is closed when it is gone and this is 0."""
     gone: bool = False
+    counted: int = 0
+    """Bytes it adds to the tier's `_bytes`: `size`, or `segment_size` from its creation when
+    its file is preallocated (what it takes on disk)."""
+    preallocated: bool = False
+    """Its file was given `segment_size` bytes when created (trimmed to `size` on close)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,7 @@ class SegmentFileTier(FileTier):
         self._fds: dict[int, int] = {}
         self._fd_lock = threading.Lock()
         self._writer_lock: int | None = None
+        self._preallocating = True
         super().__init__(**options)
         if self.capacity is not None:
             self.segment_size = max(BLOCK, min(size, self.capacity // 16 // BLOCK * BLOCK))
@@ -171,11 +177,14 @@ class SegmentFileTier(FileTier):
         with open(segment.path, "rb", buffering=0) as f:
             fd = f.fileno()
             end = os.fstat(fd).st_size
-            segment.size = -(-end // BLOCK) * BLOCK
+            segment.size = segment.counted = -(-end // BLOCK) * BLOCK
             self._bytes += segment.size
             offset = 0
             while offset + HEADER_MIN <= end:
                 raw = os.pread(fd, BLOCK, offset)
+                if not any(raw):  # a preallocated tail, or a hole: skip it a chunk at a time
+                    offset = _past_zeros(fd, offset, end)
+                    continue
                 if raw.startswith(_TOMBSTONE):
                     offset += _record(_TOMB.unpack_from(raw)[1])
                     continue
@@ -224,9 +233,14 @@ class SegmentFileTier(FileTier):
             self._next_seq += 1
             self._segments[segment.seq] = segment
             self._active = segment
+            if self._preallocating:  # its file takes segment_size on disk from the start
+                segment.counted = self.segment_size
+                self._bytes += self.segment_size
         where = _Where(segment, segment.size, length)
         segment.size += _record(length)
-        self._bytes += _record(length)
+        if segment.size > segment.counted:
+            self._bytes += segment.size - segment.counted
+            segment.counted = segment.size
         self._segments.move_to_end(segment.seq)
         return where
 
@@ -248,7 +262,7 @@ class SegmentFileTier(FileTier):
         """Forget `segment` and its objects; its file goes when no call uses it any more."""
         self._segments.pop(segment.seq, None)
         segment.gone = True
-        self._bytes -= segment.size
+        self._bytes -= segment.counted
         for key in segment.keys:
             del self._where[key]
             self._index.pop(key, None)
@@ -262,9 +276,17 @@ class SegmentFileTier(FileTier):
 
     async def _evict_for(self, size: int) -> None:
         assert self.capacity is not None
-        while self._segments and self._bytes + size > self.capacity:
+        while self._segments and self._bytes + self._growth(size) > self.capacity:
             victim = next(iter(self._segments.values()))
             self._drop(victim, evicted=True)
+
+    def _growth(self, size: int) -> int:
+        """How much reserving `size` bytes of records grows `_bytes`: what the active segment
+        has not counted yet, or a new segment (all of `segment_size` when preallocated)."""
+        active = self._active
+        if active is not None and active.size + size <= self.segment_size:
+            return max(0, active.size + size - active.counted)
+        return max(size, self.segment_size) if self._preallocating else size
 
     # -- primitives -----------------------------------------------------------------------------
 
@@ -350,6 +372,12 @@ class SegmentFileTier(FileTier):
 
     async def _close(self) -> None:
         await super()._close()
+        active = self._active
+        if active is not None and active.preallocated and active.seq in self._fds:
+            try:  # the preallocated tail goes back to the disk; a restart scans less
+                os.ftruncate(self._fds[active.seq], active.size)
+            except OSError as e:
+                log.warning("tier %r: cannot trim %s: %s", self.name, active.path, e)
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
@@ -573,8 +601,31 @@ class SegmentFileTier(FileTier):
                         if not self.root.is_dir():
                             self.root.mkdir(parents=True, exist_ok=True)
                     fd = os.open(segment.path, flags | self._flags(), 0o644)
+                    if segment is self._active and not self.read_only:
+                        self._preallocate(fd, segment)
                     self._fds[segment.seq] = fd
         return fd
+
+    def _preallocate(self, fd: int, segment: _Segment) -> None:
+        """Give a new segment file its blocks up front (`posix_fallocate`): appending O_DIRECT
+        writes extend the file and serialize on its metadata, writes inside it do not (eight
+        threads of 256 KiB writes: 0.87-0.95 GiB/s appending, 1.25-1.45 preallocated, here).
+        Skipped where the file system cannot, or when it would leave less than `min_free`; the
+        unused tail is zeros, trimmed on close and skipped by a restart's scan."""
+        if not self._preallocating or os.fstat(fd).st_size:
+            return
+        try:
+            self._check_free(self.segment_size)
+            os.posix_fallocate(fd, 0, self.segment_size)
+        except TierFull:
+            return
+        except OSError as e:
+            os.ftruncate(fd, 0)  # an ENOSPC may leave part of it allocated
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                self._preallocating = False
+                log.info("tier %r: %s cannot preallocate files (%s)", self.name, self.root, e)
+            return
+        segment.preallocated = True
 
     def _read_object_into(self, where: _Where, payload: memoryview) -> bytes | None:
         """The header, the payload read straight into `payload` when the object is laid out
@@ -657,6 +708,23 @@ class SegmentFileTier(FileTier):
         """(segment file, offset, object length) of `key`'s copy, or None."""
         where = self._where.get(key)
         return None if where is None else (where.segment.path, where.offset, where.length)
+
+
+def _past_zeros(fd: int, offset: int, end: int) -> int:
+    """The first block-aligned offset at or after `offset` whose block is not all zeros (or
+    `end`)."""
+    while offset < end:
+        chunk = os.pread(fd, _ZERO_CHUNK, offset)
+        if not chunk:
+            return end
+        stripped = chunk.lstrip(b"\0")
+        if stripped:
+            return offset + (len(chunk) - len(stripped)) // BLOCK * BLOCK
+        offset += len(chunk)
+    return end
+
+
+_ZERO_CHUNK = 1 << 20
 
 
 def _close_and_unlink(fd: int | None, path: Path) -> None:
