@@ -319,6 +319,32 @@ def test_segments_preallocated_tail_is_skipped_at_restart(tmp_path: Path) -> Non
     asyncio.run(body())
 
 
+def test_segments_work_where_files_cannot_be_preallocated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system without `fallocate`: said once, segments grow as they are written, and
+    every put and get works."""
+    import errno
+
+    import tiers.segments
+
+    def refuse(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(tiers.segments.os, "posix_fallocate", refuse)
+
+    async def body() -> None:
+        async with segments(tmp_path, segment_size="4MiB") as tier:
+            for i in range(3):
+                await tier.put(key(i), payload(100_000, i))
+            assert not tier._preallocating
+            (path,) = tmp_path.rglob("*.kvs")
+            assert path.stat().st_size == 3 * (104 << 10)  # as written, not preallocated
+            assert await tier.get_bytes(key(2), 100_000) == payload(100_000, 2)
+
+    asyncio.run(body())
+
+
 def test_segments_a_block_deleted_while_being_written_stays_deleted(tmp_path: Path) -> None:
     async def body() -> None:
         async with segments(tmp_path) as tier:

@@ -24,6 +24,7 @@ on a file kept open; the object format is the same, each object starting on a 4 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -611,19 +612,24 @@ class SegmentFileTier(FileTier):
         writes extend the file and serialize on its metadata, writes inside it do not (eight
         threads of 256 KiB writes: 0.87-0.95 GiB/s appending, 1.25-1.45 preallocated, here).
         Skipped where the file system cannot, or when it would leave less than `min_free`; the
-        unused tail is zeros, trimmed on close and skipped by a restart's scan."""
-        if not self._preallocating or os.fstat(fd).st_size:
+        unused tail is zeros, trimmed on close and skipped by a restart's scan. Best effort: it
+        never raises (the caller has just opened `fd` and would leak it); a segment left
+        unallocated is still counted at `segment_size`, which errs towards evicting early."""
+        if not self._preallocating:
             return
         try:
+            if os.fstat(fd).st_size:
+                return
             self._check_free(self.segment_size)
             os.posix_fallocate(fd, 0, self.segment_size)
         except TierFull:
             return
         except OSError as e:
-            os.ftruncate(fd, 0)  # an ENOSPC may leave part of it allocated
             if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                 self._preallocating = False
                 log.info("tier %r: %s cannot preallocate files (%s)", self.name, self.root, e)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # an ENOSPC may leave part of it allocated
             return
         segment.preallocated = True
 
