@@ -411,16 +411,20 @@ def test_unknown_layout_is_refused(tmp_path: Path) -> None:
         FileTier(namespace=NAMESPACE, path=tmp_path, layout="log")
 
 
+@pytest.mark.parametrize("aio", [True, False], ids=["kernel-aio", "threads"])
 def test_segments_move_a_batch_in_one_system_call(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aio: bool
 ) -> None:
-    """Blocks put together lie back to back and come back together: one pwritev, one preadv
-    (page-aligned slots of whole 4 KiB blocks, as the primary's are); a damaged or deleted
-    block among them fails alone."""
+    """Blocks put together lie back to back and come back together: one request to the disk
+    for the batch (a pwritev or preadv in a pool thread, or one kernel AIO request), page-aligned
+    slots of whole 4 KiB blocks, as the primary's are; a damaged or deleted block among them
+    fails alone."""
     import mmap
 
-    calls: dict[str, int] = {"pwritev": 0, "preadv": 0}
-    for name in calls:
+    from tiers.aio import KernelAio
+
+    calls: dict[str, int] = {"pwritev": 0, "preadv": 0, "aio": 0}
+    for name in ("pwritev", "preadv"):
         real = getattr(os, name)
 
         def counted(*args: Any, real: Any = real, name: str = name) -> Any:
@@ -428,6 +432,14 @@ def test_segments_move_a_batch_in_one_system_call(
             return real(*args)
 
         monkeypatch.setattr(os, name, counted)
+    real_submit = KernelAio.submit
+
+    def submitted(self: KernelAio, requests: Any) -> Any:
+        calls["aio"] += len(requests)
+        calls["pwritev" if requests[0][0] == 8 else "preadv"] += len(requests)
+        return real_submit(self, requests)
+
+    monkeypatch.setattr(KernelAio, "submit", submitted)
 
     def slot(fill: bytes | None = None) -> memoryview:
         view = memoryview(mmap.mmap(-1, 64 << 10))
@@ -436,7 +448,9 @@ def test_segments_move_a_batch_in_one_system_call(
         return view
 
     async def body() -> None:
-        async with segments(tmp_path, direct=True) as tier:
+        async with segments(tmp_path, direct=True, aio=aio) as tier:
+            await tier.put(key(99), slot(payload(64 << 10, 99)))  # the segment file is opened
+            calls.update(pwritev=0, aio=0)
             assert (
                 await tier.put_many([(key(i), slot(payload(64 << 10, i))) for i in range(8)])
                 == [None] * 8
@@ -446,6 +460,7 @@ def test_segments_move_a_batch_in_one_system_call(
             asked = [(key(i), targets[i]) for i in reversed(range(8))]  # any order: sorted
             found = await tier.get_many(asked)
             assert found == [True] * 8 and calls["preadv"] == 1
+            assert calls["aio"] == (2 if aio else 0)  # kernel AIO is used where asked for
             assert all(bytes(targets[i]) == payload(64 << 10, i) for i in range(8))
 
             await tier.delete(key(2))

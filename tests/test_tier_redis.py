@@ -245,3 +245,30 @@ def test_a_connection_keeps_its_reader_between_exchanges_until_the_server_closes
         asyncio.run(body())
     finally:
         admin.close()
+
+
+def test_a_batch_of_large_blocks_goes_as_several_pipelines_at_once(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `PIPELINE_BYTES` of values a batch is split into pipelines sent on as many
+    connections at once (one connection carries its replies one after another), each value
+    still landing in its own buffer."""
+    import tiers.redis
+
+    flush(redis_server.port)
+    monkeypatch.setattr(tiers.redis, "PIPELINE_BYTES", 100_000)  # about one 64 KiB block each
+    size = 64 << 10
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url, concurrency=4) as tier:
+            fast = tier._fast
+            assert fast is not None
+            assert await tier.put_many([(key(i), payload(size, i)) for i in range(8)]) == [None] * 8
+            assert len(fast._idle) > 1  # several connections were in use at once
+            buffers = [bytearray(size) for _ in range(8)]
+            found = await tier.get_many([(key(i), b) for i, b in enumerate(buffers)])
+            assert found == [True] * 8
+            assert all(bytes(b) == payload(size, i) for i, b in enumerate(buffers))
+            assert tier.counters["puts"] == 8 and tier.counters["hits"] == 8
+
+    asyncio.run(body())

@@ -79,6 +79,7 @@ class FileTier(Tier):
         fsync: bool = False,
         layout: str = "files",
         segment_size: int | str = "64MiB",
+        aio: bool = True,
         **options: Any,
     ) -> None:
         """`min_free`: puts fail (`TierFull`) rather than leave less free space on the disk.
@@ -86,7 +87,9 @@ class FileTier(Tier):
         object and its directory before acknowledging the put (survives power loss, slower).
         `layout`: `files` (a file per block) or `segments` (blocks appended to files of
         `segment_size`, `tiers.segments`: one system call per block, no file created per
-        block; evicts a segment at a time)."""
+        block; evicts a segment at a time). `aio`: with `segments` and O_DIRECT, reads and
+        writes go to the disk by Linux kernel AIO from the event loop where the kernel and file
+        system allow (`tiers.aio`), instead of through the thread pool."""
         if layout not in LAYOUTS:
             raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
         super().__init__(**options)
@@ -100,6 +103,7 @@ class FileTier(Tier):
             ) from e
         self.min_free = parse_size(min_free, "min_free") if min_free else 0
         self.fsync = fsync
+        self.aio = aio
         self.direct = _direct_supported(self.base) if direct is None else direct
         if not self.direct and str(self.base) not in _said_buffered:
             _said_buffered.add(str(self.base))

@@ -2,7 +2,8 @@
 
 Keys are `kvtier:<namespace hex>:<key hex>`, so several models share a server without seeing
 each other's blocks and `kvtier ls` can scan one namespace. Batches (`contains`, `get_many`,
-`put_many`) go in one pipeline per batch.
+`put_many`) go in pipelines: one per batch, or for large blocks one per `PIPELINE_BYTES` of
+values, on as many connections at once.
 
 Blocks move through `tiers.resp` on a plain-TCP server: a GET lands in the primary slot with no
 intermediate copy and a SET sends header and payload from where they lie (redis-py copies a
@@ -13,9 +14,10 @@ commands. Connection errors become `TierUnavailable`; the tier's deadline bounds
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
@@ -30,7 +32,13 @@ from tiers.resp import RespConnection, RespError, RespPool, command, set_command
 
 __all__ = ["RedisTier"]
 
+T = TypeVar("T")
+
 PIPELINE_MAX_VALUE = 512 << 10
+PIPELINE_BYTES = 512 << 10
+"""Value bytes per pipeline of a batch on the fast path: a batch of large blocks goes as several
+pipelines on as many connections at once; one connection carries its replies one after another
+(see BENCHMARKS.md, "Secondary tiers")."""
 
 
 class RedisTier(Tier):
@@ -265,10 +273,22 @@ class RedisTier(Tier):
     async def _get_many_fast(
         self, blocks: list[BlockKey], views: list[memoryview]
     ) -> list[bool | BaseException]:
-        """One pipeline of GETs on one connection, each value read into its buffer."""
+        """Pipelines of GETs (`PIPELINE_BYTES` of values each, on as many connections at
+        once), each value read into its buffer; a pipeline that fails fails its blocks only."""
+        spans = _spans([len(view) for view in views], PIPELINE_BYTES)
+        heads: list[Any] = []
+        for got in await _each(self._fetch_pipeline(blocks[s], views[s]) for s in spans):
+            heads += got
+        return [
+            head if isinstance(head, BaseException) else await self._accept_into(block, head, view)
+            for block, head, view in zip(blocks, heads, views, strict=True)
+        ]
+
+    async def _fetch_pipeline(
+        self, blocks: list[BlockKey], views: list[memoryview]
+    ) -> list[bytes | None | BaseException]:
         assert self._fast is not None
         fast = self._fast
-
         requests = [command(b"GET", self._name(block)) for block in blocks]
 
         async def exchange(conn: RespConnection) -> list[bytes | None]:
@@ -280,24 +300,35 @@ class RedisTier(Tier):
                 return await fast.run(exchange)
 
         try:
-            heads = await self._call(fetch())
+            return list(await self._call(fetch()))
         except TierError as e:
             return [e] * len(blocks)
-        return [
-            await self._accept_into(block, head, view)
-            for block, head, view in zip(blocks, heads, views, strict=True)
-        ]
 
     async def _put_many_fast(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
     ) -> list[None | BaseException]:
-        """One pipeline of SETs on one connection, values sent from where they lie; a value
-        the server refuses (an error reply) fails alone."""
+        """Pipelines of SETs (`PIPELINE_BYTES` of values each, on as many connections at once),
+        values sent from where they lie; a value the server refuses (an error reply) fails
+        alone, a pipeline that fails fails its blocks only."""
+        encoded = [self._encode(k, d) for k, d in items]
+        spans = _spans([len(data) for _, data in items], PIPELINE_BYTES)
+        outcomes: list[None | BaseException] = []
+        for got in await _each(self._store_pipeline(encoded[s]) for s in spans):
+            outcomes += got
+        for (_, data), outcome in zip(items, outcomes, strict=True):
+            if outcome is None:
+                self.counters["puts"] += 1
+                self.counters["bytes_written"] += len(data)
+            else:
+                self.counters["errors"] += 1
+        return outcomes
+
+    async def _store_pipeline(
+        self, encoded: list[tuple[BlockKey, tuple[Buffer, Buffer]]]
+    ) -> list[None | BaseException]:
         assert self._fast is not None
         fast = self._fast
-        encoded = [self._encode(k, d) for k, d in items]
         ex = self._ex()
-
         parts: list[Buffer] = []
         for block, value in encoded:
             parts += set_command(self._name(block), value, ex)
@@ -318,16 +349,9 @@ class RedisTier(Tier):
                 return await fast.run(exchange)
 
         try:
-            outcomes = await self._call(store())
+            return await self._call(store())
         except TierError as e:
-            return [e] * len(items)
-        for (_, data), outcome in zip(items, outcomes, strict=True):
-            if outcome is None:
-                self.counters["puts"] += 1
-                self.counters["bytes_written"] += len(data)
-            else:
-                self.counters["errors"] += 1
-        return outcomes
+            return [e] * len(encoded)
 
     async def raw_set(self, key: BlockKey, blob: bytes) -> None:
         """Store object bytes as they are (white-box tests)."""
@@ -336,3 +360,24 @@ class RedisTier(Tier):
     async def raw_get(self, key: BlockKey) -> bytes | None:
         value: bytes | None = await self._client.get(self._name(key))
         return value
+
+
+def _spans(sizes: list[int], limit: int) -> list[slice]:
+    """Consecutive slices of `sizes` of at most `limit` bytes each (at least one item)."""
+    spans: list[slice] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > limit:
+            spans.append(slice(start, i))
+            start, total = i, 0
+        total += size
+    spans.append(slice(start, len(sizes)))
+    return spans
+
+
+async def _each(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """The results of `calls`, run at once (one call runs without a task)."""
+    pending = list(calls)
+    if len(pending) == 1:
+        return [await pending[0]]
+    return list(await asyncio.gather(*pending))
