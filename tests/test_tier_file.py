@@ -404,6 +404,33 @@ def test_segments_full_disk_fails_softly(tmp_path: Path) -> None:
     asyncio.run(body())
 
 
+@pytest.mark.parametrize("aio", [True, False], ids=["kernel-aio", "threads"])
+def test_segments_min_free_is_checked_when_space_is_taken(tmp_path: Path, aio: bool) -> None:
+    """A preallocated segment's blocks were taken when it was created (with `min_free` checked
+    then): puts into it take no more space and go on once the disk is short; the put that needs
+    a new segment fails softly."""
+    import mmap
+
+    def slot(i: int) -> memoryview:  # a page-aligned slot, as the primary's
+        view = memoryview(mmap.mmap(-1, 64 << 10))
+        view[:] = payload(64 << 10, i)
+        return view
+
+    async def body() -> None:
+        async with segments(tmp_path, segment_size="1MiB", direct=True, aio=aio) as tier:
+            await tier.put(key(0), slot(0))
+            assert tier._active is not None and tier._active.preallocated
+            free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+            tier.min_free = free + (1 << 30)  # from now on the disk is short
+            for i in range(1, 15):  # 15 records of 68 KiB fill the 1 MiB segment
+                await tier.put(key(i), slot(i))
+            with pytest.raises(TierFull, match="would leave less than min_free"):
+                await tier.put(key(15), slot(15))
+            assert await tier.contains([key(14), key(15)]) == [True, False]
+
+    asyncio.run(body())
+
+
 def test_unknown_layout_is_refused(tmp_path: Path) -> None:
     from tiering.errors import ConfigError
 

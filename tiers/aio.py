@@ -126,8 +126,8 @@ class KernelAio:
         is the bytes moved or a negative errno (`-EAGAIN` where the request was not started)."""
         loop = self._loop
         assert loop is not None, "bind the context to a loop first"
-        futures: list[asyncio.Future[int]] = []
         blocks = (ctypes.POINTER(_Iocb) * len(requests))()
+        entries = []
         for k, (op, fd, views, offset) in enumerate(requests):
             vectors = (_Iovec * len(views))()
             pinned = []
@@ -137,8 +137,6 @@ class KernelAio:
                 vectors[i].base = ctypes.addressof(memory)
                 vectors[i].len = len(view)
             block = _Iocb()
-            self._next += 1
-            block.data = self._next
             block.opcode = op
             block.rw_flags = _RWF_NOWAIT
             block.fildes = fd
@@ -148,6 +146,11 @@ class KernelAio:
             block.flags = _FLAG_RESFD
             block.resfd = self._efd
             blocks[k] = ctypes.pointer(block)
+            entries.append((block, vectors, pinned))
+        futures: list[asyncio.Future[int]] = []
+        for block, vectors, pinned in entries:  # all built: nothing can fail half-registered
+            self._next += 1
+            block.data = self._next
             future = loop.create_future()
             self._pending[self._next] = (future, (block, vectors, pinned))
             futures.append(future)
@@ -196,6 +199,8 @@ class KernelAio:
                 events,
                 ctypes.byref(self._now),
             )
+            if n < 0 and ctypes.get_errno() == errno.EINTR:
+                continue  # the eventfd is read: what completed must be reaped now
             if n <= 0:
                 return
             for i in range(n):

@@ -576,9 +576,9 @@ class SegmentFileTier(FileTier):
         return out
 
     def _write_run(self, run: list[tuple[_Where, Sequence[Buffer]]]) -> None:
-        first = run[0][0]
-        total = sum(where.length for where, _ in run)
-        self._check_free(total)
+        first, last = run[0][0], run[-1][0]
+        if not self._allocated(first, last.offset + last.length):
+            self._check_free(sum(where.length for where, _ in run))
         headers = self._aligned(len(run) * BLOCK)
         vectors: list[Buffer] = []
         for k, (_, (header, payload)) in enumerate(run):
@@ -626,6 +626,11 @@ class SegmentFileTier(FileTier):
             and (not self.direct or _aligned(memoryview(parts[1])))
         )
 
+    def _allocated(self, where: _Where, end: int) -> bool:
+        """Whether `where`'s segment file had its bytes up to `end` allocated when created (a
+        write there takes no more space, and extends nothing)."""
+        return where.segment.preallocated and end <= self.segment_size
+
     def _kernel_aio(self) -> KernelAio | None:
         """The kernel AIO context, bound to the running loop; None where there is none, or it
         is busy with another loop's calls."""
@@ -659,11 +664,12 @@ class SegmentFileTier(FileTier):
         if aio is None:
             return out
         requests = []
-        chosen: list[tuple[int, list[memoryview]]] = []
+        chosen: list[tuple[int, list[memoryview], int]] = []  # run, its headers, its bytes
         for k, run in enumerate(runs):
             first = run[0][0]
             fd = self._fds.get(first.segment.seq)  # opening (and preallocating) is the pool's
-            if op == PWRITEV and not first.segment.preallocated:
+            last = run[-1][0]
+            if op == PWRITEV and not self._allocated(first, last.offset + last.length):
                 continue  # writes that extend a file would answer EAGAIN (RWF_NOWAIT)
             views = [memoryview(job[1] if op == PWRITEV else job) for _, job in run]
             if (
@@ -673,12 +679,6 @@ class SegmentFileTier(FileTier):
             ):
                 continue
             payloads = [v.cast("B") for v in views]
-            if op == PWRITEV:
-                try:
-                    self._check_free(sum(where.length for where, _ in run))
-                except TierFull as e:
-                    out[k] = [e] * len(run)
-                    continue
             pages = [self._pages.pop() for _ in run]
             vectors = []
             for page, payload, (_, job) in zip(pages, payloads, run, strict=True):
@@ -686,10 +686,10 @@ class SegmentFileTier(FileTier):
                     page[:] = job[0]
                 vectors += [page, payload]
             requests.append((op, fd, vectors, first.offset))
-            chosen.append((k, pages))
+            chosen.append((k, pages, sum(len(v) for v in vectors)))
         if not requests:
             return out
-        segments = [runs[k][0][0].segment for k, _ in chosen]
+        segments = [runs[k][0][0].segment for k, _, _ in chosen]
         for segment in segments:
             segment.users += 1
         try:
@@ -698,25 +698,26 @@ class SegmentFileTier(FileTier):
                     results = await aio.wait(aio.submit(requests))
             except TimeoutError:
                 error = TierTimeout(f"tier {self.name!r}: no answer within the deadline")
-                for k, _ in chosen:
+                for k, _, _ in chosen:
                     out[k] = [error] * len(runs[k])
                 return out
             self.counters["aio_requests"] += len(requests)
-            for (k, pages), n in zip(chosen, results, strict=True):
-                out[k] = self._aio_answers(op, runs[k], pages, n)
+            for (k, pages, total), n in zip(chosen, results, strict=True):
+                out[k] = self._aio_answers(op, runs[k], pages, n, total)
                 if out[k] is None:
                     self.counters["aio_redone"] += 1
             return out
         finally:
             for segment in segments:
                 self._release(segment)
-            for _, pages in chosen:
+            for _, pages, _ in chosen:
                 self._pages += pages
 
     def _aio_answers(
-        self, op: int, run: list[tuple[_Where, Any]], pages: list[memoryview], n: int
+        self, op: int, run: list[tuple[_Where, Any]], pages: list[memoryview], n: int, total: int
     ) -> list[Any] | None:
-        """A run's answers from its request's result `n` (bytes, or a negative errno)."""
+        """A run's answers from its request's result `n` (bytes, or a negative errno; `total`
+        bytes were asked for)."""
         first = run[0][0]
         if n < 0 and -n in REDO:
             if -n != errno.EAGAIN and not self._aio_off:  # the file system cannot: stop asking
@@ -736,7 +737,6 @@ class SegmentFileTier(FileTier):
             return [self._unavailable("read" if op == PREADV else "write", first, e)] * len(run)
         if op == PREADV:
             return _read_answers(run, pages, n)
-        total = sum(BLOCK + len(job[1]) for _, job in run)
         if n != total:
             short = OSError(errno.EIO, f"short write ({n} of {total})")
             return [self._unavailable("write", first, short)] * len(run)
@@ -820,7 +820,8 @@ class SegmentFileTier(FileTier):
         return bytes(buffer[: where.length])
 
     def _write_object(self, where: _Where, parts: Sequence[Buffer]) -> None:
-        self._check_free(where.length)
+        if not self._allocated(where, where.offset + where.length):
+            self._check_free(where.length)
         self._pwrite(where, self._gather(parts, where.length))
 
     def _pwrite(self, where: _Where, vectors: Sequence[Buffer]) -> None:
