@@ -64,6 +64,7 @@ class RespConnection:
         self._end = 0
         self._reading_on: asyncio.AbstractEventLoop | None = None  # where the reader is
         self._waiter: asyncio.Future[None] | None = None
+        self._asked = False  # a request was sent and nothing read since: wait before reading
         self.uses = 0
 
     def close(self) -> None:
@@ -88,6 +89,7 @@ class RespConnection:
                 views[0] = views[0][sent:]
             elif views:
                 await self._ready(writing=True)
+        self._asked = True
 
     # -- receiving --------------------------------------------------------------------------------
 
@@ -143,6 +145,9 @@ class RespConnection:
             left = self._end - self._start
             self._view[:left] = self._view[self._start : self._end]
             self._start, self._end = 0, left
+        if self._asked:  # the reply is on its way, hardly here yet: a recv now would be wasted
+            self._asked = False
+            await self._ready()
         while True:
             try:
                 got = self.sock.recv_into(self._view[self._end :])
