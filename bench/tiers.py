@@ -16,7 +16,7 @@ redis-benchmark's clients and fio's jobs do.
 
 Servers are started on loopback for the run (redis-server, SeaweedFS), as the tests do.
 
-    python bench/tiers.py [--dir DIR] [--tiers file,redis,s3] [--json]
+    python bench/tiers.py [--dir DIR] [--tiers file,redis,s3] [--aio on|off|both] [--json]
 """
 
 from __future__ import annotations
@@ -72,10 +72,21 @@ def summarize(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def bench_file(
-    directory: Path, clients: int, repeat: int, layouts: Sequence[str] = ("files", "segments")
+    directory: Path,
+    clients: int,
+    repeat: int,
+    layouts: Sequence[str] = ("files", "segments"),
+    aio: Sequence[bool] = (True,),
 ) -> list[dict[str, Any]]:
+    """`aio`: the segment layout with kernel AIO (True), through its thread pool (False), or
+    both, as separate rows."""
+    variants = [
+        (layout, use_aio)
+        for layout in layouts
+        for use_aio in (aio if layout == "segments" else (True,))
+    ]
     rows = []
-    for layout, size in ((layout, size) for layout in layouts for size in SIZES):
+    for layout, use_aio, size in ((*variant, size) for variant in variants for size in SIZES):
         count = max(64, (512 << 20) // size)
         for jobs, batched in ((1, False), (clients, False), (clients, True)):
             runs = []
@@ -83,7 +94,12 @@ def bench_file(
             for rep in range(repeat):
                 root = directory / f"file-tier-{rep}"
                 tier = FileTier(
-                    namespace=NAMESPACE, path=root, min_free=0, concurrency=jobs, layout=layout
+                    namespace=NAMESPACE,
+                    path=root,
+                    min_free=0,
+                    concurrency=jobs,
+                    layout=layout,
+                    aio=use_aio,
                 )
                 put, get = asyncio.run(_run_and_close(tier, size, count, jobs, batched))
                 shutil.rmtree(root, ignore_errors=True)
@@ -92,7 +108,9 @@ def bench_file(
             how = f"batches of {jobs}" if batched else f"{jobs} call(s) in flight"
             rows.append(
                 {
-                    "tier": "file" if layout == "files" else "file/segments",
+                    "tier": "file"
+                    if layout == "files"
+                    else f"file/segments{'' if use_aio else '/threads'}",
                     "block_bytes": size,
                     "in_flight": jobs,
                     "baseline": f"{tool} O_DIRECT, {jobs} stream(s); tier: {how}",
@@ -260,6 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layouts", default="files,segments", help="file tier layouts")
+    parser.add_argument(
+        "--aio",
+        choices=("on", "off", "both"),
+        default="on",
+        help="segment layout: kernel AIO (on), the thread pool (off), or both as separate rows",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     directory = Path(tempfile.mkdtemp(prefix="kvtier-bench-", dir=args.dir))
@@ -267,7 +291,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for name in args.tiers.split(","):
             if name == "file":
-                rows += bench_file(directory, args.clients, args.repeat, args.layouts.split(","))
+                aio = {"on": (True,), "off": (False,), "both": (True, False)}[args.aio]
+                rows += bench_file(
+                    directory, args.clients, args.repeat, args.layouts.split(","), aio
+                )
             elif name == "redis":
                 rows += bench_redis(directory, args.clients, args.repeat)
             elif name == "s3":
@@ -284,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         size = f"{r['block_bytes'] >> 10:>5} KiB x{r['in_flight']:<2}"
         put = f"put {r['put']:.2f} / {r['raw_write']:.2f} = {r['put_ratio']:.2f}"
         get = f"get {r['get']:.2f} / {r['raw_read']:.2f} = {r['get_ratio']:.2f}"
-        print(f"{r['tier']:<13} {size} {put}   {get}   ({r['baseline']})")
+        print(f"{r['tier']:<21} {size} {put}   {get}   ({r['baseline']})")
     return 0
 
 
