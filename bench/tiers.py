@@ -79,44 +79,46 @@ def bench_file(
     aio: Sequence[bool] = (True,),
 ) -> list[dict[str, Any]]:
     """`aio`: the segment layout with kernel AIO (True), through its thread pool (False), or
-    both, as separate rows."""
-    variants = [
-        (layout, use_aio)
-        for layout in layouts
-        for use_aio in (aio if layout == "segments" else (True,))
-    ]
+    both, as separate rows; both run in every repetition, in alternating order, against the
+    same baseline run (the disk drifts between repetitions)."""
     rows = []
-    for layout, use_aio, size in ((*variant, size) for variant in variants for size in SIZES):
+    for layout, size in ((layout, size) for layout in layouts for size in SIZES):
         count = max(64, (512 << 20) // size)
+        variants = list(aio) if layout == "segments" else [True]
         for jobs, batched in ((1, False), (clients, False), (clients, True)):
-            runs = []
+            runs: dict[bool, list[dict[str, float]]] = {v: [] for v in variants}
             tool = ""
             for rep in range(repeat):
-                root = directory / f"file-tier-{rep}"
-                tier = FileTier(
-                    namespace=NAMESPACE,
-                    path=root,
-                    min_free=0,
-                    concurrency=jobs,
-                    layout=layout,
-                    aio=use_aio,
-                )
-                put, get = asyncio.run(_run_and_close(tier, size, count, jobs, batched))
-                shutil.rmtree(root, ignore_errors=True)
+                rates = {}
+                for use_aio in variants if rep % 2 == 0 else variants[::-1]:
+                    root = directory / f"file-tier-{rep}"
+                    tier = FileTier(
+                        namespace=NAMESPACE,
+                        path=root,
+                        min_free=0,
+                        concurrency=jobs,
+                        layout=layout,
+                        aio=use_aio,
+                    )
+                    rates[use_aio] = asyncio.run(_run_and_close(tier, size, count, jobs, batched))
+                    shutil.rmtree(root, ignore_errors=True)
                 write, read, tool = raw_disk(directory, size, count, jobs)
-                runs.append({"put": put, "get": get, "raw_write": write, "raw_read": read})
+                for use_aio, (put, get) in rates.items():
+                    runs[use_aio].append(
+                        {"put": put, "get": get, "raw_write": write, "raw_read": read}
+                    )
             how = f"batches of {jobs}" if batched else f"{jobs} call(s) in flight"
-            rows.append(
-                {
-                    "tier": "file"
-                    if layout == "files"
-                    else f"file/segments{'' if use_aio else '/threads'}",
-                    "block_bytes": size,
-                    "in_flight": jobs,
-                    "baseline": f"{tool} O_DIRECT, {jobs} stream(s); tier: {how}",
-                    **summarize(runs),
-                }
-            )
+            for use_aio in variants:
+                name = "file" if layout == "files" else "file/segments"
+                rows.append(
+                    {
+                        "tier": name if use_aio else f"{name}/threads",
+                        "block_bytes": size,
+                        "in_flight": jobs,
+                        "baseline": f"{tool} O_DIRECT, {jobs} stream(s); tier: {how}",
+                        **summarize(runs[use_aio]),
+                    }
+                )
     return rows
 
 
