@@ -231,3 +231,12 @@ def test_segments_kernel_aio_batches_keep_their_deadline(
             assert pending and all(f.done() for f in pending)
 
     asyncio.run(body())
+
+
+def test_a_kernel_aio_context_dropped_unclosed_is_released() -> None:
+    """A context holds a share of the system's `fs.aio-max-nr` (about a hundred of ours fit
+    in the default 65,536): one whose tier was dropped without `close` gives it back when it is
+    collected, so a long-lived process that makes tiers keeps getting contexts."""
+    limit = int(Path("/proc/sys/fs/aio-max-nr").read_text())
+    for _ in range(limit // 256 + 10):  # more than fit at once
+        KernelAio(256)

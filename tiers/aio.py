@@ -22,6 +22,7 @@ import errno
 import os
 import platform
 import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,6 +108,11 @@ class KernelAio:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid = os.getpid()
         self._closed = False
+        # A context never closed (its tier was dropped unclosed) would hold its share of the
+        # system's aio-max-nr until the process exits: released when collected instead.
+        self._release = weakref.finalize(
+            self, _release, self._syscall, self._destroy, self._ctx.value, self._efd, self._pid
+        )
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> bool:
         """Whether requests can be made from `loop` now: completions go to one loop, so a new
@@ -215,6 +221,7 @@ class KernelAio:
         if self._closed or self._pid != os.getpid():
             return
         self._closed = True
+        self._release.detach()
         self._syscall(ctypes.c_long(self._destroy), self._ctx)
         for future, _ in self._pending.values():
             if not future.done() and not future.get_loop().is_closed():
@@ -223,3 +230,12 @@ class KernelAio:
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._efd)
         os.close(self._efd)
+
+
+def _release(syscall: Any, destroy: int, ctx: int, efd: int, pid: int) -> None:
+    """io_destroy (which waits for requests in flight) and the eventfd, for a context dropped
+    without `close`; nothing in a forked child (the context is the parent's)."""
+    if os.getpid() != pid:
+        return
+    syscall(ctypes.c_long(destroy), ctypes.c_ulong(ctx))
+    os.close(efd)

@@ -376,8 +376,13 @@ def _spans(sizes: list[int], limit: int) -> list[slice]:
 
 
 async def _each(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """The results of `calls`, run at once (one call runs without a task)."""
+    """The results of `calls`, run at once (one call runs without a task); an exception is
+    raised only once every call has ended (they read into the caller's buffers)."""
     pending = list(calls)
     if len(pending) == 1:
         return [await pending[0]]
-    return list(await asyncio.gather(*pending))
+    results = await asyncio.gather(*pending, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results  # type: ignore[return-value]
