@@ -593,3 +593,41 @@ def test_a_tier_answering_the_wrong_number_of_items_is_a_miss(cleanup: Any) -> N
     for i in range(3):
         h.manager.lookup(k(i))
     assert h.lookup_until(1, MISS)[-1] is MISS  # no exception reached the caller
+
+
+def test_the_segment_layout_with_kernel_aio_serves_the_runtime(cleanup: Any, tmp_path: Any) -> None:
+    """The file tier's segment layout on the runtime's loop (its own thread), from page-aligned
+    slots as the primary region's are: blocks written back by kernel AIO and promoted back byte
+    for byte, after a restart of the tier too."""
+    import mmap
+
+    from tiers.file import FileTier
+
+    def harness() -> tuple[Harness, FileTier]:
+        tier = FileTier(
+            namespace=NAMESPACE, path=tmp_path, layout="segments", min_free=0, direct=True
+        )
+        h = Harness([(TierConfig(name="nvme", type="file", write="back"), tier)], reserve=3)
+        region = mmap.mmap(-1, 8 * BLOCK)  # page-aligned slots
+        h.memory = np.frombuffer(region, dtype=np.uint8).reshape(8, BLOCK)
+        cleanup(h)
+        return h, tier
+
+    h, tier = harness()
+    h.store(*range(6))  # the oldest blocks are demoted and reclaimed
+    h.settle()
+    h.store(*range(6, 12))
+    h.settle()
+    demoted = [i for i in range(12) if tier.knows(k(i))]
+    assert len(demoted) >= 6
+    assert h.lookup_until(demoted[0], HIT)[-1] is HIT
+    assert h.slot_bytes(demoted[0]) == h.block(demoted[0])
+    assert tier.counters["aio_requests"] > 0 and tier.counters["errors"] == 0
+    h.close()
+
+    h, tier = harness()  # a restarted engine: the blocks come back from the segment files
+    assert all(tier.knows(k(i)) for i in demoted)
+    for i in demoted[-2:]:  # the first read opens the segment file (in the pool), then AIO
+        assert h.lookup_until(i, HIT)[-1] is HIT
+        assert h.slot_bytes(i) == h.block(i)
+    assert tier.counters["aio_requests"] > 0
