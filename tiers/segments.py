@@ -537,16 +537,10 @@ class SegmentFileTier(FileTier):
         return answers
 
     def _read_runs(self, runs: list[list[tuple[_Where, memoryview]]]) -> list[Any]:
-        out: list[Any] = []
-        for run in runs:
-            if len(run) == 1:
-                out.append(self._read_segment_group(run))
-                continue
-            try:
-                out.append(self._read_run(run))
-            except TierError as e:
-                out.append([e] * len(run))
-        return out
+        return _by_run(runs, self._read_segment_group, self._read_run)
+
+    def _write_runs(self, runs: list[list[tuple[_Where, Sequence[Buffer]]]]) -> list[Any]:
+        return _by_run(runs, self._write_segment_group, self._write_run)
 
     def _read_run(self, run: list[tuple[_Where, memoryview]]) -> list[Any]:
         """Objects back to back, each a 4 KiB header and a payload read into its view."""
@@ -562,20 +556,7 @@ class SegmentFileTier(FileTier):
             raise self._unavailable("read", first, e) from e
         return _read_answers(run, headers, n)
 
-    def _write_runs(self, runs: list[list[tuple[_Where, Sequence[Buffer]]]]) -> list[Any]:
-        out: list[Any] = []
-        for run in runs:
-            if len(run) == 1:
-                out.append(self._write_segment_group(run))
-                continue
-            try:
-                self._write_run(run)
-                out.append([None] * len(run))
-            except TierError as e:
-                out.append([e] * len(run))
-        return out
-
-    def _write_run(self, run: list[tuple[_Where, Sequence[Buffer]]]) -> None:
+    def _write_run(self, run: list[tuple[_Where, Sequence[Buffer]]]) -> list[None]:
         first, last = run[0][0], run[-1][0]
         if not self._allocated(first, last.offset + last.length):
             self._check_free(sum(where.length for where, _ in run))
@@ -586,25 +567,15 @@ class SegmentFileTier(FileTier):
             aligned[:] = header
             vectors += [aligned, payload]
         self._pwrite(first, vectors)
+        return [None] * len(run)
 
     def _read_segment_group(self, jobs: Sequence[tuple[_Where | None, memoryview]]) -> list[Any]:
-        out: list[Any] = []
-        for where, view in jobs:
-            try:
-                out.append(None if where is None else self._read_object_into(where, view))
-            except (TierError, Corrupt) as e:
-                out.append(e)
-        return out
+        return _one_by_one(
+            jobs, lambda where, view: None if where is None else self._read_object_into(where, view)
+        )
 
     def _write_segment_group(self, jobs: list[tuple[_Where, Sequence[Buffer]]]) -> list[Any]:
-        out: list[Any] = []
-        for where, parts in jobs:
-            try:
-                self._write_object(where, parts)
-                out.append(None)
-            except TierError as e:
-                out.append(e)
-        return out
+        return _one_by_one(jobs, self._write_object)
 
     # -- kernel AIO from the loop (tiers/aio.py) -------------------------------------------------
 
@@ -870,6 +841,37 @@ class SegmentFileTier(FileTier):
         """(segment file, offset, object length) of `key`'s copy, or None."""
         where = self._where.get(key)
         return None if where is None else (where.segment.path, where.offset, where.length)
+
+
+def _by_run(
+    runs: Sequence[list[Any]],
+    alone: Callable[[list[Any]], list[Any]],
+    together: Callable[[list[Any]], list[Any]],
+) -> list[Any]:
+    """Each run's answers: `together(run)` for objects back to back (one system call; a
+    `TierError` fails each of them), `alone` for a run of one (it also takes objects that are
+    not laid out for a run)."""
+    out: list[Any] = []
+    for run in runs:
+        if len(run) == 1:
+            out.append(alone(run))
+            continue
+        try:
+            out.append(together(run))
+        except TierError as e:
+            out.append([e] * len(run))
+    return out
+
+
+def _one_by_one(jobs: Sequence[tuple[Any, Any]], do: Callable[[Any, Any], Any]) -> list[Any]:
+    """`do(where, data)` for each job: its answer, or the `TierError` / `Corrupt` it raised."""
+    out: list[Any] = []
+    for where, data in jobs:
+        try:
+            out.append(do(where, data))
+        except (TierError, Corrupt) as e:
+            out.append(e)
+    return out
 
 
 def _read_answers(
