@@ -77,13 +77,14 @@ def bench_file(
     repeat: int,
     layouts: Sequence[str] = ("files", "segments"),
     aio: Sequence[bool] = (True,),
+    megabytes: int = 512,
 ) -> list[dict[str, Any]]:
     """`aio`: the segment layout with kernel AIO (True), through its thread pool (False), or
     both, as separate rows; both run in every repetition, in alternating order, against the
-    same baseline run (the disk drifts between repetitions)."""
+    same baseline run (the disk drifts between repetitions). `megabytes` moved per run."""
     rows = []
     for layout, size in ((layout, size) for layout in layouts for size in SIZES):
-        count = max(64, (512 << 20) // size)
+        count = max(2 * clients, (megabytes << 20) // size)
         variants = list(aio) if layout == "segments" else [True]
         for jobs, batched in ((1, False), (clients, False), (clients, True)):
             runs: dict[bool, list[dict[str, float]]] = {v: [] for v in variants}
@@ -281,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--layouts", default="files,segments", help="file tier layouts")
     parser.add_argument(
+        "--megabytes", type=int, default=512, help="file tier: MiB moved per run (default 512)"
+    )
+    parser.add_argument(
         "--aio",
         choices=("on", "off", "both"),
         default="on",
@@ -295,7 +299,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if name == "file":
                 aio = {"on": (True,), "off": (False,), "both": (True, False)}[args.aio]
                 rows += bench_file(
-                    directory, args.clients, args.repeat, args.layouts.split(","), aio
+                    directory,
+                    args.clients,
+                    args.repeat,
+                    args.layouts.split(","),
+                    aio,
+                    args.megabytes,
                 )
             elif name == "redis":
                 rows += bench_redis(directory, args.clients, args.repeat)

@@ -76,3 +76,25 @@ def test_tiering_benchmark_runs_rounds(tmp_path: Path, mooncake_trace: Path) -> 
         assert row["hit_rate"] > rows["primary only"]["hit_rate"]  # the file tier serves hits
         assert row["tier_hit_rates"]["nvme"] > 0
     assert list(tmp_path.iterdir()) == []  # the scratch directory is gone
+
+
+def test_tier_benchmark_compares_kernel_aio_with_the_thread_pool(tmp_path: Path) -> None:
+    """bench/tiers.py --aio both: a row for each way in every size and mode, each a ratio to a
+    baseline run on the same directory; the scratch directory is removed."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "tiers.py"),
+            *("--tiers", "file", "--layouts", "segments", "--aio", "both"),
+            *("--repeat", "1", "--megabytes", "8", "--dir", str(tmp_path), "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(out.stdout)
+    seen = {(row["tier"], row["block_bytes"], row["baseline"].split("tier: ")[1]) for row in rows}
+    assert len(rows) == len(seen) == 12
+    assert {tier for tier, _, _ in seen} == {"file/segments", "file/segments/threads"}
+    assert all(row["put_ratio"] > 0 and row["get_ratio"] > 0 for row in rows)
+    assert list(tmp_path.iterdir()) == []
