@@ -17,6 +17,7 @@ when its caller is cancelled: the kernel writes into the caller's buffers until 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import os
@@ -180,14 +181,26 @@ class KernelAio:
     async def wait(self, futures: Sequence[asyncio.Future[int]]) -> list[int]:
         """The results of `futures`, once all have completed, even if the caller is cancelled
         meanwhile (the cancellation is raised after)."""
-        cancelled = False
-        while not all(f.done() for f in futures):
+        pending = [f for f in futures if not f.done()]
+        if pending:
+            waiter = pending[0].get_loop().create_future()
+            left = len(pending)
+
+            def one_done(_: asyncio.Future[int]) -> None:
+                nonlocal left
+                left -= 1
+                if not left and not waiter.done():
+                    waiter.set_result(None)
+
+            for future in pending:
+                future.add_done_callback(one_done)
             try:
-                await asyncio.wait(futures)
+                await waiter  # cheaper than asyncio.wait: no sets, no per-call timeout handle
             except asyncio.CancelledError:
-                cancelled = True
-        if cancelled:
-            raise asyncio.CancelledError
+                while not all(f.done() for f in futures):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait(futures)
+                raise
         return [f.result() for f in futures]
 
     def _reap(self) -> None:

@@ -665,8 +665,11 @@ class SegmentFileTier(FileTier):
             segment.users += 1
         try:
             try:
-                async with asyncio.timeout(None if deadline is None else deadline * len(runs)):
+                if deadline is None:  # a single call: the caller's deadline holds
                     results = await aio.wait(aio.submit(requests))
+                else:
+                    async with asyncio.timeout(deadline * len(runs)):
+                        results = await aio.wait(aio.submit(requests))
             except TimeoutError:
                 error = TierTimeout(f"tier {self.name!r}: no answer within the deadline")
                 for k, _, _ in chosen:
