@@ -235,9 +235,9 @@ def test_segments_kernel_aio_batches_keep_their_deadline(
 
 
 def test_a_kernel_aio_context_dropped_unclosed_is_released() -> None:
-    """A context holds a share of the system's `fs.aio-max-nr` (about a hundred of ours fit
-    in the default 65,536): one whose tier was dropped without `close` gives it back when it is
-    collected, so a long-lived process that makes tiers keeps getting contexts."""
+    """A context holds its depth of the system's `fs.aio-max-nr` (256 of the tier's 256-deep
+    contexts fit in the default 65,536): one whose tier was dropped without `close` gives it
+    back when it is collected, so a long-lived process that makes tiers keeps getting them."""
     limit = int(Path("/proc/sys/fs/aio-max-nr").read_text())
-    for _ in range(limit // 256 + 10):  # more than fit at once
-        KernelAio(256)
+    for _ in range(limit // 4096 + 10):  # more than fit at once (each counts its depth)
+        KernelAio(4096)
