@@ -195,7 +195,7 @@ class KernelAio:
             for future in pending:
                 future.add_done_callback(one_done)
             try:
-                await waiter  # cheaper than asyncio.wait: no sets, no per-call timeout handle
+                await waiter  # cheaper than asyncio.wait: no sets, no callbacks to remove
             except asyncio.CancelledError:
                 while not all(f.done() for f in futures):
                     with contextlib.suppress(asyncio.CancelledError):
