@@ -448,7 +448,7 @@ def test_segments_move_a_batch_in_one_system_call(
     fails alone."""
     import mmap
 
-    from tiers.aio import KernelAio
+    from tiers.aio import PWRITEV, KernelAio
 
     calls: dict[str, int] = {"pwritev": 0, "preadv": 0, "aio": 0}
     for name in ("pwritev", "preadv"):
@@ -463,7 +463,7 @@ def test_segments_move_a_batch_in_one_system_call(
 
     def submitted(self: KernelAio, requests: Any) -> Any:
         calls["aio"] += len(requests)
-        calls["pwritev" if requests[0][0] == 8 else "preadv"] += len(requests)
+        calls["pwritev" if requests[0][0] == PWRITEV else "preadv"] += len(requests)
         return real_submit(self, requests)
 
     monkeypatch.setattr(KernelAio, "submit", submitted)

@@ -437,7 +437,7 @@ class SegmentFileTier(FileTier):
         for segment in held:
             segment.users += 1
         try:
-            answers = await self._in_runs(self._read_runs, jobs, fits)
+            answers = await self._in_runs(PREADV, jobs, fits)
         finally:
             for segment in held:
                 self._release(segment)
@@ -467,7 +467,7 @@ class SegmentFileTier(FileTier):
         jobs = [(where, encoded[i][1]) for i, where in zip(todo, places, strict=True)]
         fits = [self._whole_blocks(parts) for _, parts in jobs]
         try:
-            outcomes = await self._in_runs(self._write_runs, jobs, fits)
+            outcomes = await self._in_runs(PWRITEV, jobs, fits)
         finally:
             for where in places:
                 self._release(where.segment)
@@ -486,15 +486,13 @@ class SegmentFileTier(FileTier):
         return results
 
     async def _in_runs(
-        self,
-        work: Callable[[list[list[Any]]], list[Any]],
-        jobs: Sequence[tuple[_Where | None, Any]],
-        fits: list[bool],
+        self, op: int, jobs: Sequence[tuple[_Where | None, Any]], fits: list[bool]
     ) -> list[Any]:
-        """`work` over `jobs` gathered in runs: objects that lie back to back in one segment,
-        in file order, move in one system call (a batch of blocks put together is read back
-        together); a job that does not `fit` a run (not laid out for one) stands alone. A job
-        with no place answers None."""
+        """Reads (`PREADV`) or writes (`PWRITEV`) of `jobs` gathered in runs: objects that lie
+        back to back in one segment, in file order, move in one request (a batch of blocks put
+        together is read back together), by kernel AIO where it can, else in the pool; a job
+        that does not `fit` a run (not laid out for one) stands alone. A job with no place
+        answers None."""
         order = sorted(
             (i for i, (where, _) in enumerate(jobs) if where is not None),
             key=lambda i: (jobs[i][0].segment.seq, jobs[i][0].offset),  # type: ignore[union-attr]
@@ -522,12 +520,12 @@ class SegmentFileTier(FileTier):
         done: list[Any] = [None] * len(runs)
         whole = [k for k, run in enumerate(runs) if all(fits[i] for i in run)]
         if whole:
-            op = PWRITEV if work == self._write_runs else PREADV
             got_by_aio = await self._by_aio(op, [moved[k] for k in whole], self.timeout)
             for k, got in zip(whole, got_by_aio, strict=True):
                 done[k] = got
         rest = [k for k, got in enumerate(done) if got is None]  # in the pool's threads
         if rest:
+            work = self._write_runs if op == PWRITEV else self._read_runs
             got_in_pool = await self._in_groups(work, [moved[k] for k in rest])
             for k, got in zip(rest, got_in_pool, strict=True):
                 done[k] = got
