@@ -77,3 +77,91 @@ def test_bad_options() -> None:
         encode(KEY, NS, b"x", codec="gzip")
     with pytest.raises(ConfigError, match="checksum: expected one of xxh3, crc32c"):
         encode(KEY, NS, b"x", checksum_kind="md5")
+
+
+def test_a_block_that_does_not_compress_is_stored_raw() -> None:
+    import os
+
+    data = os.urandom(10_000)
+    header, payload = encode(KEY, NS, data, codec="lz4")
+    h = decode_header(header, KEY, NS)
+    assert h.codec == "raw" and payload is data and h.stored_length == h.raw_length
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"stored": 0}, "length"),  # raw, nothing stored for a 4 KiB block
+        ({"stored": 100}, "length"),  # raw, stored differs from raw
+        ({"codec": 1, "stored": 5000}, "length"),  # compressed, longer than the block
+        ({"raw": (1 << 30) + 1, "stored": (1 << 30) + 1}, "length"),  # larger than any block
+        ({"offset": 10}, "length"),  # before the end of the header
+        ({"offset": 1 << 20}, "length"),  # far past any alignment
+        ({"codec": 9}, "codec"),
+    ],
+)
+def test_headers_that_lie_about_lengths(fields: dict[str, int], reason: str) -> None:
+    import struct
+
+    import xxhash
+
+    header, _ = encode(KEY, NS, bytes(4096))
+    values = list(struct.unpack_from("<8sHBBHI16sQQQQ", header))
+    names = {"codec": 2, "offset": 5, "stored": 7, "raw": 8}
+    for name, value in fields.items():
+        values[names[name]] = value
+    fixed = struct.pack("<8sHBBHI16sQQQQ", *values)
+    checked = xxhash.xxh3_64_intdigest(fixed[:58] + KEY).to_bytes(8, "little")
+    with pytest.raises(CorruptObject) as info:
+        decode_header(fixed[:58] + checked + KEY, KEY, NS)
+    assert info.value.reason == reason  # type: ignore[attr-defined]
+
+
+def test_the_object_size_must_match_its_header() -> None:
+    from tiering.format import check_object
+
+    header, payload = encode(KEY, NS, b"abcdef")
+    h = decode_header(header, KEY, NS)
+    check_object(h, len(header) + 6, 6)
+    for size, expected, reason in [
+        (len(header) + 5, 6, "truncated"),
+        (len(header) + 7, 6, "length"),
+        (len(header) + 6, 7, "length"),
+    ]:
+        with pytest.raises(CorruptObject) as info:
+            check_object(h, size, expected)
+        assert info.value.reason == reason  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_decoding_is_bounded_by_the_claimed_length(codec: str) -> None:
+    import tracemalloc
+
+    from tiering.format import compress, decompress
+
+    bomb = compress(codec, bytes(64 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptObject, match="length"):
+            decompress(codec, bomb, 4096)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+    assert decompress(codec, compress(codec, bytes(4096)), 4096) == bytes(4096)
+
+
+def test_macs() -> None:
+    from tiering.format import mac_key
+
+    secret = mac_key(b"a deployment secret")
+    header, payload = encode(KEY, NS, b"abcdef", secret_key=secret, align=4096)
+    h = decode_header(header, KEY, NS)
+    assert h.mac is not None and header[11] & 0x80
+    verify_payload(h, payload, secret)
+    verify_payload(h, payload)  # without a secret the MAC is not asked for
+    with pytest.raises(CorruptObject, match="auth"):
+        verify_payload(h, payload, mac_key(b"another secret entirely"))
+    plain_header, _ = encode(KEY, NS, b"abcdef")
+    with pytest.raises(CorruptObject, match="auth"):
+        verify_payload(decode_header(plain_header, KEY, NS), payload, secret)

@@ -4,25 +4,48 @@
     0       8     magic b"KVTIEROB"
     8       2     format version (`tiering.keys.FORMAT_VERSION`)
     10      1     codec: 0 raw, 1 lz4, 2 zstd
-    11      1     checksum: 0 xxh3-64, 1 crc32c
+    11      1     checksum: 0 xxh3-64, 1 crc32c; bit 0x80 set: the object carries a MAC
     12      2     key length k
-    14      4     payload offset (>= 66 + k; a file tier pads to 4 KiB for O_DIRECT)
+    14      4     payload offset (>= 66 + k, + 32 with a MAC; file tiers pad to 4 KiB for O_DIRECT)
     18      16    namespace digest
     34      8     stored payload length (after compression)
     42      8     raw payload length (before compression)
     50      8     payload checksum (of the stored payload)
     58      8     header checksum (xxh3-64 of bytes 0..57 and the key)
     66      k     key
+    66+k    32    with bit 0x80 of the checksum byte: HMAC-SHA256 of bytes 0..65+k and the payload
     ...           zero padding up to the payload offset
             n     payload
 
-Reading verifies everything: magic, version, header checksum, namespace, key, codec, length and
-payload checksum. Any mismatch raises `CorruptObject` with a short `reason`; tiers turn that into
-a miss, delete the object where they may, and count it by reason. All integers little-endian.
+All integers little-endian. Reading verifies everything and trusts nothing a header claims until
+it is checked, in this order, so that no claim makes a reader allocate or copy what it should not:
+
+1. the header alone (`decode_header`): magic, version, header checksum, namespace, key, codec and
+   checksum kind, and lengths that no writer produces: a payload offset before the end of the
+   header or past `MAX_PAYLOAD_OFFSET`, a raw length over `MAX_BLOCK_BYTES`, a stored length
+   larger than the raw length (`encode` stores a block raw when compressing would not shrink
+   it), and for raw payloads a stored length other than the raw length;
+2. the object's real size (`check_object`): exactly payload offset + stored length, and the raw
+   length the caller expects (the size of the buffer it reads into); readers learn the size
+   from the store (a file's length, a Redis value's length) and never read more than the
+   largest object their block size allows (`Tier.object_limit`);
+3. the payload (`verify_payload`): its checksum, and its MAC when the reader has a secret;
+4. the decoded payload (`decompress`): decompressed with its output bounded by the raw length,
+   and exactly that long.
+
+Any mismatch raises `Corrupt` with a short `reason` (one of `REASONS`); tiers turn that into a
+miss, delete the object where they may, and count it by reason.
+
+A checksum is not authentication: anyone who can write to a shared Redis or bucket can plant an
+object with valid checksums. With a per-deployment secret, every object carries an HMAC-SHA256
+over its header and payload under a key derived from the secret, and a reader with the secret
+refuses an object without a valid one (`auth`). A reader without a secret ignores the MAC.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -36,10 +59,18 @@ __all__ = [
     "CHECKSUMS",
     "CODECS",
     "HEADER_MIN",
+    "MAC_BYTES",
     "MAGIC",
+    "MAX_BLOCK_BYTES",
+    "MAX_PAYLOAD_OFFSET",
+    "REASONS",
+    "Corrupt",
     "Header",
+    "check_object",
     "decode_header",
+    "decompress",
     "encode",
+    "mac_key",
     "peek_key",
     "peek_lengths",
     "verify_payload",
@@ -50,6 +81,14 @@ _FIXED = struct.Struct("<8sHBBHI16sQQQQ")
 HEADER_MIN: Final = _FIXED.size  # 66, before the key
 CODECS: Final = ("raw", "lz4", "zstd")
 CHECKSUMS: Final = ("xxh3", "crc32c")
+MAC_BYTES: Final = 32
+_AUTHENTICATED: Final = 0x80
+MAX_BLOCK_BYTES: Final = 1 << 30
+"""The largest block an object may claim. A block is one vLLM offload chunk of every layer: a
+256-token block of a 405B-parameter model is ~130 MB, so this is far above any real one and
+bounds what a crafted header can make an operator's tool read."""
+MAX_PAYLOAD_OFFSET: Final = 1 << 16
+"""Writers pad the header to their alignment (4 KiB for O_DIRECT); nothing pads further."""
 
 REASONS: Final = (
     "magic",
@@ -58,10 +97,14 @@ REASONS: Final = (
     "namespace",
     "key",
     "codec",
+    "length",
     "truncated",
     "checksum",
+    "auth",
 )
 """Why an object was refused (`CorruptObject.reason`), for metrics."""
+
+_MAC_DOMAIN: Final = b"kvtier object MAC v1\x00"
 
 
 class Corrupt(CorruptObject):
@@ -82,10 +125,25 @@ class Header:
     stored_length: int
     raw_length: int
     payload_checksum: int
+    mac: bytes | None = None
+    """The object's MAC, when it carries one."""
+    signed: bytes = b""
+    """The header bytes a MAC covers (the fixed fields and the key)."""
 
     @property
     def object_length(self) -> int:
         return self.payload_offset + self.stored_length
+
+
+def mac_key(secret: bytes) -> bytes:
+    """The key objects are authenticated with, derived from a deployment's secret."""
+    return hashlib.sha256(_MAC_DOMAIN + secret).digest()
+
+
+def _mac(key: bytes, signed: bytes, payload: bytes | memoryview) -> bytes:
+    mac = hmac.new(key, signed, hashlib.sha256)
+    mac.update(payload)
+    return mac.digest()
 
 
 def checksum(kind: str, data: bytes | memoryview) -> int:
@@ -120,28 +178,47 @@ def compress(codec: str, data: bytes | memoryview) -> bytes | memoryview:
             raise MissingDependencyError(
                 "codec 'zstd' needs the zstandard package: pip install zstandard"
             ) from e
-        return bytes(zstandard.ZstdCompressor(level=1).compress(data))
+        return bytes(zstandard.ZstdCompressor(level=1, write_content_size=True).compress(data))
     raise ConfigError(f"codec: expected one of {', '.join(CODECS)}, got {codec!r}")
 
 
 def decompress(codec: str, data: bytes | memoryview, raw_length: int) -> bytes | memoryview:
+    """The block of a verified payload, its output bounded by `raw_length`: a payload that
+    decodes to anything but exactly `raw_length` bytes is `Corrupt`, and decoding stops (or
+    never starts) past that, so a compression bomb costs nothing."""
     if codec == "raw":
+        if len(data) != raw_length:
+            raise Corrupt("length", f"raw payload of {len(data)} bytes, header says {raw_length}")
         return data
     try:
         if codec == "lz4":
             import lz4.frame
 
-            out = lz4.frame.decompress(data)
+            decoder = lz4.frame.LZ4FrameDecompressor()
+            out = decoder.decompress(data, max_length=raw_length + 1)
+            whole = decoder.eof and not decoder.unused_data
         else:
             import zstandard
 
+            # With a content size in the frame, python-zstandard allocates that much whatever
+            # max_output_size says: check it first (kvtier's writer always records it).
+            size = zstandard.frame_content_size(data)
+            if size != raw_length:
+                raise Corrupt(
+                    "length", f"zstd frame of {size} bytes (-1: unknown), header says {raw_length}"
+                )
             out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_length)
+            whole = True
     except ImportError as e:
         raise MissingDependencyError(f"reading {codec} objects needs its package") from e
+    except Corrupt:
+        raise
     except Exception as e:  # each library has its own error types for bad input
         raise Corrupt("checksum", f"{codec} payload does not decompress: {e}") from e
-    if len(out) != raw_length:
-        raise Corrupt("truncated", f"decompressed to {len(out)} bytes, header says {raw_length}")
+    if len(out) != raw_length or not whole:
+        raise Corrupt(
+            "length", f"{codec} payload does not decode to the {raw_length} bytes claimed"
+        )
     return bytes(out)
 
 
@@ -153,24 +230,30 @@ def encode(
     codec: str = "raw",
     checksum_kind: str = "xxh3",
     align: int = 1,
+    secret_key: bytes | None = None,
 ) -> tuple[bytes, bytes | memoryview]:
     """The header (padded so the payload starts at a multiple of `align`) and the payload.
 
     The two parts are returned apart so a tier can write them without joining them (a file
     tier's `pwritev`); `b"".join(parts)` is the object. With codec `raw` the payload is `data`
-    itself, not a copy.
+    itself, not a copy. A block that `codec` does not shrink is stored raw (the header says
+    so), so a stored payload is never longer than its block. `secret_key` (`mac_key` of the
+    deployment's secret) adds a MAC.
     """
     if len(namespace) != NAMESPACE_BYTES:
         raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
     payload = compress(codec, data)
+    if codec != "raw" and len(payload) >= len(data):
+        codec, payload = "raw", data
     payload_sum = checksum(checksum_kind, payload)
-    offset = HEADER_MIN + len(key)
+    kind = CHECKSUMS.index(checksum_kind) | (_AUTHENTICATED if secret_key is not None else 0)
+    offset = HEADER_MIN + len(key) + (MAC_BYTES if secret_key is not None else 0)
     offset = -(-offset // align) * align
     fields = _FIXED.pack(
         MAGIC,
         FORMAT_VERSION,
         CODECS.index(codec),
-        CHECKSUMS.index(checksum_kind),
+        kind,
         len(key),
         offset,
         namespace,
@@ -181,12 +264,15 @@ def encode(
     )
     header_sum = xxhash.xxh3_64_intdigest(fields[:58] + key)
     header = fields[:58] + header_sum.to_bytes(8, "little") + key
+    if secret_key is not None:
+        header += _mac(secret_key, header, payload)
     return header + bytes(offset - len(header)), payload
 
 
 def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespace: bytes) -> Header:
-    """Parse and check a header (from the start of an object; at least `HEADER_MIN + key`
-    bytes). Raises `Corrupt` on any mismatch."""
+    """Parse and check a header (from the start of an object; at least its payload offset's
+    worth of bytes, or `HEADER_MIN` + key + MAC). Raises `Corrupt` on any mismatch, and on
+    lengths no writer produces (module docstring, step 1)."""
     raw = memoryview(raw)
     if len(raw) < HEADER_MIN:
         raise Corrupt("truncated", f"{len(raw)} bytes is shorter than a header")
@@ -218,8 +304,25 @@ def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespac
         )
     if key != expect_key:
         raise Corrupt("key", f"object holds key {key.hex()}")
-    if codec >= len(CODECS) or kind >= len(CHECKSUMS) or offset < HEADER_MIN + key_len:
-        raise Corrupt("codec", f"unknown codec {codec} or checksum {kind}, or bad offset {offset}")
+    authenticated = bool(kind & _AUTHENTICATED)
+    kind &= ~_AUTHENTICATED
+    if codec >= len(CODECS) or kind >= len(CHECKSUMS):
+        raise Corrupt("codec", f"unknown codec {codec} or checksum {kind}")
+    header_end = HEADER_MIN + key_len + (MAC_BYTES if authenticated else 0)
+    if not header_end <= offset <= MAX_PAYLOAD_OFFSET:
+        raise Corrupt("length", f"payload offset {offset} (the header ends at {header_end})")
+    if raw_len > MAX_BLOCK_BYTES:
+        raise Corrupt("length", f"a block of {raw_len} bytes (at most {MAX_BLOCK_BYTES})")
+    if stored > raw_len or (CODECS[codec] == "raw" and stored != raw_len):
+        raise Corrupt(
+            "length", f"stored payload of {stored} bytes for a {CODECS[codec]} block of {raw_len}"
+        )
+    signed = bytes(raw[:HEADER_MIN]) + key
+    mac = None
+    if authenticated:
+        if len(raw) < header_end:
+            raise Corrupt("truncated", "the header's MAC is cut short")
+        mac = bytes(raw[HEADER_MIN + key_len : header_end])
     return Header(
         BlockKey(key),
         namespace,
@@ -229,7 +332,24 @@ def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespac
         stored,
         raw_len,
         payload_sum,
+        mac,
+        signed,
     )
+
+
+def check_object(header: Header, size: int, expect_raw: int | None = None) -> None:
+    """Check a header's claims against the object's real size (`size` bytes) and, given, the
+    size of the block the caller expects."""
+    if size < header.object_length:
+        raise Corrupt(
+            "truncated", f"object of {size} bytes, its header says {header.object_length}"
+        )
+    if size > header.object_length:
+        raise Corrupt("length", f"object of {size} bytes, its header says {header.object_length}")
+    if expect_raw is not None and header.raw_length != expect_raw:
+        raise Corrupt(
+            "length", f"block of {header.raw_length} bytes, the buffer holds {expect_raw}"
+        )
 
 
 def peek_lengths(raw: bytes | memoryview) -> tuple[int, int] | None:
@@ -252,11 +372,19 @@ def peek_key(raw: bytes | memoryview) -> BlockKey | None:
     return BlockKey(bytes(raw[HEADER_MIN : HEADER_MIN + key_len]))
 
 
-def verify_payload(header: Header, payload: bytes | memoryview) -> None:
-    """Check the stored payload's length and checksum against its header."""
+def verify_payload(
+    header: Header, payload: bytes | memoryview, secret_key: bytes | None = None
+) -> None:
+    """Check the stored payload's length and checksum against its header, and with
+    `secret_key` (`mac_key` of the deployment's secret) its MAC."""
     if len(payload) != header.stored_length:
         raise Corrupt(
             "truncated", f"payload of {len(payload)} bytes, header says {header.stored_length}"
         )
     if checksum(header.checksum_kind, payload) != header.payload_checksum:
         raise Corrupt("checksum", "payload checksum mismatch")
+    if secret_key is not None:
+        if header.mac is None:
+            raise Corrupt("auth", "the object carries no MAC (written without the secret)")
+        if not hmac.compare_digest(_mac(secret_key, header.signed, payload), header.mac):
+            raise Corrupt("auth", "MAC mismatch (another secret, or altered)")

@@ -11,30 +11,63 @@
 
         async def raw_put(self, tier, key, blob): ...   # store object bytes, bypassing `tier`
         async def raw_get(self, tier, key): ...         # stored object bytes or None, likewise
+        # optional: raw_put_large(tier, key, head, size): an object of `size` bytes that
+        # starts with `head`, as cheaply as the store allows (the file tier: a sparse file)
 
 `make_tier` is called inside the test's event loop (tiers may bind to it); options it passes on
-are `capacity`, `read_only` and `codec`. Every test runs its body with `asyncio.run`.
+are `capacity`, `read_only`, `codec` and `secret`. Every test runs its body with `asyncio.run`.
+
+The suite attacks the tier as a stranger with write access to its store would: objects whose
+header is self-consistent but lies about the payload (`crafted_objects`: empty, short, long,
+huge claimed lengths, offsets past the end, another block's key, compression bombs), objects
+far larger than any block, and objects without a valid MAC. Each must be a counted miss,
+deleted unless the tier is read-only, and must cost no more than a bounded amount of memory
+(`PEAK_BYTES`, measured with tracemalloc) whatever it claims.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Coroutine
-from typing import Any
+import struct
+import tracemalloc
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
+import xxhash
 
-from tiering.errors import KeyFormatError, StateError, TierFull
-from tiering.format import encode
-from tiering.keys import BlockKey, make_key
+from tiering.errors import CorruptObject, KeyFormatError, StateError, TierFull
+from tiering.format import CODECS, MAGIC, MAX_BLOCK_BYTES, checksum, encode, mac_key
+from tiering.keys import FORMAT_VERSION, BlockKey, make_key
 from tiering.tier import Tier
 
-__all__ = ["NAMESPACE", "OTHER_NAMESPACE", "TierConformance", "key"]
+__all__ = [
+    "NAMESPACE",
+    "OTHER_NAMESPACE",
+    "PEAK_BYTES",
+    "SECRET",
+    "TierConformance",
+    "craft",
+    "key",
+    "peak_memory",
+]
 
 NAMESPACE = bytes(range(16))
 OTHER_NAMESPACE = bytes(range(1, 17))
+SECRET = b"kvtier-conformance-secret"
+OTHER_SECRET = b"someone-else's-secret-entirely"
 MakeTier = Callable[..., Tier]
+PEAK_BYTES = 8 << 20
+"""The most memory (traced by tracemalloc) one refused read of a crafted object may take, whatever
+it claims: a read allocates at most what a block of the caller's size allows."""
+CRAFTED_BLOCK = 256 << 10
+"""Block size of the crafted-object tests (a typical offload block)."""
+LARGE_OBJECT = 32 << 20
+"""Size of the oversized objects planted by the default `raw_put_large` (a stand-in for the
+2 GiB sparse file a file tier's hook plants)."""
+T = TypeVar("T")
+_FIXED = struct.Struct("<8sHBBHI16sQQQQ")
 
 
 def key(i: int, group: int = 0) -> BlockKey:
@@ -50,6 +83,65 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
 
 
+def craft(
+    k: BlockKey,
+    payload: bytes,
+    *,
+    namespace: bytes = NAMESPACE,
+    codec: str = "raw",
+    stored: int | None = None,
+    raw: int | None = None,
+    offset: int | None = None,
+    align: int = 1,
+    checksum_of: bytes | None = None,
+    mac_secret: bytes | None = None,
+) -> bytes:
+    """An object whose header says what the arguments say, with valid header and payload
+    checksums (what anyone can compute): `stored`/`raw` lengths default to the payload's,
+    `offset` to the aligned end of the header, the checksum to the payload's own."""
+    stored = len(payload) if stored is None else stored
+    raw = stored if raw is None else raw
+    kind = 0x80 if mac_secret is not None else 0
+    header_end = 66 + len(k) + (32 if mac_secret is not None else 0)
+    offset = -(-header_end // align) * align if offset is None else offset
+    fields = _FIXED.pack(
+        MAGIC,
+        FORMAT_VERSION,
+        CODECS.index(codec),
+        kind,
+        len(k),
+        offset,
+        namespace,
+        stored,
+        raw,
+        checksum("xxh3", payload if checksum_of is None else checksum_of),
+        0,
+    )
+    header = fields[:58] + xxhash.xxh3_64_intdigest(fields[:58] + k).to_bytes(8, "little") + k
+    if mac_secret is not None:
+        import hashlib
+        import hmac
+
+        header += hmac.new(mac_key(mac_secret), header + payload, hashlib.sha256).digest()
+    header += bytes(max(0, min(offset, 1 << 16) - len(header)))
+    return header + payload
+
+
+async def peak_memory(call: Awaitable[T]) -> tuple[T, int]:
+    """`call`'s result and the peak of memory traced while it ran (bytes above the start)."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        result = await call
+        return result, tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if started:
+            tracemalloc.stop()
+
+
 class TierConformance:
     """The behaviour every tier must show. Subclasses provide `make_tier`, `raw_put` and
     `raw_get`; tests of capabilities a tier does not declare are skipped for it."""
@@ -63,6 +155,14 @@ class TierConformance:
 
     async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
         raise NotImplementedError("a TierConformance subclass provides raw_get")
+
+    async def raw_put_large(self, tier: Tier, key: BlockKey, head: bytes, size: int) -> None:
+        """Store an object of `size` bytes that starts with `head` (zeros after it), bypassing
+        `tier`. Override where the store can make one cheaply (a sparse file)."""
+        await self.raw_put(tier, key, head + bytes(size - len(head)))
+
+    large_object_bytes = LARGE_OBJECT
+    """The size `raw_put_large` is asked for (a subclass with sparse files asks for more)."""
 
     def object(self, tier: Tier, k: BlockKey, data: bytes, namespace: bytes | None = None) -> bytes:
         header, body = encode(k, namespace or tier.namespace, data, align=tier.align)
@@ -252,7 +352,204 @@ class TierConformance:
             async with make_tier() as tier:
                 await tier.put(key(1), payload(4096))
                 assert await tier.get(key(1), bytearray(8192)) is False
-                assert tier.counters["corrupt.truncated"] == 1
+                assert tier.counters["corrupt.length"] == 1
+
+        run(body())
+
+    # -- crafted objects: what a stranger with write access to the store can plant ---------------
+
+    def crafted_objects(self, tier: Tier, k: BlockKey, size: int) -> dict[str, tuple[str, bytes]]:
+        """Objects for a block of `size` at `k` that must each be refused: name -> (reason,
+        object bytes). Each header is self-consistent (valid checksums) and lies."""
+        import lz4.frame
+        import zstandard
+
+        data = payload(size, 11)
+        align = tier.align
+        good = self.object(tier, k, data)
+        lz4_bomb = lz4.frame.compress(bytes(128 * size), store_size=False)
+        zstd_bomb = zstandard.ZstdCompressor().compress(bytes(256 * size))
+        zstd_unsized = zstandard.ZstdCompressor(write_content_size=False).compress(
+            bytes(256 * size)
+        )
+        return {
+            # the hole that served stale slot bytes as a hit: raw, stored 0, raw = block size
+            "empty": ("length", craft(k, b"", raw=size, align=align)),
+            "short": ("truncated", craft(k, data[: size // 2], stored=size, align=align)),
+            "long": ("length", good + b"\0" * 4096),
+            "huge claimed length": (
+                "length",
+                craft(k, data, stored=1 << 40, raw=1 << 40, checksum_of=data, align=align),
+            ),
+            "claimed block larger than any": (
+                "length",
+                craft(k, data, raw=MAX_BLOCK_BYTES + 1, align=align, stored=size),
+            ),
+            "stored longer than raw": (
+                "length",
+                craft(k, data + b"xx", codec="lz4", raw=size, align=align),
+            ),
+            "offset past the end": ("length", craft(k, data, offset=1 << 30, align=align)),
+            "offset inside the payload": (
+                "truncated",
+                craft(k, data, offset=60_000)[: 66 + len(k)] + data,
+            ),
+            "key of another block": ("key", self.object(tier, key(424242), data)),
+            "lz4 bomb": ("length", craft(k, lz4_bomb, codec="lz4", raw=size, align=align)),
+            "zstd bomb": ("length", craft(k, zstd_bomb, codec="zstd", raw=size, align=align)),
+            "zstd bomb without size": (
+                "length",
+                craft(k, zstd_unsized, codec="zstd", raw=size, align=align),
+            ),
+        }
+
+    @pytest.mark.parametrize(
+        "case",
+        [
+            "empty",
+            "short",
+            "long",
+            "huge claimed length",
+            "claimed block larger than any",
+            "stored longer than raw",
+            "offset past the end",
+            "offset inside the payload",
+            "key of another block",
+            "lz4 bomb",
+            "zstd bomb",
+            "zstd bomb without size",
+        ],
+    )
+    @pytest.mark.parametrize("codec", ["raw", "lz4"])
+    def test_crafted_objects_are_refused(self, make_tier: MakeTier, case: str, codec: str) -> None:
+        """Through the fast path (a raw tier reading into the caller's buffer) and the
+        decoding one (an lz4 tier): a counted miss, deleted, memory bounded, the block unused."""
+
+        async def body() -> None:
+            async with make_tier(codec=codec) as tier:
+                k = key(7)
+                reason, blob = self.crafted_objects(tier, k, CRAFTED_BLOCK)[case]
+                await self.raw_put(tier, k, blob)
+                into = bytearray(CRAFTED_BLOCK)
+                found, peak = await peak_memory(tier.get(k, into))
+                assert found is False, case
+                assert tier.counters[f"corrupt.{reason}"] == 1, (case, dict(tier.counters))
+                assert tier.counters["hits"] == 0
+                assert peak < PEAK_BYTES + CRAFTED_BLOCK, (case, peak)
+                assert await self.raw_get(tier, k) is None, f"{case}: not deleted"
+
+        run(body())
+
+    def test_crafted_objects_in_batches(self, make_tier: MakeTier) -> None:
+        """Batched reads (each backend's own pipelines, groups and runs) refuse every crafted
+        object item by item; the good blocks among them still arrive."""
+
+        async def body() -> None:
+            async with make_tier() as tier:
+                size = CRAFTED_BLOCK
+                cases = list(self.crafted_objects(tier, key(0), size))
+                good = [(key(1000 + i), payload(size, i)) for i in range(3)]
+                assert await tier.put_many(good) == [None] * 3
+                for i, case in enumerate(cases):
+                    k = key(i)
+                    await self.raw_put(tier, k, self.crafted_objects(tier, k, size)[case][1])
+                keys = [key(i) for i in range(len(cases))] + [k for k, _ in good]
+                buffers = [bytearray(size) for _ in keys]
+                found, peak = await peak_memory(
+                    tier.get_many(list(zip(keys, buffers, strict=True)))
+                )
+                assert found == [False] * len(cases) + [True] * 3, found
+                assert all(bytes(buffers[-3 + i]) == good[i][1] for i in range(3))
+                refused = sum(v for n, v in tier.counters.items() if n.startswith("corrupt."))
+                assert refused == len(cases), dict(tier.counters)
+                assert peak < PEAK_BYTES + (len(keys) + 1) * size, peak
+
+        run(body())
+
+    def test_an_object_far_larger_than_its_block_is_not_read(self, make_tier: MakeTier) -> None:
+        """An object whose header claims a small block but which is huge (a sparse file of
+        gigabytes, a 32 MiB value): refused from its size, without reading or allocating it,
+        by single and batched reads; an operator's `read_head` reads only its head, and
+        `read_object` refuses one larger than any block may be."""
+
+        async def body() -> None:
+            async with make_tier() as tier:
+                size = 32 << 10
+                k, good = key(3), key(4)
+                head = self.object(tier, k, payload(size, 3))[:4096]
+                await self.raw_put_large(tier, k, head, self.large_object_bytes)
+                found, peak = await peak_memory(tier.get(k, bytearray(size)))
+                assert found is False and tier.counters["corrupt.length"] == 1, tier.counters
+                assert peak < PEAK_BYTES, peak
+                await self.raw_put_large(tier, k, head, self.large_object_bytes)
+                await tier.put(good, payload(size, 4))
+                buffers = [bytearray(size), bytearray(size)]
+                batch, peak = await peak_memory(
+                    tier.get_many([(k, buffers[0]), (good, buffers[1])])
+                )
+                assert batch == [False, True] and buffers[1] == payload(size, 4)
+                assert tier.counters["corrupt.length"] == 2 and peak < PEAK_BYTES, peak
+                await self.raw_put_large(tier, k, head, self.large_object_bytes)
+                got, peak = await peak_memory(tier.read_head(k))
+                assert got is not None and got[0][:100] == head[:100]
+                assert got[1] == self.large_object_bytes and peak < PEAK_BYTES, peak
+                if self.large_object_bytes > tier.object_limit(MAX_BLOCK_BYTES):
+                    with pytest.raises(CorruptObject, match="length"):
+                        await tier.read_object(k)
+
+        run(body())
+
+    # -- authenticated objects -------------------------------------------------------------------
+
+    def test_authenticated_round_trip(self, make_tier: MakeTier) -> None:
+        async def body() -> None:
+            async with make_tier(secret=SECRET) as tier:
+                assert tier.authenticated
+                data = payload(CRAFTED_BLOCK, 5)
+                await tier.put(key(1), data)
+                await tier.put_many([(key(2), data), (key(3), data)])
+                into = bytearray(CRAFTED_BLOCK)
+                assert await tier.get(key(1), into) and into == data
+                buffers = [bytearray(CRAFTED_BLOCK) for _ in range(2)]
+                found = await tier.get_many([(key(2), buffers[0]), (key(3), buffers[1])])
+                assert found == [True, True] and buffers == [data, data]
+                stored = await self.raw_get(tier, key(1))
+                assert stored is not None and stored[11] & 0x80  # the MAC flag
+                lasting = tier.persistent or tier.shared
+            if lasting:
+                async with make_tier() as plain:  # a reader without the secret ignores the MAC
+                    assert await plain.get_bytes(key(1), CRAFTED_BLOCK) == data
+
+        run(body())
+
+    def test_objects_without_a_valid_mac_are_refused(self, make_tier: MakeTier) -> None:
+        """With a secret, what a stranger can plant with valid checksums is a counted miss:
+        an object with no MAC, one under another secret, and one whose payload was altered
+        with its checksums recomputed; through `get` and `get_many` alike."""
+
+        async def body() -> None:
+            async with make_tier(secret=SECRET) as tier:
+                size = CRAFTED_BLOCK
+                data = payload(size, 6)
+                altered = bytearray(data)
+                altered[100] ^= 1
+                ours = craft(key(9), data, align=tier.align, mac_secret=SECRET)
+                planted = {
+                    key(1): self.object(tier, key(1), data),
+                    key(2): craft(key(2), data, align=tier.align, mac_secret=OTHER_SECRET),
+                    key(3): _with_payload(
+                        craft(key(3), data, align=tier.align, mac_secret=SECRET), bytes(altered)
+                    ),
+                }
+                for k, blob in planted.items():
+                    await self.raw_put(tier, k, blob)
+                await self.raw_put(tier, key(9), ours)
+                assert await tier.get(key(1), bytearray(size)) is False
+                found = await tier.get_many([(key(i), bytearray(size)) for i in (2, 3, 9)])
+                assert found == [False, False, True], found
+                assert tier.counters["corrupt.auth"] == 3, dict(tier.counters)
+                for k in planted:
+                    assert await self.raw_get(tier, k) is None
 
         run(body())
 
@@ -354,3 +651,15 @@ class TierConformance:
                 assert stat.bytes_used >= 6000
 
         run(body())
+
+
+def _with_payload(blob: bytes, payload: bytes) -> bytes:
+    """`blob` (a crafted object) with its payload replaced and both checksums recomputed, its
+    MAC left as it was: what an attacker who cannot compute MACs can do."""
+    offset = int.from_bytes(blob[14:18], "little")
+    key_len = int.from_bytes(blob[12:14], "little")
+    header = bytearray(blob[:offset])
+    header[50:58] = checksum("xxh3", payload).to_bytes(8, "little")
+    key_bytes = bytes(header[66 : 66 + key_len])
+    header[58:66] = xxhash.xxh3_64_intdigest(bytes(header[:58]) + key_bytes).to_bytes(8, "little")
+    return bytes(header) + payload

@@ -4,22 +4,29 @@ A backend implements a handful of async primitives over *stored objects* (the by
 `tiering.format`: header, then payload) and declares what it can do; `Tier` adds everything
 else: encoding and verification of every object, the public `get(key, into)` / `put(key, data)`
 over block payloads, batched forms with bounded concurrency, a deadline on every call, read-only
-mode, counters, and the async context manager.
+mode, authenticated objects (`secret`), counters, and the async context manager.
 
     class MyTier(Tier):
         type_name = "mine"
         persistent = True
-        async def _read(self, key): ...          # the stored object, or None
+        async def _read(self, key, limit): ...   # the stored object, or None
         async def _write(self, key, parts): ...  # store b"".join(parts) atomically
         async def _delete(self, key): ...        # True if it was there
         async def _contains(self, keys): ...     # one bool per key
         async def _stat(self): ...               # TierStat
-        # optional: _list(), _close(), _read_into(...) (the `ReadsInto` fast path),
-        # knows(key) with `indexed = True` (an in-process index of every object)
+        # optional: _list(), _close(), _read_head(key, n), _read_into(...) (the `ReadsInto`
+        # fast path), knows(key) with `indexed = True` (an in-process index of every object)
 
-Backends raise `TierUnavailable`, `TierTimeout` or `TierFull` (translated from their library's
-errors) when they fail; a missing object is None or False, never an error. Runs on the kvtier
-runtime's event loop thread; blocking libraries go to a bounded thread pool below it.
+What the base class guarantees a backend: keys are `BlockKey`s already validated (no path or
+name comes from input); `limit` is the largest object the caller can use (`object_limit`);
+every call runs under the tier's deadline on the runtime's event loop thread; nothing a backend
+returns is trusted: every object is verified here before a byte of it reaches a caller's block.
+
+What a backend must do: never read or allocate more than `limit` bytes for one object (a store
+holding a larger one answers `Corrupt("length")` without reading it: a crafted 2 GiB object
+costs a stat, not 2 GiB); raise `TierUnavailable`, `TierTimeout` or `TierFull` (translated from
+its library's errors) when it fails; answer None or False for a missing object, never an error.
+Blocking libraries go to a bounded thread pool below the loop.
 """
 
 from __future__ import annotations
@@ -32,25 +39,42 @@ from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, TypeVar, cast, runtime_checkable
 
-from tiering.errors import ConfigError, StateError, TierError, TierTimeout
+from tiering.errors import ConfigError, CorruptObject, StateError, TierError, TierTimeout
 from tiering.format import (
     CHECKSUMS,
     CODECS,
+    MAX_BLOCK_BYTES,
     Corrupt,
+    Header,
+    check_object,
     decode_header,
     decompress,
     encode,
+    mac_key,
     verify_payload,
 )
 from tiering.keys import NAMESPACE_BYTES, BlockKey, key_from_hex
 
-__all__ = ["ObjectInfo", "ReadsInto", "Tier", "TierStat", "as_key"]
+__all__ = [
+    "HEADER_ROOM",
+    "MIN_SECRET_BYTES",
+    "ObjectInfo",
+    "ReadsInto",
+    "Tier",
+    "TierStat",
+    "as_key",
+]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 KeyLike = BlockKey | bytes | str
 Buffer = bytes | memoryview
+
+HEADER_ROOM = 4096
+"""Bytes a stored object may take before its payload (a header is at most 166 bytes, padded to
+the writer's alignment): with the block's size, what `Tier.object_limit` allows."""
+MIN_SECRET_BYTES = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +98,20 @@ class ObjectInfo:
 
 @runtime_checkable
 class ReadsInto(Protocol):
-    """Fast path for raw objects: return the stored object's header bytes (at least up to its
-    payload offset) and read its payload straight into `payload` (a primary slot), without an
-    intermediate copy; None when there is no object. When the stored payload length is not
-    `len(payload)` the payload is left unread (`tiering.format.peek_lengths` tells), and the
-    caller refuses the object."""
+    """Fast path for raw objects: the payload goes straight into `payload` (a primary slot),
+    without an intermediate copy.
 
-    async def _read_into(self, key: BlockKey, payload: memoryview) -> bytes | None: ...
+    The implementation must: return None when there is no object; raise `Corrupt("length")`
+    for an object larger than `limit` without reading it; place the payload into `payload`
+    only when the object is laid out as a header followed by exactly `len(payload)` bytes (its
+    real size is the header's payload offset plus `len(payload)`, and the unverified header,
+    `tiering.format.peek_lengths`, says a stored length of `len(payload)`), and then return
+    exactly the first payload-offset bytes (the header); otherwise return the whole object
+    (at most `limit` bytes) and leave `payload` to the caller, who verifies and copies it. The
+    caller verifies everything else (header, lengths, checksum, MAC) and treats `payload` as
+    garbage unless it accepts the object."""
+
+    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> bytes | None: ...
 
 
 def as_key(key: KeyLike) -> BlockKey:
@@ -120,7 +151,10 @@ class Tier(ABC):
         read_only: bool = False,
         concurrency: int = 16,
         timeout: float | None = 5.0,
+        secret: bytes | None = None,
     ) -> None:
+        """`secret`: the deployment's secret for authenticated objects (at least 16 bytes):
+        every object is written with a MAC, and one without a valid MAC is a miss."""
         if len(namespace) != NAMESPACE_BYTES:
             raise ConfigError(f"namespace: expected {NAMESPACE_BYTES} bytes, got {len(namespace)}")
         if codec not in CODECS:
@@ -131,6 +165,8 @@ class Tier(ABC):
             raise ConfigError(f"capacity: must be positive, got {capacity}")
         if concurrency <= 0:
             raise ConfigError(f"concurrency: must be positive, got {concurrency}")
+        if secret is not None and len(secret) < MIN_SECRET_BYTES:
+            raise ConfigError(f"secret: at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
         self.namespace = namespace
         self.name = name or self.type_name
         self.capacity = capacity
@@ -139,17 +175,22 @@ class Tier(ABC):
         self.read_only = read_only
         self.concurrency = concurrency
         self.timeout = timeout
+        self._mac_key = None if secret is None else mac_key(bytes(secret))
         self._reads_into = isinstance(self, ReadsInto)  # once: a protocol check takes ~40 µs
         self.counters: Counter[str] = Counter()
         """Events by name: hits, misses, puts, deletes, bytes_read, bytes_written, errors,
-        corrupt.<reason>, evictions."""
+        corrupt.<reason> (`tiering.format.REASONS`), evictions."""
+        self.damaged: list[tuple[str, str, bool]] = []
+        """(where, reason, removed) of each stored object a start-up scan found damaged and
+        did not index (`kvtier verify` reports them): a read-only tier leaves them in place."""
         self._closed = False
 
     # -- primitives a backend writes ------------------------------------------------------------
 
     @abstractmethod
-    async def _read(self, key: BlockKey) -> Buffer | None:
-        """The stored object of `key`, or None."""
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
+        """The stored object of `key`, or None; `Corrupt("length")` without reading it when
+        it is larger than `limit` bytes."""
 
     @abstractmethod
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
@@ -176,6 +217,13 @@ class Tier(ABC):
         async for key in self._list():
             yield ObjectInfo(key)
 
+    async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
+        """The first `n` bytes of the stored object of `key` and its real size, or None.
+        Backends that can read a range override this (the default reads the object, up to the
+        largest one an operator may read)."""
+        blob = await self._read(key, self.object_limit(MAX_BLOCK_BYTES))
+        return None if blob is None else (memoryview(blob)[:n], len(blob))
+
     async def _namespaces(self) -> list[bytes]:
         """Every namespace with objects in this tier (default: only this one)."""
         return [self.namespace]
@@ -185,37 +233,54 @@ class Tier(ABC):
 
     # -- the public API ---------------------------------------------------------------------------
 
+    @property
+    def header_room(self) -> int:
+        """Bytes a stored object of this tier may take before its payload."""
+        return max(HEADER_ROOM, self.align)
+
+    def object_limit(self, block_bytes: int) -> int:
+        """The largest stored object this tier can hold for a block of `block_bytes`: a header
+        and its padding, and the block (a stored payload is never longer than its block)."""
+        return self.header_room + block_bytes
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether objects are written with, and required to carry, a MAC (`secret`)."""
+        return self._mac_key is not None
+
     async def get(self, key: KeyLike, into: memoryview | bytearray) -> bool:
         """Read the block of `key` into `into` (exactly its size); whether it was found.
 
-        A corrupt, truncated, foreign or wrongly sized object is a miss: it is counted under
-        `corrupt.<reason>` and deleted unless the tier is read-only.
+        A corrupt, truncated, foreign, unauthenticated or wrongly sized object is a miss: it is
+        counted under `corrupt.<reason>` and deleted unless the tier is read-only. After a miss
+        `into` holds no block (it may hold garbage: a caller uses it only after a hit).
         """
         block = as_key(key)
         view = memoryview(into).cast("B")
+        limit = self.object_limit(len(view))
         try:
             if self._reads_into and self.codec == "raw":
-                raw = await self._call(cast(ReadsInto, self)._read_into(block, view))
+                raw = await self._call(cast(ReadsInto, self)._read_into(block, view, limit))
                 return await self._accept_into(block, raw, view)
-            blob = await self._call(self._read(block))
+            blob = await self._call(self._read(block, limit))
         except Corrupt as e:
             await self._refuse(block, e)
             return False
         return await self._accept(block, blob, view)
 
     async def _accept_into(self, block: BlockKey, raw: Buffer | None, view: memoryview) -> bool:
-        """Verify the header a `_read_into` returned, its payload already in `view` (or the
-        whole object, when the backend could not place the payload)."""
+        """Verify what a `_read_into` returned: a header with its payload already in `view`, or
+        the whole object when the backend did not place the payload (`ReadsInto`)."""
         if raw is None:
             return self._miss()
         try:
             header = decode_header(raw, block, self.namespace)
-            if len(raw) > header.payload_offset:  # the whole object: its payload was not placed
+            if len(raw) != header.payload_offset:  # the whole object: its payload was not placed
                 return await self._accept(block, raw, view)
             if header.codec != "raw":
                 raise Corrupt("codec", f"expected a raw object, found {header.codec}")
-            self._check_length(header.raw_length, len(view))
-            verify_payload(header, view[: header.stored_length])
+            check_object(header, header.payload_offset + len(view), len(view))
+            verify_payload(header, view, self._mac_key)
         except Corrupt as e:
             await self._refuse(block, e)
             return False
@@ -226,16 +291,26 @@ class Tier(ABC):
         if blob is None:
             return self._miss()
         try:
-            blob = memoryview(blob)
-            header = decode_header(blob, block, self.namespace)
-            payload = blob[header.payload_offset : header.object_length]
-            verify_payload(header, payload)
-            self._check_length(header.raw_length, len(view))
-            view[:] = decompress(header.codec, payload, header.raw_length)
+            view[:] = self.verified_block(block, blob, len(view))
         except Corrupt as e:
             await self._refuse(block, e)
             return False
         return self._hit(len(view))
+
+    def verified_block(self, key: BlockKey, blob: Buffer, size: int | None = None) -> Buffer:
+        """The block a stored object holds, verified as a read would verify it (header, real
+        size, checksum, MAC with a secret, bounded decoding); `size`: the block size expected.
+        Raises `Corrupt`."""
+        blob = memoryview(blob)
+        header = decode_header(blob, key, self.namespace)
+        check_object(header, len(blob), size)
+        payload = blob[header.payload_offset : header.object_length]
+        verify_payload(header, payload, self._mac_key)
+        return decompress(header.codec, payload, header.raw_length)
+
+    def decode_header(self, key: BlockKey, head: Buffer) -> Header:
+        """The checked header of the object of `key` whose first bytes are `head`."""
+        return decode_header(head, key, self.namespace)
 
     def _hit(self, size: int) -> bool:
         self.counters["hits"] += 1
@@ -254,6 +329,7 @@ class Tier(ABC):
             codec=self.codec,
             checksum_kind=self.checksum,
             align=self.align,
+            secret_key=self._mac_key,
         )
         return block, (header, payload)
 
@@ -308,9 +384,17 @@ class Tier(ABC):
 
     async def read_object(self, key: KeyLike) -> bytes | None:
         """The stored object of `key` as it is (header and payload), unverified: for
-        operators' tools that inspect or move objects."""
-        blob = await self._call(self._read(as_key(key)))
+        operators' tools that inspect or move objects. An object larger than any block may be
+        (`tiering.format.MAX_BLOCK_BYTES`) raises `Corrupt("length")` unread."""
+        blob = await self._call(self._read(as_key(key), self.object_limit(MAX_BLOCK_BYTES)))
         return None if blob is None else bytes(blob)
+
+    async def read_head(self, key: KeyLike) -> tuple[bytes, int] | None:
+        """The first `header_room` bytes of the stored object of `key` (its header) and the
+        object's real size, unverified; None when absent. For listings and inspection: it
+        reads no payload."""
+        got = await self._call(self._read_head(as_key(key), self.header_room))
+        return None if got is None else (bytes(got[0]), got[1])
 
     async def stat(self) -> TierStat:
         return await self._call(self._stat())
@@ -375,6 +459,8 @@ class Tier(ABC):
             if isinstance(e, TierError):
                 raise
             raise TierTimeout(f"tier {self.name!r}: no answer within {self.timeout:g}s") from e
+        except CorruptObject:
+            raise  # the object's fault, not the tier's: counted as corrupt where refused
         except TierError:
             self.counters["errors"] += 1
             raise
@@ -382,10 +468,6 @@ class Tier(ABC):
     def _miss(self) -> bool:
         self.counters["misses"] += 1
         return False
-
-    def _check_length(self, stored: int, wanted: int) -> None:
-        if stored != wanted:
-            raise Corrupt("truncated", f"block of {stored} bytes, the buffer holds {wanted}")
 
     async def _refuse(self, key: BlockKey, error: Corrupt) -> None:
         self.counters["misses"] += 1

@@ -31,6 +31,8 @@ class ForwardingTier(Tier):
         options.setdefault("timeout", inner.timeout)
         super().__init__(namespace=inner.namespace, **options)
         self.inner = inner
+        if "secret" not in options:  # the wrapper encodes and verifies: with inner's secret
+            self._mac_key = inner._mac_key
         # One set of counters: the wrapper counts calls, the wrapped tier its own events
         # (evictions), and only its primitives are called, so nothing is counted twice.
         self.counters = inner.counters
@@ -46,8 +48,11 @@ class ForwardingTier(Tier):
     def knows(self, key: BlockKey) -> bool | None:
         return self.inner.knows(key)
 
-    async def _read(self, key: BlockKey) -> Buffer | None:
-        return await self.inner._read(key)
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
+        return await self.inner._read(key, limit)
+
+    async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
+        return await self.inner._read_head(key, n)
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         await self.inner._write(key, parts)
@@ -110,11 +115,11 @@ class FaultyTier(ForwardingTier):
         if self._roll("fail", self.fail):
             raise TierUnavailable(f"tier {self.name!r}: injected failure of {what}")
 
-    async def _read(self, key: BlockKey) -> Buffer | None:
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         await self._before("read")
         if self._roll("drop", self.drop):
             return None
-        blob = await super()._read(key)
+        blob = await super()._read(key, limit)
         if blob is not None and len(blob) and self._roll("corrupt", self.corrupt):
             damaged = bytearray(blob)
             damaged[self.random.randrange(len(damaged))] ^= 0xFF

@@ -22,16 +22,17 @@ import logging
 import mmap
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from tiering.config import parse_size
 from tiering.errors import ConfigError, TierError, TierFull, TierTimeout, TierUnavailable
-from tiering.format import Corrupt, decode_header, peek_lengths
+from tiering.format import Corrupt, check_object, decode_header, peek_lengths
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.tier import Buffer, KeyLike, ObjectInfo, Tier, TierStat, as_key
 from tiers.threads import IOThreads
@@ -62,6 +63,8 @@ class FileTier(Tier):
 
     _objects = "**/*" + _SUFFIX
     """Where a namespace directory's objects are (relative glob)."""
+    _removes_damaged: ClassVar[bool] = True
+    """A writable tier's start-up scan removes the damaged objects it finds."""
 
     def __new__(cls, *args: Any, layout: str = "files", **options: Any) -> FileTier:
         if cls is FileTier and layout == "segments":
@@ -95,16 +98,24 @@ class FileTier(Tier):
         super().__init__(**options)
         self.base = Path(path)
         self.root = self.base / self.namespace.hex()  # made on the first write
-        try:
-            self.base.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(
-                f"tier {self.name!r}: path {path}: cannot create: {e.strerror}"
-            ) from e
+        if not self.read_only:  # a read-only tier creates, renames and deletes nothing
+            try:
+                self.base.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(
+                    f"tier {self.name!r}: path {path}: cannot create: {e.strerror}"
+                ) from e
+        elif self.base.exists() and not self.base.is_dir():
+            raise ConfigError(f"tier {self.name!r}: path {path} is not a directory")
         self.min_free = parse_size(min_free, "min_free") if min_free else 0
         self.fsync = fsync
         self.aio = aio
-        self.direct = _direct_supported(self.base) if direct is None else direct
+        if direct is None:
+            if self.read_only:
+                direct = _direct_readable(self.root, self._objects)
+            else:
+                direct = _direct_supported(self.base)
+        self.direct = direct
         if not self.direct and str(self.base) not in _said_buffered:
             _said_buffered.add(str(self.base))
             log.info(
@@ -121,30 +132,37 @@ class FileTier(Tier):
     # -- start-up -------------------------------------------------------------------------------
 
     def _rebuild_index(self) -> None:
+        """Index every complete object under the namespace's directory. Objects that fail
+        their header check are not indexed: removed by a writable tier, left in place by a
+        read-only one, and listed in `damaged` either way (for `kvtier verify`). A temporary
+        file is removed only when its writer is gone (several processes may write here)."""
         found: list[tuple[float, BlockKey, int]] = []
         if not self.root.is_dir():
             return
         for path in self.root.rglob("*"):
-            if not path.is_file():
-                continue
-            if path.name.endswith(".tmp"):
-                path.unlink(missing_ok=True)  # a write that never finished
-                continue
-            if not path.name.endswith(_SUFFIX):
-                continue
             try:
+                if not path.is_file():
+                    continue
+                if path.name.endswith(".tmp"):
+                    if not self.read_only and _abandoned(path):
+                        path.unlink(missing_ok=True)  # a write that never finished
+                    continue
+                if not path.name.endswith(_SUFFIX):
+                    continue
+                stat = path.stat()
                 key = key_from_hex(path.name[: -len(_SUFFIX)])
                 with open(path, "rb") as f:
                     raw = f.read(BLOCK)
                 header = decode_header(raw, key, self.namespace)
-                stat = path.stat()
-                if stat.st_size < header.object_length:
-                    raise Corrupt("truncated", f"file of {stat.st_size} bytes")
+                check_object(header, _object_size(raw, stat.st_size))
             except (Corrupt, ValueError) as e:
                 reason = getattr(e, "reason", "key")
-                self.counters[f"corrupt.{reason}"] += 1
-                log.warning("tier %r: removing %s at start: %s", self.name, path, e)
-                path.unlink(missing_ok=True)
+                self._damaged_at_start(str(path.relative_to(self.base)), reason, str(e))
+                if not self.read_only:
+                    path.unlink(missing_ok=True)
+                continue
+            except OSError as e:  # gone meanwhile (another writer), or unreadable: not indexed
+                log.warning("tier %r: cannot read %s at start: %s", self.name, path, e)
                 continue
             found.append((stat.st_mtime, key, header.object_length))
         for _, key, size in sorted(found, key=lambda item: item[0]):
@@ -159,6 +177,12 @@ class FileTier(Tier):
                 self.root,
             )
 
+    def _damaged_at_start(self, where: str, reason: str, detail: str) -> None:
+        self.counters[f"corrupt.{reason}"] += 1
+        self.damaged.append((where, reason, not self.read_only and self._removes_damaged))
+        verb = "leaving" if self.read_only else "removing"
+        log.warning("tier %r: %s a damaged object at start, %s: %s", self.name, verb, where, detail)
+
     # -- primitives -----------------------------------------------------------------------------
 
     def _path(self, key: BlockKey) -> Path:
@@ -170,17 +194,20 @@ class FileTier(Tier):
         be handed to anyone else while it runs. The caller's deadline comes late instead."""
         return await self._pool.run_to_end(function, *args)
 
-    async def _read(self, key: BlockKey) -> Buffer | None:
-        blob = await self._run(self._read_file, self._path(key))
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
+        blob = await self._run(self._read_file, self._path(key), limit)
         if blob is not None:
             self._touch(key)
         return blob
 
-    async def _read_into(self, key: BlockKey, payload: memoryview) -> bytes | None:
-        header = await self._run(self._read_file_into, self._path(key), payload)
+    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> bytes | None:
+        header = await self._run(self._read_file_into, self._path(key), payload, limit)
         if header is not None:
             self._touch(key)
         return header
+
+    async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
+        return await self._run(self._read_file_head, self._path(key), n)
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         size = sum(len(p) for p in parts)
@@ -341,7 +368,7 @@ class FileTier(Tier):
         out: list[Any] = []
         for path, view in jobs:
             try:
-                out.append(self._read_file_into(path, view))
+                out.append(self._read_file_into(path, view, self.object_limit(len(view))))
             except (TierError, Corrupt) as e:
                 out.append(e)
         return out
@@ -383,75 +410,97 @@ class FileTier(Tier):
     def _flags(self) -> int:
         return os.O_DIRECT if self.direct else 0
 
-    def _read_file(self, path: Path) -> Buffer | None:
+    def _open_for_read(self, path: Path, direct: bool) -> int | None:
         try:
-            fd = os.open(path, os.O_RDONLY | self._flags())
+            return os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
         except FileNotFoundError:
             return None
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot open {path}: {e.strerror}") from e
+
+    def _size(self, fd: int, path: Path, limit: int) -> int:
+        """The file's size, checked against `limit` (and the padding O_DIRECT writes add to
+        whole blocks) before anything is read: a sparse file may claim any size."""
+        size = os.fstat(fd).st_size
+        if size > -(-limit // BLOCK) * BLOCK:
+            raise Corrupt("length", f"{path} holds {size} bytes, at most {limit} expected")
+        return size
+
+    def _read_file(self, path: Path, limit: int) -> Buffer | None:
+        fd = self._open_for_read(path, self.direct)
+        if fd is None:
+            return None
         try:
-            size = os.fstat(fd).st_size
+            size = self._size(fd, path, limit)
             if not self.direct:
-                return os.pread(fd, size, 0)
+                data = os.pread(fd, size, 0)
+                return data[: _object_size(data, size)]
             buffer = self._aligned(max(-(-size // BLOCK) * BLOCK, BLOCK))
-            n = os.preadv(fd, [buffer], 0)
-            return bytes(buffer[:n])  # the bounce buffer is reused by this thread's next call
+            n = min(os.preadv(fd, [buffer], 0), size)
+            # copied: the bounce buffer is reused by this thread's next call
+            return bytes(buffer[: min(n, _object_size(buffer[:n], size))])
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
         finally:
             os.close(fd)
 
-    def _read_file_into(self, path: Path, payload: memoryview) -> bytes | None:
-        """The header; the payload goes straight into `payload` (buffered I/O) or through an
-        aligned buffer (O_DIRECT). A file shorter than its header says is `Corrupt`."""
+    def _read_file_head(self, path: Path, n: int) -> tuple[bytes, int] | None:
+        fd = self._open_for_read(path, False)
+        if fd is None:
+            return None
+        try:
+            head = os.pread(fd, n, 0)
+            return head, _object_size(head, os.fstat(fd).st_size)
+        except OSError as e:
+            raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
+        finally:
+            os.close(fd)
+
+    def _read_file_into(self, path: Path, payload: memoryview, limit: int) -> bytes | None:
+        """The header, the payload read straight into `payload` (buffered I/O) or through an
+        aligned buffer (O_DIRECT), when the file is laid out as a header and exactly that
+        payload; otherwise the whole file (`ReadsInto`)."""
         if self.direct:
-            return self._read_direct_into(path, payload)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+            return self._read_direct_into(path, payload, limit)
+        fd = self._open_for_read(path, False)
+        if fd is None:
             return None
-        except OSError as e:
-            raise TierUnavailable(f"tier {self.name!r}: cannot open {path}: {e.strerror}") from e
         try:
-            header = os.pread(fd, BLOCK, 0)
-            lengths = peek_lengths(header)
-            if lengths is not None and lengths[1] == len(payload):
-                if os.preadv(fd, [payload], lengths[0]) != len(payload):
-                    raise Corrupt("truncated", f"{path} is shorter than its header says")
-            return header
+            size = self._size(fd, path, limit)
+            header = os.pread(fd, min(BLOCK, size), 0)
+            offset = _placed_at(header, size, len(payload))
+            if offset is None or offset > len(header):
+                data = os.pread(fd, size, 0)
+                return data[: _object_size(data, size)]
+            if os.preadv(fd, [payload], offset) != len(payload):
+                raise Corrupt("truncated", f"{path} is shorter than its header says")
+            return header[:offset]
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
         finally:
             os.close(fd)
 
-    def _read_direct_into(self, path: Path, payload: memoryview) -> bytes | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        except FileNotFoundError:
+    def _read_direct_into(self, path: Path, payload: memoryview, limit: int) -> bytes | None:
+        fd = self._open_for_read(path, True)
+        if fd is None:
             return None
-        except OSError as e:
-            raise TierUnavailable(f"tier {self.name!r}: cannot open {path}: {e.strerror}") from e
         try:
+            size = self._size(fd, path, limit)
             header = self._aligned(BLOCK)
-            if _aligned(payload):  # a primary slot: DMA straight into it
+            if _aligned(payload) and size == BLOCK + len(payload):  # (no padding then)
+                # a primary slot, and a file of the right size: DMA straight into it
                 n = os.preadv(fd, [header, payload], 0)
-                lengths = peek_lengths(header)
-                if lengths is not None and (lengths[0] != BLOCK or lengths[1] != len(payload)):
-                    return bytes(header)  # not laid out as we read it: refused upstairs
-                if n < BLOCK + len(payload):
+                if n < size:
                     raise Corrupt("truncated", f"{path} is shorter than its header says")
-                return bytes(header)
-            size = os.fstat(fd).st_size
+                if _placed_at(header, size, len(payload)) == BLOCK:
+                    return bytes(header)
             buffer = self._aligned(max(-(-size // BLOCK) * BLOCK, BLOCK))
-            n = os.preadv(fd, [buffer], 0)
-            lengths = peek_lengths(buffer)
-            if lengths is not None and lengths[1] == len(payload):
-                offset, stored = lengths
-                if offset + stored > n:
-                    raise Corrupt("truncated", f"{path} holds {n} bytes")
-                payload[:] = buffer[offset : offset + stored]
-            return bytes(buffer[:BLOCK])
+            n = min(os.preadv(fd, [buffer], 0), size)
+            offset = _placed_at(buffer[:n], size, len(payload))
+            if offset is None or n < size:  # the whole object (short, if the file is)
+                return bytes(buffer[: min(n, _object_size(buffer[:n], size))])
+            payload[:] = buffer[offset : offset + len(payload)]
+            return bytes(buffer[:offset])
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
         finally:
@@ -530,6 +579,43 @@ class FileTier(Tier):
         return self._path(key)
 
 
+def _object_size(head: Buffer, size: int) -> int:
+    """The length of the object in a file of `size` bytes that starts with `head`: what its
+    (unverified) header says when the rest is the zero padding O_DIRECT writes add up to a
+    whole block, else the file's size (and the object is refused upstairs)."""
+    lengths = peek_lengths(head)
+    if lengths is None:
+        return size
+    end = lengths[0] + lengths[1]
+    return end if end <= size and (size == end or size == -(-end // BLOCK) * BLOCK) else size
+
+
+def _placed_at(header: Buffer, size: int, length: int) -> int | None:
+    """Where the payload of an object in a file of `size` bytes starts, if its (unverified)
+    header says it is a header followed by exactly `length` bytes; else None."""
+    lengths = peek_lengths(header)
+    if lengths is None or lengths[1] != length or _object_size(header, size) != lengths[0] + length:
+        return None
+    return lengths[0]
+
+
+def _abandoned(path: Path) -> bool:
+    """Whether a temporary file's writer is gone: its name carries the writer's pid
+    (`.<name>.<pid>.<n>.tmp`); one of another host, or of a reused pid, is taken as gone once
+    it is an hour old."""
+    try:
+        pid = int(path.name.rsplit(".", 3)[-3])
+        os.kill(pid, 0)
+    except (ValueError, IndexError, ProcessLookupError):
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    try:
+        return time.time() - path.stat().st_mtime > 3600
+    except FileNotFoundError:
+        return False
+
+
 def _aligned(view: memoryview) -> bool:
     """Whether O_DIRECT can move `view` as it is: page-aligned, whole 4 KiB blocks."""
     if len(view) == 0 or len(view) % BLOCK:
@@ -543,6 +629,24 @@ def _unlink(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def _direct_readable(root: Path, objects: str) -> bool:
+    """Whether the objects under `root` (the glob `objects`) can be read with O_DIRECT, found
+    without writing: by reading the first block of one of them so (none: buffered)."""
+    for path in root.glob(objects) if root.is_dir() else ():
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            return False
+        try:
+            os.preadv(fd, [mmap.mmap(-1, BLOCK)], 0)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+    return False
 
 
 def _direct_supported(directory: Path) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from tiering.errors import TierFull
+from tiering.format import Corrupt
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, Tier, TierStat
 
@@ -27,10 +28,13 @@ class MemoryTier(Tier):
         self._objects: OrderedDict[BlockKey, bytes] = OrderedDict()
         self._bytes = 0
 
-    async def _read(self, key: BlockKey) -> Buffer | None:
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         blob = self._objects.get(key)
-        if blob is not None:
-            self._objects.move_to_end(key)
+        if blob is None:
+            return None
+        if len(blob) > limit:
+            raise Corrupt("length", f"object of {len(blob)} bytes, at most {limit} expected")
+        self._objects.move_to_end(key)
         return blob
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:

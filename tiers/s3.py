@@ -35,7 +35,8 @@ from botocore.exceptions import (
 )
 
 from tiering.config import parse_size
-from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
+from tiering.errors import ConfigError, KeyFormatError, TierError, TierTimeout, TierUnavailable
+from tiering.format import Corrupt
 from tiering.keys import BlockKey, key_from_hex
 from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
 from tiers.threads import IOThreads
@@ -46,6 +47,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
+MAX_PACK_INDEX = 16 << 20
+"""Bytes a pack's index may claim (a pack of 8 blocks has ~800): a larger claim is refused."""
 
 
 class S3Tier(Tier):
@@ -138,7 +141,7 @@ class S3Tier(Tier):
 
     # -- primitives -----------------------------------------------------------------------------
 
-    async def _read(self, key: BlockKey) -> Buffer | None:
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         await self._load_packs()
         with self._lock:
             pending = self._pending.get(key)
@@ -147,10 +150,26 @@ class S3Tier(Tier):
             return pending
         if packed is not None:
             pack, offset, length = packed
+            if length > limit:
+                raise Corrupt("length", f"pack {pack} gives it {length} bytes, at most {limit}")
             blob = await self._run(self._get_range, pack, offset, length)
             if blob is not None:
                 return blob
-        return await self._run(self._get, self._name(key))
+        return await self._run(self._get, self._name(key), limit)
+
+    async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
+        await self._load_packs()
+        with self._lock:
+            pending = self._pending.get(key)
+            packed = self._packed.get(key)
+        if pending is not None:
+            return pending[:n], len(pending)
+        if packed is not None:
+            pack, offset, length = packed
+            head = await self._run(self._get_range, pack, offset, min(n, length))
+            if head is not None:
+                return head, length
+        return await self._run(self._get_head, self._name(key), n)
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         blob = b"".join(parts)
@@ -209,11 +228,9 @@ class S3Tier(Tier):
         for key in seen:
             yield key
         for name, _ in await self._run(self._list_objects, self._base):
-            if "/packs/" in name:
-                continue
-            key = key_from_hex(name.rsplit("/", 1)[-1])
-            if key not in seen:
-                yield key
+            found = self._key_of(name)
+            if found is not None and found not in seen:
+                yield found
 
     async def _entries(self) -> AsyncIterator[ObjectInfo]:
         await self._load_packs()
@@ -226,11 +243,20 @@ class S3Tier(Tier):
             if key not in pending:
                 yield ObjectInfo(key, length)
         for name, size, modified in await self._run(self._list_objects_meta, self._base):
-            if "/packs/" in name:
-                continue
-            key = key_from_hex(name.rsplit("/", 1)[-1])
-            if key not in pending and key not in packed:
-                yield ObjectInfo(key, size, modified)
+            found = self._key_of(name)
+            if found is not None and found not in pending and found not in packed:
+                yield ObjectInfo(found, size, modified)
+
+    def _key_of(self, name: str) -> BlockKey | None:
+        """The key an object's name gives, None for packs and for names no kvtier wrote
+        (skipped and counted: anyone with write access may put anything in a bucket)."""
+        if "/packs/" in name:
+            return None
+        try:
+            return key_from_hex(name.rsplit("/", 1)[-1])
+        except KeyFormatError:
+            self.counters["foreign_names"] += 1
+            return None
 
     async def _namespaces(self) -> list[bytes]:
         found = set()
@@ -304,37 +330,68 @@ class S3Tier(Tier):
 
     async def refresh_packs(self) -> None:
         """Read the index of every pack in the bucket (packs written by other processes, or
-        before a restart)."""
-        for name, _ in await self._run(self._list_objects, f"{self._base}packs/"):
+        before a restart). A pack whose index is not what kvtier writes (too large, not JSON,
+        entries that are not a key and a range inside the pack) is ignored and counted."""
+        for name, size in await self._run(self._list_objects, f"{self._base}packs/"):
             raw = await self._run(self._get_range, name, 0, 4)
             if raw is None or len(raw) < 4:
                 continue
             length = int.from_bytes(raw, "big")
-            head = await self._run(self._get_range, name, 4, length)
-            try:
-                index = json.loads(bytes(head or b"{}"))
-            except ValueError:
+            entries = None
+            if 4 + length <= min(size, 4 + MAX_PACK_INDEX):
+                head = await self._run(self._get_range, name, 4, length)
+                entries = _pack_entries(head or b"", size - 4 - length)
+            if entries is None:
+                self.counters["packs_refused"] += 1
                 log.warning("tier %r: pack %s has an unreadable index; ignored", self.name, name)
                 continue
             with self._lock:
                 members = self._pack_members.setdefault(name, set())
-                for text, (offset, size) in index.items():
-                    block = key_from_hex(text)
+                for block, offset, object_size in entries:
                     if block not in self._packed:
-                        self._packed[block] = (name, 4 + length + offset, size)
+                        self._packed[block] = (name, 4 + length + offset, object_size)
                         members.add(block)
 
     # -- boto3, in the pool ----------------------------------------------------------------------
 
-    def _get(self, name: str) -> bytes | None:
+    def _get(self, name: str, limit: int) -> bytes | None:
+        """The object `name`; `Corrupt("length")` when it is larger than `limit`, known from
+        the response's headers before its body is read."""
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=name)
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in _MISSING:
                 return None
             raise
-        data: bytes = response["Body"].read()
+        body = response["Body"]
+        size = int(response.get("ContentLength", 0))
+        if size > limit:
+            body.close()  # the connection goes; the body is never read
+            raise Corrupt("length", f"object {name} of {size} bytes, at most {limit} expected")
+        data: bytes = body.read(limit + 1)
+        body.close()
+        if len(data) > limit:
+            raise Corrupt("length", f"object {name} is larger than {limit} bytes")
         return data
+
+    def _get_head(self, name: str, n: int) -> tuple[bytes, int] | None:
+        """The first `n` bytes of object `name` and its size (from `Content-Range`)."""
+        try:
+            response = self._client.get_object(
+                Bucket=self.bucket, Key=name, Range=f"bytes=0-{n - 1}"
+            )
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code")
+            if code in _MISSING:
+                return None
+            if code == "InvalidRange":  # an empty object
+                return b"", 0
+            raise
+        body = response["Body"]
+        data: bytes = body.read(n)
+        body.close()
+        total = str(response.get("ContentRange", "")).rpartition("/")[2]
+        return data, int(total) if total.isdigit() else len(data)
 
     def _get_range(self, name: str, offset: int, length: int) -> bytes | None:
         if length == 0:
@@ -347,7 +404,9 @@ class S3Tier(Tier):
             if e.response.get("Error", {}).get("Code") in (*_MISSING, "InvalidRange"):
                 return None
             raise
-        data: bytes = response["Body"].read()
+        body = response["Body"]
+        data: bytes = body.read(length)  # a server that ignores the range sends no more
+        body.close()
         return data
 
     def _head(self, name: str) -> bool:
@@ -417,4 +476,29 @@ class S3Tier(Tier):
             return pending
         if packed is not None:
             return self._get_range(*packed)
-        return self._get(self._name(key))
+        return self._get(self._name(key), 1 << 40)
+
+
+def _pack_entries(head: bytes, room: int) -> list[tuple[BlockKey, int, int]] | None:
+    """A pack index's entries (key, offset, length), each range inside the `room` bytes after
+    the index; None when it is not an index kvtier writes."""
+    try:
+        index = json.loads(head)
+    except ValueError:
+        return None
+    if not isinstance(index, dict):
+        return None
+    entries = []
+    for text, where in index.items():
+        if not (
+            isinstance(where, list)
+            and len(where) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in where)
+            and where[0] + where[1] <= room
+        ):
+            return None
+        try:
+            entries.append((key_from_hex(text), where[0], where[1]))
+        except KeyFormatError:
+            return None
+    return entries

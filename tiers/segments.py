@@ -108,6 +108,7 @@ class SegmentFileTier(FileTier):
     on the loop thread, file descriptors are opened by the pool's threads."""
 
     _objects = "*" + _SUFFIX
+    _removes_damaged = False  # a damaged record is dead space until its segment goes
 
     def __init__(self, *, segment_size: int | str = "64MiB", **options: Any) -> None:
         size = parse_size(segment_size, "segment_size")
@@ -212,14 +213,8 @@ class SegmentFileTier(FileTier):
                         verify_payload(header, payload)
                 except Corrupt as e:
                     if key is not None:  # a header that named a key: worth a word
-                        self.counters[f"corrupt.{e.reason}"] += 1
-                        log.warning(
-                            "tier %r: skipping an object in %s at %d at start: %s",
-                            self.name,
-                            segment.path,
-                            offset,
-                            e,
-                        )
+                        where = f"{segment.path.relative_to(self.base)} at {offset}"
+                        self._damaged_at_start(where, e.reason, str(e))
                     offset += BLOCK
                     continue
                 self._place(key, _Where(segment, offset, length))
@@ -301,8 +296,15 @@ class SegmentFileTier(FileTier):
 
     # -- primitives -----------------------------------------------------------------------------
 
-    async def _read(self, key: BlockKey) -> Buffer | None:
+    def _placed(self, key: BlockKey, limit: int) -> _Where | None:
+        """Where the copy of `key` is, if any; `Corrupt("length")` if it is over `limit`."""
         where = self._where.get(key)
+        if where is not None and where.length > limit:
+            raise Corrupt("length", f"object of {where.length} bytes, at most {limit} expected")
+        return where
+
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
+        where = self._placed(key, limit)
         if where is None:
             return None
         blob = await self._on(where.segment, self._read_object, where)
@@ -310,8 +312,8 @@ class SegmentFileTier(FileTier):
             self._touch_segment(where.segment)
         return blob
 
-    async def _read_into(self, key: BlockKey, payload: memoryview) -> bytes | None:
-        where = self._where.get(key)
+    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> bytes | None:
+        where = self._placed(key, limit)
         if where is None:
             return None
         if self._laid_out(where, payload):
@@ -327,6 +329,13 @@ class SegmentFileTier(FileTier):
         if header is not None:
             self._touch_segment(where.segment)
         return header
+
+    async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
+        where = self._where.get(key)
+        if where is None:
+            return None
+        head = await self._on(where.segment, self._read_object_head, where, n)
+        return None if head is None else (head, where.length)
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         size = sum(len(p) for p in parts)
@@ -431,6 +440,11 @@ class SegmentFileTier(FileTier):
         blocks = [as_key(k) for k, _ in items]
         views = [memoryview(buffer).cast("B") for _, buffer in items]
         places = [self._where.get(block) for block in blocks]
+        oversized: dict[int, Corrupt] = {}
+        for i, (where, view) in enumerate(zip(places, views, strict=True)):
+            if where is not None and where.length > self.object_limit(len(view)):
+                oversized[i] = Corrupt("length", f"object of {where.length} bytes")
+                places[i] = None
         jobs = [(where, view) for where, view in zip(places, views, strict=True)]
         fits = [where is not None and self._laid_out(where, view) for where, view in jobs]
         held = [where.segment for where in places if where is not None]
@@ -441,6 +455,8 @@ class SegmentFileTier(FileTier):
         finally:
             for segment in held:
                 self._release(segment)
+        for i, error in oversized.items():
+            answers[i] = error
 
         def touch(i: int) -> None:
             where = places[i]
@@ -778,6 +794,16 @@ class SegmentFileTier(FileTier):
                 raise Corrupt("truncated", f"{where.segment.path} ends inside an object")
             return bytes(header)
         return self._read_object(where)
+
+    def _read_object_head(self, where: _Where, n: int) -> bytes | None:
+        want = min(n, where.length)
+        buffer = self._aligned(_record(want))  # O_DIRECT reads whole aligned blocks
+        try:
+            got = os.preadv(self._fd(where.segment), [buffer], where.offset)
+        except OSError as e:
+            raise self._unavailable("read", where, e) from e
+        head = bytes(buffer[: min(got, want)])
+        return None if head.startswith(_TOMBSTONE) else head
 
     def _read_object(self, where: _Where) -> bytes | None:
         buffer = self._aligned(_record(where.length))
