@@ -245,6 +245,8 @@ class FileTier(Tier):
 
     async def _namespaces(self) -> list[bytes]:
         found = []
+        if not self.base.is_dir():  # a read-only tier over a directory not made yet
+            return found
         for entry in self.base.iterdir():
             if entry.is_dir() and len(entry.name) == 32 and any(entry.glob(self._objects)):
                 try:
