@@ -90,15 +90,20 @@ def test_breaker_counts_slow_calls_and_failed_probes() -> None:
     breaker = Breaker(
         "t", BreakerConfig(failures=2, cooldown=5.0, latency=0.1), clock=lambda: now[0]
     )
-    breaker.record(True, 0.5)  # slow
-    breaker.record(True, 0.01)  # fast: resets
-    breaker.record(True, 0.5)
-    breaker.record(False, 0.01)
-    assert breaker.state == "open" and not breaker.allow()
+    ticket = breaker.admit()
+    assert ticket is not None
+    breaker.record(ticket, True, 0.5)  # slow
+    breaker.record(ticket, True, 0.01)  # fast: resets
+    breaker.record(ticket, True, 0.5)
+    breaker.record(ticket, False, 0.01)
+    assert breaker.state == "open" and breaker.admit() is None
     now[0] = 6.0
-    assert breaker.allow() and not breaker.allow()  # one probe only
-    breaker.record(False, 0.01)
-    assert breaker.state == "open" and breaker.opened == 2
+    probe = breaker.admit()
+    assert probe is not None and breaker.admit() is None  # one probe only
+    breaker.record(ticket, True, 0.01)  # a job from before it opened: changes nothing
+    assert breaker.state == "half-open"
+    breaker.record(probe, False, 0.01)
+    assert breaker.state == "open" and breaker.opened == 2 and breaker.refused == 2
 
 
 def test_reentry_from_the_loop_is_refused(runtime: Runtime) -> None:

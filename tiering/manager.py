@@ -378,7 +378,7 @@ class TieringOffloadingManager:
             state.config.name: {
                 **state.counters,
                 "inflight_demotions": state.inflight,
-                "breaker": self.runtime.breaker_state(state.config.name),
+                **self._breakers(state.config.name),
                 **{f"tier.{k}": v for k, v in state.tier.counters.items()},
             }
             for state in self.tiers
@@ -573,6 +573,7 @@ class TieringOffloadingManager:
                         self.config.faults.timeout * len(chosen),
                         tag=("demote", self._generation, state.index, (keys, [], "copy")),
                         done=self._arrived,
+                        writes=True,
                     )
                 )
 
@@ -609,6 +610,7 @@ class TieringOffloadingManager:
                 self.config.faults.timeout * max(1, len(keys)),
                 tag=("demote", self._generation, state.index, (keys, slots, held)),
                 done=self._arrived,
+                writes=True,
             )
         )
 
@@ -704,9 +706,9 @@ class TieringOffloadingManager:
             if generation != self._generation:
                 continue  # from before a reset
             state = self.tiers[index]
-            if result.ok:
+            if result.ok and result.fault is None:
                 state.latencies.append(result.seconds)
-            else:
+            else:  # failed, refused, or a batch that faulted (`JobResult.fault`)
                 state.counters["errors"] += 1
             if kind == "check":
                 self._checked(state, payload, result)
@@ -836,12 +838,26 @@ class TieringOffloadingManager:
             tiers[state.config.name] = {
                 **state.counters,
                 "inflight_demotions": state.inflight,
-                "breaker": self.runtime.breaker_state(state.config.name),
+                **self._breakers(state.config.name),
                 "seconds_per_block": state.seconds_per_block,
                 "latencies": samples,
                 **{f"tier.{k}": v for k, v in state.tier.counters.items()},
             }
         return {"manager": dict(self.counters), "tiers": tiers}
+
+    def _breakers(self, tier: str) -> dict[str, Any]:
+        """A tier's breakers: `breaker` is the state of the one every job passes (closed,
+        open, half-open), `write_breaker` the one demotions pass too (opened by a full tier
+        while promotions go on); the times each opened, the jobs each refused."""
+        breaker, writes = self.runtime.breaker(tier), self.runtime.write_breaker(tier)
+        return {
+            "breaker": breaker.state,
+            "breaker_opened": breaker.opened,
+            "breaker_refused": breaker.refused,
+            "write_breaker": writes.state,
+            "write_breaker_opened": writes.opened,
+            "write_breaker_refused": writes.refused,
+        }
 
 
 def _fresh_lock(manager: TieringOffloadingManager) -> None:

@@ -249,6 +249,12 @@ class TieredReplayResult:
     def us_per_block(self) -> float:
         return 1e6 * self.manager_seconds / max(self.block_refs, 1)
 
+    @property
+    def breakers(self) -> dict[str, str]:
+        """Each tier's circuit breaker at the end (`open`: the replay lost its server and
+        stopped calling it; `stats` has the times each opened and the jobs it refused)."""
+        return {name: figures["breaker"] for name, figures in self.stats["tiers"].items()}
+
 
 def replay_tiered(
     requests: Sequence[TraceRequest],

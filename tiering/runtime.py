@@ -7,9 +7,32 @@ handler that the runtime calls with its result on its own thread. Results are da
 runtime's thread at every tick (the tiering manager applies results and reclaims slots this way,
 off the scheduler's calls; `nudge` wakes an idle runtime for it).
 
-Each tier has a circuit breaker: it opens after `failures` consecutive failures (a call slower
-than `latency` counts as one), refuses that tier's jobs at once while open, and lets one probe
-through after `cooldown`.
+**Circuit breakers.** Each tier has two: its breaker, which every job of the tier passes, and a
+write breaker, which jobs that write (`Job.writes`: demotions) pass too. A breaker opens after
+`failures` consecutive failed jobs, refuses its jobs at once while open (reported failed, with
+no call to the tier), lets exactly one job through as a probe after `cooldown` (half-open), and
+closes when the probe succeeds (it opens again, for another cooldown, when the probe fails).
+Only the probe's outcome moves a half-open breaker; a job admitted before the breaker opened
+that ends later changes nothing.
+
+What a job's outcome is, for the breakers (`fault_of`):
+- it *faulted* when it raised, or when its value is a list (a batch: `Tier.get_many`,
+  `put_many`, ... answer per item, with the exceptions in place) in which at least half of the
+  items are exceptions (all of a one-item batch). A dead server fails every item of every
+  batch; one item lost in a large batch of a tier that serves the rest is a counted error, not
+  a reason to cut the tier off (with "any item", a 1% per-item error rate fails 92% of
+  256-block batches, and five such in a row open the breaker of a tier that works): a failure
+  rate of one half per job is the threshold circuit breakers commonly default to. An exception
+  is the tier's fault whatever its type (an untranslated library error too), except a
+  `CorruptObject`: that is the data's fault, a counted miss, never a breaker failure;
+- it *succeeded* otherwise (misses are answers); a job slower than `latency` counts as a failure.
+
+Which breaker a fault counts against: `TierFull` only against the write breaker of a job that
+writes (a full tier still answers, and serves what it holds: promotions go on from a full disk
+while writes are refused); other faults (unavailable, timed out: nothing gets through), when
+they alone are half a batch or more, against the tier's breaker and, for a job that writes, its
+write breaker too. A job's per-item results reach its submitter unchanged (`JobResult.ok` stays
+True for a batch that answered); `JobResult.fault` says what the breakers counted.
 
 Hand-off costs the scheduler no system call while the runtime is busy: `submit` appends to an
 inbox that the runtime looks at every `TICK` while it has work; only a runtime idle for
@@ -36,9 +59,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tiering.config import BreakerConfig
-from tiering.errors import StateError, TierError, TierTimeout, TierUnavailable
+from tiering.errors import (
+    CorruptObject,
+    StateError,
+    TierError,
+    TierFull,
+    TierTimeout,
+    TierUnavailable,
+)
 
-__all__ = ["Breaker", "Job", "JobResult", "Runtime"]
+__all__ = ["Breaker", "Job", "JobResult", "Runtime", "fault_of"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +91,8 @@ class Job:
     done: Callable[[JobResult], None] | None = None
     """Called with the result on the runtime's thread instead of queuing it for `poll` (the job
     counts as pending until it returns). It must not block; an exception is logged."""
+    writes: bool = False
+    """The job writes to the tier (a demotion): it passes the tier's write breaker too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,47 +104,113 @@ class JobResult:
     error: BaseException | None = None
     seconds: float = 0.0
     tag: Any = None
+    fault: BaseException | None = None
+    """What the breakers counted against the tier (module docstring): `error` for a job that
+    raised, the first fault among a batch's items otherwise (`ok` is True then: the items carry
+    their own outcomes); None for a success or a job refused by an open breaker."""
+
+
+_Tickets = tuple[int, int | None]
+"""A running job's tickets from its tier's breaker and, for a job that writes, its write
+breaker."""
 
 
 class Breaker:
-    """Closed, open or half-open, per tier. Used on the runtime's thread and read elsewhere
-    (a state read is a single attribute load)."""
+    """Closed, open or half-open: one tier's breaker, or its write breaker. Jobs are admitted
+    on the submitting threads and recorded on the runtime's, under a lock (so a half-open
+    breaker lets exactly one probe through); a state read is a single attribute load."""
 
     def __init__(
         self, name: str, config: BreakerConfig, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.name = name
+        """What it guards, for messages: `tier 'redis'`, `writes to tier 'nvme'`."""
         self.config = config
         self.clock = clock
         self.state = "closed"
         self.failures = 0
+        """Consecutive failures while closed."""
         self.opened_at = 0.0
-        self.probing = False
-        self.opened = 0  # times it opened (a metric)
+        self.opened = 0  # times it opened, a failed probe's reopening too (a metric)
+        self.refused = 0  # jobs it refused (a metric)
+        self.last_fault: BaseException | None = None
+        self._epoch = 0  # bumped when it opens: outcomes of jobs admitted before are stale
+        self._probing = False  # the half-open breaker's probe is out
+        self._lock = threading.Lock()
 
-    def allow(self) -> bool:
-        if self.state == "closed":
-            return True
-        if self.state == "open" and self.clock() - self.opened_at >= self.config.cooldown:
-            self.state = "half-open"
-        if self.state == "half-open" and not self.probing:
-            self.probing = True
-            return True
-        return False
+    def admit(self) -> int | None:
+        """A ticket for a job to pass (give it back to `record` or `cancel`), or None: refused."""
+        epoch = self._epoch  # read first: a job admitted as the breaker opens has a stale
+        if self.state == "closed":  # ticket, and is not counted (the common case: no lock)
+            return epoch
+        with self._lock:
+            if self.state == "open" and self.clock() - self.opened_at >= self.config.cooldown:
+                self.state = "half-open"
+            if self.state == "half-open" and not self._probing:
+                self._probing = True
+                return self._epoch
+            if self.state == "closed":
+                return self._epoch
+            self.refused += 1
+            return None
 
-    def record(self, ok: bool, seconds: float) -> None:
+    def cancel(self, ticket: int) -> None:
+        """An admitted job did not run after all (another breaker refused it): a probe's turn
+        goes to the next job."""
+        with self._lock:
+            if ticket == self._epoch and self.state == "half-open":
+                self._probing = False
+
+    def record(
+        self, ticket: int, ok: bool, seconds: float, fault: BaseException | None = None
+    ) -> None:
+        """The outcome of a job admitted with `ticket`: `ok` unless it faulted (`fault`, the
+        reason, for the log); a call slower than `latency` counts as a failure too."""
         slow = self.config.latency is not None and seconds > self.config.latency
-        if ok and not slow:
-            self.state, self.failures, self.probing = "closed", 0, False
-            return
-        self.failures += 1
-        if self.state == "half-open" or self.failures >= self.config.failures:
-            if self.state != "open":
-                self.opened += 1
-                log.warning(
-                    "tier %s: circuit breaker opens after %d failures", self.name, self.failures
+        with self._lock:
+            if ticket != self._epoch:
+                return  # admitted before the breaker opened: only the probe decides now
+            if ok and not slow:
+                if self.state == "half-open":
+                    log.warning("%s: circuit breaker closes (its probe succeeded)", self.name)
+                self.state, self.failures, self._probing = "closed", 0, False
+                return
+            self.failures += 1
+            self.last_fault = fault or self.last_fault
+            reason = fault or (f"slower than {self.config.latency:g}s" if slow else "failed")
+            if self.state == "half-open":
+                log.info(
+                    "%s: the probe failed (%s); open for %gs more",
+                    self.name,
+                    reason,
+                    self.config.cooldown,
                 )
-            self.state, self.opened_at, self.probing = "open", self.clock(), False
+            elif self.failures >= self.config.failures:
+                log.warning(
+                    "%s: circuit breaker opens after %d consecutive failed jobs (last: %s); "
+                    "refusing its jobs for %gs, then one probes",
+                    self.name,
+                    self.failures,
+                    reason,
+                    self.config.cooldown,
+                )
+            else:
+                return
+            self.state, self.opened_at, self._probing = "open", self.clock(), False
+            self._epoch += 1
+            self.opened += 1
+
+    def refusal(self) -> TierError:
+        """The error of a job this breaker refused: `TierFull` while it is open for a full
+        tier, `TierUnavailable` otherwise."""
+        fault = self.last_fault
+        kind = TierFull if isinstance(fault, TierFull) else TierUnavailable
+        why = f"last fault: {fault}" if fault else "slow calls"
+        return kind(f"{self.name}: circuit breaker open ({why})")
+
+    def _forget_lock(self) -> None:
+        """In a forked child: another thread of the parent may have held the lock."""
+        self._lock = threading.Lock()
 
 
 class Runtime:
@@ -124,9 +222,10 @@ class Runtime:
         self._lock = threading.Lock()
         self._results: collections.deque[JobResult] = collections.deque()
         self._breakers: dict[str, Breaker] = {}
+        self._write_breakers: dict[str, Breaker] = {}
         self._next_id = 0
         self._pending: set[int] = set()  # submitted, not yet reported
-        self._inbox: collections.deque[tuple[int, Job, Breaker]] = collections.deque()
+        self._inbox: collections.deque[tuple[int, Job, _Tickets]] = collections.deque()
         self._sleeping = False  # the pump waits for a wake-up (it ticks otherwise)
         self._hooks: list[Callable[[], bool]] = []
         self._wake: asyncio.Event | None = None
@@ -149,6 +248,8 @@ class Runtime:
             self._tasks.clear()
             self._sleeping = False
             self._lock = threading.Lock()
+            for breaker in [*self._breakers.values(), *self._write_breakers.values()]:
+                breaker._forget_lock()
         if self._loop is None:
             loop = asyncio.new_event_loop()
             ready = threading.Event()
@@ -212,17 +313,17 @@ class Runtime:
     def _submit(self, jobs: list[Job]) -> list[int]:
         loop = self._ensure_started()
         ids: list[int] = []
-        runnable: list[tuple[int, Job, Breaker]] = []
+        runnable: list[tuple[int, Job, _Tickets]] = []
         with self._lock:
             first = self._next_id
             self._next_id += len(jobs)
         for job_id, job in enumerate(jobs, first):
             ids.append(job_id)
-            breaker = self._breaker(job.tier)
-            if breaker.allow():
-                runnable.append((job_id, job, breaker))
+            tickets = self._admit(job)
+            if isinstance(tickets, TierError):
+                self._fail(job_id, job, tickets)
             else:
-                self._fail(job_id, job, TierUnavailable(f"tier {job.tier!r}: circuit breaker open"))
+                runnable.append((job_id, job, tickets))
         if not runnable:
             return ids
         with self._lock:
@@ -241,7 +342,7 @@ class Runtime:
             loop.call_soon_threadsafe(self._wake.set)
 
     def _start(
-        self, loop: asyncio.AbstractEventLoop, runnable: list[tuple[int, Job, Breaker]]
+        self, loop: asyncio.AbstractEventLoop, runnable: list[tuple[int, Job, _Tickets]]
     ) -> None:
         for entry in runnable:
             task = loop.create_task(self._run(*entry))
@@ -322,18 +423,62 @@ class Runtime:
             raise TierTimeout(f"runtime call did not finish within {timeout:g}s") from e
 
     def breaker_state(self, tier: str) -> str:
+        """The state of `tier`'s breaker (the one every job of the tier passes)."""
         return self._breaker(tier).state
 
     def breaker(self, tier: str) -> Breaker:
         return self._breaker(tier)
 
+    def write_breaker(self, tier: str) -> Breaker:
+        """`tier`'s write breaker (jobs with `writes` pass it too)."""
+        return self._write_breaker(tier)
+
     # -- inside -----------------------------------------------------------------------------------
 
     def _breaker(self, tier: str) -> Breaker:
         breaker = self._breakers.get(tier)
-        if breaker is None:
-            breaker = self._breakers[tier] = Breaker(tier, self.breaker_config)
+        if breaker is None:  # setdefault: two threads may get here at once
+            breaker = self._breakers.setdefault(
+                tier, Breaker(f"tier {tier!r}", self.breaker_config)
+            )
         return breaker
+
+    def _write_breaker(self, tier: str) -> Breaker:
+        breaker = self._write_breakers.get(tier)
+        if breaker is None:
+            breaker = self._write_breakers.setdefault(
+                tier, Breaker(f"writes to tier {tier!r}", self.breaker_config)
+            )
+        return breaker
+
+    def _admit(self, job: Job) -> _Tickets | TierError:
+        """The job's tickets from the breakers it passes, or the error of its refusal. The
+        write breaker is asked first: a write refused there leaves a half-open tier breaker's
+        probe to the next job."""
+        write_ticket = None
+        if job.writes:
+            write_ticket = self._write_breaker(job.tier).admit()
+            if write_ticket is None:
+                return self._write_breaker(job.tier).refusal()
+        breaker = self._breaker(job.tier)
+        ticket = breaker.admit()
+        if ticket is None:
+            if write_ticket is not None:
+                self._write_breaker(job.tier).cancel(write_ticket)
+            return breaker.refusal()
+        return ticket, write_ticket
+
+    def _account(
+        self, job: Job, tickets: _Tickets, fault: BaseException | None, seconds: float
+    ) -> None:
+        """Record a job's outcome with its breakers (module docstring: `TierFull` counts only
+        against writes)."""
+        ticket, write_ticket = tickets
+        self._breaker(job.tier).record(
+            ticket, fault is None or isinstance(fault, TierFull), seconds, fault
+        )
+        if write_ticket is not None:
+            self._write_breaker(job.tier).record(write_ticket, fault is None, seconds, fault)
 
     def _refuse_reentry(self) -> None:
         if self._thread is not None and threading.current_thread() is self._thread:
@@ -342,7 +487,7 @@ class Runtime:
                 "scheduler's API); that would deadlock"
             )
 
-    async def _run(self, job_id: int, job: Job, breaker: Breaker) -> None:
+    async def _run(self, job_id: int, job: Job, tickets: _Tickets) -> None:
         start = time.monotonic()
         try:
             async with asyncio.timeout(job.deadline):
@@ -352,19 +497,33 @@ class Runtime:
             raise
         except Exception as e:  # a tier's failure is data for the submitter
             seconds = time.monotonic() - start
-            breaker.record(False, seconds)
             if isinstance(e, TimeoutError) and not isinstance(e, TierError):
                 e = TierTimeout(f"tier {job.tier!r}: job passed its {job.deadline:g}s deadline")
-            self._fail(job_id, job, e, seconds)
+            fault: BaseException | None = None if isinstance(e, CorruptObject) else e
+            self._account(job, tickets, fault, seconds)
+            self._fail(job_id, job, e, seconds, fault)
             return
         seconds = time.monotonic() - start
-        breaker.record(True, seconds)
+        fault = fault_of(value)
+        self._account(job, tickets, fault, seconds)
         self._report(
-            JobResult(job_id, job.tier, True, value=value, seconds=seconds, tag=job.tag), job.done
+            JobResult(
+                job_id, job.tier, True, value=value, seconds=seconds, tag=job.tag, fault=fault
+            ),
+            job.done,
         )
 
-    def _fail(self, job_id: int, job: Job, error: BaseException, seconds: float = 0.0) -> None:
-        result = JobResult(job_id, job.tier, False, error=error, seconds=seconds, tag=job.tag)
+    def _fail(
+        self,
+        job_id: int,
+        job: Job,
+        error: BaseException,
+        seconds: float = 0.0,
+        fault: BaseException | None = None,
+    ) -> None:
+        result = JobResult(
+            job_id, job.tier, False, error=error, seconds=seconds, tag=job.tag, fault=fault
+        )
         self._report(result, job.done)
 
     def _report(self, result: JobResult, done: Callable[[JobResult], None] | None) -> None:
@@ -379,6 +538,25 @@ class Runtime:
             log.exception("runtime %s: the handler of job %d failed", self.name, result.job_id)
         with self._lock:
             self._pending.discard(result.job_id)
+
+
+def fault_of(value: Any) -> BaseException | None:
+    """The fault a job's value holds, for the breakers (module docstring): None when the value
+    is no batch or fewer than half of its items faulted (a `CorruptObject` is no fault); else
+    one of the faults: not a `TierFull` where those alone are half the items or more (it counts
+    against the tier's breaker too), a `TierFull` otherwise."""
+    if not isinstance(value, list):
+        return None
+    full: list[BaseException] = []
+    down: list[BaseException] = []
+    for item in value:
+        if isinstance(item, BaseException) and not isinstance(item, CorruptObject):
+            (full if isinstance(item, TierFull) else down).append(item)
+    if 2 * len(down) >= len(value) > 0:
+        return down[0]
+    if 2 * (len(full) + len(down)) >= len(value) > 0:
+        return full[0]
+    return None
 
 
 async def _cancel_all() -> None:

@@ -1,0 +1,320 @@
+"""The circuit breakers through the real manager and runtime, over real servers that stop: a dead
+Redis, a stopped SeaweedFS and a full disk open them on demotions, promotions and existence
+checks; while open, jobs are refused within milliseconds with no call to the tier; after the
+cooldown one job probes; once the server is back the breaker closes. And `kvtier replay`'s
+tiered path against a dead Redis ends with the breaker open."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.servers import RedisServer, SeaweedS3
+from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
+from tiering.keys import BlockKey, make_key
+from tiering.manager import TieringOffloadingManager
+from tiering.primary import LookupResult, PrimaryPool
+from tiering.replay import TraceRequest, replay_tiered
+from tiering.runtime import Job, Runtime
+from tiering.testing import NAMESPACE
+from tiering.tier import Tier
+
+BLOCK = 16 << 10
+COOLDOWN = 0.3
+FAILURES = 3
+REFUSAL_BOUND = 0.005  # seconds: a refused job reports within this, with no call to the tier
+HIT, MISS = LookupResult.HIT, LookupResult.MISS
+
+
+def k(i: int) -> BlockKey:
+    return make_key(i.to_bytes(32, "big"))
+
+
+class Engine:
+    """A manager over one tier and `slots` primary slots of numpy memory, driven as vLLM does."""
+
+    def __init__(self, tier: Tier, slots: int = 8) -> None:
+        self.tier = tier
+        self.name = tier.name
+        self.memory = np.zeros((slots, BLOCK), dtype=np.uint8)
+        cfg = TierConfig(name=tier.name, type=tier.type_name, write="through")
+        config = Config(
+            tiers=(cfg,),
+            promotion=PromotionConfig(deadline=2.0, gate="always"),
+            faults=FaultsConfig(
+                timeout=1.0, breaker=BreakerConfig(failures=FAILURES, cooldown=COOLDOWN)
+            ),
+        )
+        self.runtime = Runtime(config.faults.breaker)
+        self.manager = TieringOffloadingManager(
+            PrimaryPool(slots, "lru"),
+            [(cfg, tier)],
+            lambda s: memoryview(self.memory[s]),
+            config=config,
+            runtime=self.runtime,
+            block_tokens=16,
+        )
+
+    def step(self) -> None:
+        """End a step and let the runtime finish the jobs it queued."""
+        self.manager.on_schedule_end()
+        deadline = time.monotonic() + 10
+        while self.manager.has_pending_work() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self.manager.on_schedule_end()
+
+    def store(self, i: int) -> None:
+        """Store block `i` (its write-through demotion starts at the step's end) and step."""
+        grant = self.manager.prepare_store([k(i)])
+        assert grant is not None
+        for slot in grant.slots:
+            self.memory[slot] = i % 251
+        self.manager.complete_store(list(grant.keys))
+        self.step()
+
+    def fetch(self, i: int) -> LookupResult:
+        """Look block `i` up, stepping until the answer settles (HIT or MISS)."""
+        for _ in range(20):
+            result = self.manager.lookup(k(i))
+            if result in (HIT, MISS):
+                return result
+            self.step()
+        raise AssertionError(f"the lookup of {i} never settled: {result}")
+
+    def figures(self) -> dict[str, Any]:
+        figures: dict[str, Any] = self.manager.stats()["tiers"][self.name]
+        return figures
+
+    def calls(self) -> int:
+        """Everything the tier counted (each call to it counts something: a hit, a miss, a
+        put, an error)."""
+        return sum(self.tier.counters.values())
+
+    def refusal_seconds(self, job: Job) -> float:
+        """How long the runtime takes to report `job` refused (it must be), with no call to the
+        tier."""
+        calls = self.calls()
+        start = time.perf_counter()
+        self.runtime.submit(job)
+        results = self.runtime.poll()
+        seconds = time.perf_counter() - start
+        assert len(results) == 1 and not results[0].ok, results
+        assert "circuit breaker open" in str(results[0].error)
+        assert self.calls() == calls
+        return seconds
+
+    def until_closed(self, traffic: Callable[[int], object], breaker: str = "breaker") -> int:
+        """Run `traffic(n)` (one job for the tier each) until the breaker closes; the number of
+        probes it took. The server is back: within a few cooldowns (a client may lose one call
+        to a connection from before the restart)."""
+        for n in range(1, 11):
+            time.sleep(COOLDOWN)
+            traffic(n)
+            if self.figures()[breaker] == "closed":
+                return n
+        raise AssertionError(f"the {breaker} of {self.name} never closed: {self.figures()}")
+
+    def close(self) -> None:
+        self.manager.shutdown()
+
+
+def redis_tier(server: RedisServer) -> Tier:
+    from tiers.redis import RedisTier
+
+    return RedisTier(
+        namespace=NAMESPACE, name="redis", url=server.url, socket_timeout=0.5, connect_timeout=0.5
+    )
+
+
+def s3_tier(server: SeaweedS3) -> Tier:
+    from tiers.s3 import S3Tier
+
+    return S3Tier(
+        namespace=NAMESPACE,
+        name="s3",
+        bucket=server.bucket,
+        endpoint_url=server.endpoint,
+        access_key=server.ACCESS_KEY,
+        secret_key=server.SECRET_KEY,
+        retries=1,
+        connect_timeout=0.3,
+        read_timeout=1.0,
+    )
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("s3", marks=pytest.mark.s3),
+    ]
+)
+def served(request: Any, tmp_path: Path) -> Iterator[tuple[Engine, Any]]:
+    """An engine over a tier on a real server that the test stops and starts."""
+    server: Any = (
+        RedisServer(tmp_path / "redis", durable=True)
+        if request.param == "redis"
+        else SeaweedS3(tmp_path / "s3")
+    )
+    server.start()
+    engine = Engine(redis_tier(server) if request.param == "redis" else s3_tier(server))
+    try:
+        yield engine, server
+    finally:
+        engine.close()
+        server.stop()
+
+
+def demotion(engine: Engine, i: int) -> Job:
+    """A demotion job as the manager makes one (for timing a refusal)."""
+    tier = engine.tier
+    return Job(engine.name, lambda: tier.put_many([(k(i), bytes(BLOCK))]), 1.0, writes=True)
+
+
+def check(engine: Engine, i: int) -> Job:
+    tier = engine.tier
+    return Job(engine.name, lambda: tier.contains([k(i)]), 1.0)
+
+
+def promotion(engine: Engine, i: int) -> Job:
+    tier = engine.tier
+    return Job(engine.name, lambda: tier.get_many([(k(i), bytearray(BLOCK))]), 1.0)
+
+
+def test_a_dead_server_opens_the_breaker_on_demotions(served: tuple[Engine, Any]) -> None:
+    engine, server = served
+    engine.store(0)
+    assert engine.figures()["demotions"] == 1
+    server.stop()
+    for i in range(1, 1 + FAILURES):  # each store's demotion fails
+        engine.store(i)
+    figures = engine.figures()
+    assert figures["breaker"] == "open" and figures["write_breaker"] == "open"
+    assert figures["demotion_failures"] == FAILURES
+    calls = engine.calls()
+    engine.store(10)  # refused: no call to the tier, a failed demotion all the same
+    assert engine.calls() == calls and engine.figures()["demotion_failures"] == FAILURES + 1
+    assert engine.figures()["write_breaker_refused"] == 1
+    assert engine.refusal_seconds(demotion(engine, 11)) < REFUSAL_BOUND
+    time.sleep(COOLDOWN)
+    engine.store(12)  # the probe: one call, which fails; open for another cooldown
+    figures = engine.figures()
+    assert engine.calls() > calls and figures["demotion_failures"] == FAILURES + 2
+    assert figures["breaker_opened"] == 2 and figures["write_breaker_opened"] == 2
+    server.start()
+    probes = engine.until_closed(lambda n: engine.store(100 + n), "write_breaker")
+    assert engine.figures()["breaker"] == "closed"
+    assert engine.runtime.run_sync(lambda: engine.tier.contains([k(100 + probes)]), 5.0) == [True]
+
+
+def test_a_dead_server_opens_the_breaker_on_promotions(served: tuple[Engine, Any]) -> None:
+    engine, server = served
+    for i in range(16):  # 0-7 are demoted, then evicted from the 8 primary slots
+        engine.store(i)
+    assert engine.manager.pool.lookup(k(0)) is MISS and engine.manager.where(k(0)) == engine.name
+    demoted = engine.figures()["demotions"]
+    server.stop()
+    for i in range(FAILURES):  # promoted from where they were demoted: each fails
+        assert engine.fetch(i) is MISS
+    figures = engine.figures()
+    assert figures["breaker"] == "open" and figures["promotion_failures"] == FAILURES
+    assert figures["write_breaker"] == "closed" and figures["demotions"] == demoted
+    calls = engine.calls()
+    assert engine.fetch(FAILURES) is MISS  # refused
+    assert engine.calls() == calls and engine.figures()["breaker_refused"] == 1
+    assert engine.refusal_seconds(promotion(engine, 7)) < REFUSAL_BOUND
+    time.sleep(COOLDOWN)
+    assert engine.fetch(FAILURES + 1) is MISS  # the probe fails
+    assert engine.calls() > calls and engine.figures()["breaker_opened"] == 2
+    server.start()
+    keys = iter(range(FAILURES + 2, 8))
+    engine.until_closed(lambda n: engine.fetch(next(keys)))
+    assert engine.manager.pool.lookup(k(7)) is MISS
+    assert engine.fetch(7) is HIT  # promoted again
+    assert int(engine.memory[engine.manager.pool.slot(k(7))][0]) == 7
+
+
+def test_a_dead_server_opens_the_breaker_on_checks(served: tuple[Engine, Any]) -> None:
+    """Checks while the engine also stores (its write-through demotions fail too: each kind
+    of job counts, none resets the other's failures)."""
+    engine, server = served
+    engine.store(0)
+    engine.manager.reset()  # forgets where block 0 is: it must be looked for
+    server.stop()
+    for i in range(1, 1 + FAILURES):
+        assert engine.manager.lookup(k(1000 + i)) is LookupResult.RETRY
+        engine.store(i)  # the step submits the check and the demotion
+    figures = engine.figures()
+    assert figures["breaker"] == "open" and figures["lookups"] >= 1
+    calls, refused = engine.calls(), figures["breaker_refused"]
+    assert engine.fetch(2000) is MISS  # its check refused
+    assert engine.calls() == calls and engine.figures()["breaker_refused"] == refused + 1
+    assert engine.refusal_seconds(check(engine, 2001)) < REFUSAL_BOUND
+    opened = engine.figures()["breaker_opened"]
+    time.sleep(COOLDOWN)
+    assert engine.fetch(2002) is MISS  # the probe: a check, which fails
+    assert engine.calls() > calls and engine.figures()["breaker_opened"] == opened + 1
+    server.start()
+    engine.until_closed(lambda n: engine.fetch(3000 + n))
+    assert engine.fetch(0) is HIT  # found by its check, and promoted
+
+
+def test_a_full_disk_refuses_writes_and_keeps_serving_promotions(tmp_path: Path) -> None:
+    from tiers.file import FileTier
+
+    tier = FileTier(namespace=NAMESPACE, name="nvme", path=tmp_path / "nvme", min_free=0)
+    engine = Engine(tier)
+    try:
+        for i in range(8):
+            engine.store(i)
+        assert engine.figures()["demotions"] == 8
+        stat = os.statvfs(tmp_path)
+        tier.min_free = stat.f_bavail * stat.f_frsize + (1 << 30)  # the disk is full
+        for i in range(8, 8 + FAILURES):  # evicts 0-2 from the primary
+            engine.store(i)
+        figures = engine.figures()
+        assert figures["write_breaker"] == "open" and figures["breaker"] == "closed"
+        assert figures["demotion_failures"] == FAILURES
+        calls = engine.calls()
+        engine.store(20)
+        assert engine.calls() == calls and engine.figures()["write_breaker_refused"] == 1
+        assert engine.refusal_seconds(demotion(engine, 21)) < REFUSAL_BOUND
+        assert engine.manager.pool.lookup(k(0)) is MISS
+        assert engine.fetch(0) is HIT  # promoted from the full disk
+        assert int(engine.memory[engine.manager.pool.slot(k(0))][0]) == 0
+        time.sleep(COOLDOWN)
+        engine.store(22)  # the write probe: still full
+        assert engine.figures()["write_breaker_opened"] == 2
+        tier.min_free = 0  # space freed
+        probes = engine.until_closed(lambda n: engine.store(100 + n), "write_breaker")
+        assert probes == 1 and tier.knows(k(101))
+        assert engine.figures()["breaker_opened"] == 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.redis
+def test_replay_against_a_dead_redis_ends_with_the_breaker_open(tmp_path: Path) -> None:
+    dead = RedisServer(tmp_path / "redis")  # its port, never started
+    config = Config(
+        tiers=(
+            TierConfig(
+                name="redis",
+                type="redis",
+                write="through",
+                options={"url": dead.url, "connect_timeout": 0.2},
+            ),
+        ),
+        faults=FaultsConfig(timeout=0.5, breaker=BreakerConfig(failures=5, cooldown=30.0)),
+    )
+    requests = [TraceRequest(tuple(range(i, i + 4)), 2048) for i in range(40)]
+    result = replay_tiered(requests, config, capacity=16)
+    assert result.breakers == {"redis": "open"}
+    figures = result.stats["tiers"]["redis"]
+    assert figures["demotion_failures"] > 0 and figures["breaker_refused"] > 0
+    assert figures["breaker_opened"] == 1  # and stayed open: no probe within the cooldown
