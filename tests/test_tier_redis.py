@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+import tracemalloc
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from tests.servers import RedisClusterServers, RedisServer
-from tiering.errors import TierError, TierTimeout, TierUnavailable
+from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
 from tiering.tier import Tier
@@ -276,5 +278,264 @@ def test_a_batch_of_large_blocks_goes_as_several_pipelines_at_once(
             assert found == [True] * 8
             assert all(bytes(b) == payload(size, i) for i, b in enumerate(buffers))
             assert tier.counters["puts"] == 8 and tier.counters["hits"] == 8
+
+    asyncio.run(body())
+
+
+# -- a failed handshake (issue 15, item 10) -------------------------------------------------------
+
+
+class LoopWatch:
+    """What a test's event loop was left with: the fds the RESP client registered readers for
+    that are still registered, and the callback errors the loop reported."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.registered: set[int] = set()
+        self.errors: list[str] = []
+        add_reader = loop.add_reader
+
+        def counted(fd: Any, *args: Any) -> None:
+            self.registered.add(fd)
+            add_reader(fd, *args)
+
+        loop.add_reader = counted  # type: ignore[method-assign]
+        loop.set_exception_handler(lambda _, context: self.errors.append(str(context)))
+
+    def left(self) -> set[int]:
+        selector = self.loop._selector  # type: ignore[attr-defined]
+        return self.registered & set(selector.get_map())
+
+
+def set_requirepass(server: RedisServer, current: str, new: str) -> None:
+    admin = redis.Redis(host="127.0.0.1", port=server.port, password=current)
+    admin.config_set("requirepass", new)
+    admin.close()
+
+
+def test_a_wrong_password_is_reported_as_such_leaves_no_reader_and_recovers(
+    auth_server: RedisServer,
+) -> None:
+    """Every call fails with the server's WRONGPASS (not a later `[Errno 2]` from a reader
+    left registered on the closed socket, nor a flood of loop callback errors), and once the
+    server takes the tier's password the same tier object works."""
+    flush(auth_server.port, "s3cret")
+    url = f"redis://:wrong-pass@127.0.0.1:{auth_server.port}/0"
+
+    async def body() -> None:
+        watch = LoopWatch(asyncio.get_running_loop())
+        async with RedisTier(namespace=NAMESPACE, url=url, concurrency=2) as tier:
+            assert tier._fast is not None
+            for _ in range(3):
+                for call in (
+                    tier.put(key(1), payload(4096, 1)),
+                    tier.get(key(1), bytearray(4096)),
+                ):
+                    with pytest.raises(TierUnavailable, match="WRONGPASS"):
+                        await call
+                (outcome,) = await tier.get_many([(key(1), bytearray(4096))])
+                assert isinstance(outcome, TierUnavailable) and "WRONGPASS" in str(outcome)
+            await asyncio.sleep(0.2)  # a reader left on a closed fd fires meanwhile
+            assert watch.registered and not watch.left()
+            assert watch.errors == []
+            set_requirepass(auth_server, "s3cret", "wrong-pass")
+            try:
+                await tier.put(key(1), payload(4096, 1))
+                assert await tier.get_bytes(key(1), 4096) == payload(4096, 1)
+            finally:
+                set_requirepass(auth_server, "wrong-pass", "s3cret")
+            assert watch.errors == []
+
+    asyncio.run(body())
+
+
+def test_a_server_closing_the_socket_during_the_handshake_leaves_no_reader_then_recovers(
+    tmp_path: Path,
+) -> None:
+    """A peer that accepts, reads the AUTH and hangs up: the error says so, nothing stays
+    registered on the loop, and once a real server answers on that address the tier works."""
+    server = RedisServer(tmp_path / "redis", password="s3cret")
+
+    async def body() -> None:
+        watch = LoopWatch(asyncio.get_running_loop())
+
+        async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(100)
+            writer.close()
+
+        peer = await asyncio.start_server(hang_up, "127.0.0.1", server.port)
+        url = f"redis://:s3cret@127.0.0.1:{server.port}/0"
+        async with RedisTier(namespace=NAMESPACE, url=url, concurrency=2) as tier:
+            for _ in range(3):
+                with pytest.raises(TierUnavailable, match="closed the connection"):
+                    await tier.put(key(1), payload(4096, 1))
+                with pytest.raises(TierUnavailable, match="closed the connection"):
+                    await tier.get(key(1), bytearray(4096))
+            await asyncio.sleep(0.2)
+            assert watch.registered and not watch.left()
+            assert watch.errors == []
+            peer.close()
+            await peer.wait_closed()
+            await asyncio.to_thread(server.start)
+            await tier.put(key(1), payload(4096, 1))
+            assert await tier.get_bytes(key(1), 4096) == payload(4096, 1)
+            assert watch.errors == []
+
+    try:
+        asyncio.run(body())
+    finally:
+        server.stop()
+
+
+def test_a_server_that_never_answers_the_handshake_fails_within_the_connect_timeout(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        writers: list[asyncio.StreamWriter] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)  # and never answers
+
+        peer = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = peer.sockets[0].getsockname()[1]
+        url = f"redis://:s3cret@127.0.0.1:{port}/0"
+        async with RedisTier(namespace=NAMESPACE, url=url, connect_timeout=0.3) as tier:
+            start = time.monotonic()
+            with pytest.raises(TierUnavailable, match="within 0.3s"):
+                await tier.get(key(1), bytearray(4096))
+            assert time.monotonic() - start < 2
+        for writer in writers:
+            writer.close()
+        peer.close()
+        await peer.wait_closed()
+
+    asyncio.run(body())
+
+
+# -- objects larger than their block (issue 15, item 2) -------------------------------------------
+
+BIG = 64 << 20
+
+
+def peak_of(calls: Any) -> Any:
+    """The coroutine `calls` awaited under tracemalloc: (its result, peak bytes allocated)."""
+
+    async def traced() -> tuple[Any, int]:
+        tracemalloc.start()
+        try:
+            result = await calls
+            return result, tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    return traced()
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["resp", "redis-py"])
+def test_a_huge_object_for_a_small_block_is_refused_unread(
+    redis_server: RedisServer, fast_path: bool
+) -> None:
+    """A 64 MiB value where a 4 KiB block belongs costs neither 64 MiB of memory nor its
+    transfer: a `length` corrupt miss, deleted, and the connection pool still works."""
+    flush(redis_server.port)
+
+    async def body() -> None:
+        tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
+        async with tier:
+            await tier.put(key(2), payload(4096, 2))
+            await tier.raw_set(key(1), bytes(BIG))
+            found, peak = await peak_of(tier.get(key(1), bytearray(4096)))
+            assert found is False and peak < 1 << 20, peak
+            assert tier.counters["corrupt.length"] == 1
+            assert await tier.raw_get(key(1)) is None  # refused and deleted
+            assert await tier.get_bytes(key(2), 4096) == payload(4096, 2)
+            await tier.raw_set(key(1), bytes(BIG))
+            with pytest.raises(CorruptObject, match="length"):
+                await tier._read(key(1), 8192)
+            head = await tier.read_head(key(1))
+            assert head is not None and head[1] == BIG and len(head[0]) == tier.header_room
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["resp", "redis-py"])
+def test_an_oversized_object_in_a_batch_fails_alone_and_the_others_arrive(
+    redis_server: RedisServer, fast_path: bool
+) -> None:
+    """In one pipeline: a value a little too large is drained (the replies after it stay in
+    step and are read into their own buffers), memory stays bounded."""
+    import tiers.redis
+
+    flush(redis_server.port)
+    size = 64 << 10
+
+    async def body() -> None:
+        tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
+        async with tier:
+            await tier.put_many([(key(i), payload(size, i)) for i in (1, 3)])
+            await tier.raw_set(key(2), bytes(tiers.redis.DRAIN))
+            pooled = set(map(id, tier._fast._idle)) if tier._fast is not None else set()
+            buffers = [bytearray(size) for _ in range(3)]
+            found, peak = await peak_of(
+                tier.get_many([(key(i + 1), b) for i, b in enumerate(buffers)])
+            )
+            assert found == [True, False, True]
+            assert bytes(buffers[0]) == payload(size, 1) and bytes(buffers[2]) == payload(size, 3)
+            assert peak < 2 << 20, peak
+            assert tier.counters["corrupt.length"] == 1
+            assert await tier.raw_get(key(2)) is None
+            if tier._fast is not None:  # drained: the same connection, no new one
+                assert set(map(id, tier._fast._idle)) == pooled
+
+    asyncio.run(body())
+
+
+def test_a_huge_object_in_a_fast_pipeline_costs_a_connection_not_its_size(
+    redis_server: RedisServer,
+) -> None:
+    """Past `DRAIN` the value is not read at all: its connection is dropped and the GETs after
+    it are sent again on another, so every other block of the batch still arrives."""
+    import tiers.redis
+
+    flush(redis_server.port)
+    size = 64 << 10
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url) as tier:
+            assert tier._fast is not None
+            await tier.put_many([(key(i), payload(size, i)) for i in (1, 3, 5)])
+            for i in (2, 4):
+                await tier.raw_set(key(i), bytes(BIG))
+            assert BIG > tiers.redis.DRAIN
+            buffers = [bytearray(size) for _ in range(5)]
+            found, peak = await peak_of(
+                tier.get_many([(key(i + 1), b) for i, b in enumerate(buffers)])
+            )
+            assert found == [True, False, True, False, True]
+            assert all(bytes(buffers[i - 1]) == payload(size, i) for i in (1, 3, 5))
+            assert peak < 1 << 20, peak
+            assert tier.counters["corrupt.length"] == 2 and tier.counters["errors"] == 0
+            assert await tier.raw_get(key(2)) is None and await tier.raw_get(key(4)) is None
+            assert len(tier._fast._idle) >= 1  # the pool goes on
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["resp", "redis-py"])
+def test_read_head_reads_the_header_and_the_real_size(
+    redis_server: RedisServer, fast_path: bool
+) -> None:
+    flush(redis_server.port)
+
+    async def body() -> None:
+        tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
+        async with tier:
+            await tier.put(key(1), payload(64 << 10, 1))
+            blob = await tier.raw_get(key(1))
+            assert blob is not None
+            assert await tier.read_head(key(1)) == (blob[: tier.header_room], len(blob))
+            assert await tier.read_head(key(2)) is None
+            await tier.raw_set(key(3), b"")
+            assert await tier.read_head(key(3)) == (b"", 0)
 
     asyncio.run(body())

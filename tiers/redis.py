@@ -26,7 +26,9 @@ from redis.asyncio.connection import parse_url
 
 from tiering.config import parse_duration
 from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
+from tiering.format import Corrupt
 from tiering.keys import BlockKey, key_from_hex
+from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
 from tiers.resp import RespConnection, RespError, RespPool, command, set_command
 
@@ -34,6 +36,11 @@ __all__ = ["RedisTier"]
 
 T = TypeVar("T")
 
+DRAIN = 1 << 20
+"""In a pipeline, a value too large for its block is dropped through the connection's buffer
+when it is at most this long (the later replies stay readable on the same connection); a longer
+one costs the connection instead, and the GETs after it are sent again on another: cheaper
+than moving hundreds of MiB only to drop them."""
 PIPELINE_MAX_VALUE = 512 << 10
 PIPELINE_BYTES = 512 << 10
 """Value bytes per pipeline of a batch on the fast path: a batch of large blocks goes as several
@@ -87,6 +94,9 @@ class RedisTier(Tier):
             }
             if url.startswith("redis://"):
                 url = "rediss://" + url[len("redis://") :]
+        self.url = redact_url(url)
+        """The server's URL as messages show it: its password masked (`tiering.secrets`)."""
+        self._secrets = [password, *url_secrets(url)]
         try:
             if cluster:
                 del kwargs["max_connections"]
@@ -94,8 +104,7 @@ class RedisTier(Tier):
             else:
                 self._client = aioredis.Redis.from_url(url, **kwargs)
         except ValueError as e:
-            raise ConfigError(f"tier {self.name!r}: url {url!r}: {e}") from e
-        self.url = url
+            raise ConfigError(self._scrub(f"tier {self.name!r}: url {self.url!r}: {e}")) from None
         self._fast: RespPool | None = None
         if (
             fast_path
@@ -117,6 +126,10 @@ class RedisTier(Tier):
     def _name(self, key: BlockKey) -> bytes:
         return self._prefix + key.hex().encode()
 
+    def _scrub(self, message: str) -> str:
+        """`message` without this tier's secrets, should a library or the server quote one."""
+        return redact_text(message, self._secrets)
+
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
         try:
@@ -124,35 +137,54 @@ class RedisTier(Tier):
         except redis_errors.TimeoutError as e:
             raise TierTimeout(f"tier {self.name!r}: {what} timed out ({self.url})") from e
         except (redis_errors.ConnectionError, OSError) as e:
-            raise TierUnavailable(f"tier {self.name!r}: {what} failed: {e} ({self.url})") from e
+            message = self._scrub(f"tier {self.name!r}: {what} failed: {e} ({self.url})")
+            raise TierUnavailable(message) from e
         except (redis_errors.RedisError, RespError) as e:
-            raise TierError(f"tier {self.name!r}: {what} failed: {e}") from e
+            raise TierError(self._scrub(f"tier {self.name!r}: {what} failed: {e}")) from e
 
-    async def _read(self, key: BlockKey) -> Buffer | None:
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         with self._errors("GET"):
             if self._fast is not None:
                 request = [command(b"GET", self._name(key))]
 
                 async def get(conn: RespConnection) -> bytes | None:
                     await conn.send(request)
-                    return await conn.value()
+                    return await conn.value(limit)  # too long: the pool drops the connection
 
                 return await self._fast.run(get)
-            blob: bytes | None = await self._client.get(self._name(key))
-            return blob
+            pipe = self._client.pipeline(transaction=False)
+            self._queue_range(pipe, key, limit)
+            return _ranged(await pipe.execute(), limit)
 
-    async def _read_into(self, key: BlockKey, payload: memoryview) -> Buffer | None:
+    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> Buffer | None:
         """The object's header, its payload read straight into `payload` (see `ReadsInto`)."""
         if self._fast is None:
-            return await self._read(key)  # the whole object: verified and copied by `_accept`
+            return await self._read(key, limit)  # the whole object: verified by `_accept`
         request = [command(b"GET", self._name(key))]
 
         async def get(conn: RespConnection) -> bytes | None:
             await conn.send(request)
-            return await conn.value_into(payload)
+            return await conn.value_into(payload, limit)
 
         with self._errors("GET"):
             return await self._fast.run(get)
+
+    async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
+        with self._errors("GETRANGE"):
+            pipe = self._client.pipeline(transaction=False)
+            self._queue_range(pipe, key, n)
+            exists, size, head = await pipe.execute()
+        return (head, size) if exists else None
+
+    def _queue_range(self, pipe: Any, key: BlockKey, limit: int) -> None:
+        """EXISTS, STRLEN and the first `limit` bytes of the object of `key`: never more, for
+        a GET of a crafted 512 MiB value would make redis-py read and allocate all of it. The
+        three are not atomic: a value replaced in between is at worst refused (still bounded:
+        GETRANGE returns at most `limit` bytes)."""
+        name = self._name(key)
+        pipe.exists(name)
+        pipe.strlen(name)
+        pipe.getrange(name, 0, max(limit, 1) - 1)  # an inclusive end; -1 would mean all of it
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         with self._errors("SET"):
@@ -226,20 +258,29 @@ class RedisTier(Tier):
         if self._fast is not None and self.codec == "raw":
             return await self._get_many_fast(blocks, views)
 
+        limits = [self.object_limit(len(view)) for view in views]
+
         async def fetch() -> list[Any]:
             with self._errors("GET (pipelined)"):
                 pipe = self._client.pipeline(transaction=False)
-                for block in blocks:
-                    pipe.get(self._name(block))
-                return list(await pipe.execute())
+                for block, limit in zip(blocks, limits, strict=True):
+                    self._queue_range(pipe, block, limit)
+                replies = await pipe.execute()
+            blobs: list[Any] = []
+            for i, limit in enumerate(limits):
+                try:
+                    blobs.append(_ranged(replies[3 * i : 3 * i + 3], limit))
+                except Corrupt as e:
+                    blobs.append(e)
+            return blobs
 
         try:
             blobs = await self._call(fetch())
         except TierError as e:
             return [e] * len(items)
         return [
-            await self._accept(block, blob, memoryview(buffer).cast("B"))
-            for block, blob, (_, buffer) in zip(blocks, blobs, items, strict=True)
+            await self._settle(block, blob, view, False)
+            for block, blob, view in zip(blocks, blobs, views, strict=True)
         ]
 
     async def put_many(
@@ -280,29 +321,55 @@ class RedisTier(Tier):
         for got in await _each(self._fetch_pipeline(blocks[s], views[s]) for s in spans):
             heads += got
         return [
-            head if isinstance(head, BaseException) else await self._accept_into(block, head, view)
+            await self._settle(block, head, view, True)
             for block, head, view in zip(blocks, heads, views, strict=True)
         ]
+
+    async def _settle(
+        self, block: BlockKey, got: Any, view: memoryview, placed: bool
+    ) -> bool | BaseException:
+        """One item of a batch as `get` would answer it: an oversized object refused, an
+        error returned in its place, an object verified (`placed`: by `_read_into`'s rules)."""
+        if isinstance(got, Corrupt):
+            await self._refuse(block, got)
+            return False
+        if isinstance(got, BaseException):
+            return got
+        if placed:
+            return await self._accept_into(block, got, view)
+        return await self._accept(block, got, view)
 
     async def _fetch_pipeline(
         self, blocks: list[BlockKey], views: list[memoryview]
     ) -> list[bytes | None | BaseException]:
+        """One pipeline of GETs, each value read into its view. A value far too large for its
+        block leaves the connection out of step (`DRAIN`): the GETs after it are sent again on
+        another connection, so each block still gets its own answer."""
         assert self._fast is not None
         fast = self._fast
-        requests = [command(b"GET", self._name(block)) for block in blocks]
+        got: list[bytes | None | BaseException] = []
 
-        async def exchange(conn: RespConnection) -> list[bytes | None]:
-            await conn.send(requests)
-            return [await conn.value_into(view) for view in views]
+        async def exchange(conn: RespConnection) -> None:
+            start = len(got)  # a retry, or the rest after a connection given up, goes on
+            await conn.send([command(b"GET", self._name(block)) for block in blocks[start:]])
+            for view in views[start:]:
+                try:
+                    got.append(await conn.value_into(view, self.object_limit(len(view)), DRAIN))
+                except Corrupt as e:
+                    got.append(e)
+                    if conn.broken:
+                        return
 
-        async def fetch() -> list[bytes | None]:
+        async def fetch() -> None:
             with self._errors("GET (pipelined)"):
-                return await fast.run(exchange)
+                while len(got) < len(blocks):
+                    await fast.run(exchange)
 
         try:
-            return list(await self._call(fetch()))
+            await self._call(fetch())
         except TierError as e:
-            return [e] * len(blocks)
+            got += [e] * (len(blocks) - len(got))
+        return got
 
     async def _put_many_fast(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
@@ -360,6 +427,17 @@ class RedisTier(Tier):
     async def raw_get(self, key: BlockKey) -> bytes | None:
         value: bytes | None = await self._client.get(self._name(key))
         return value
+
+
+def _ranged(replies: Sequence[Any], limit: int) -> bytes | None:
+    """The object from EXISTS, STRLEN, GETRANGE replies (`RedisTier._queue_range`)."""
+    exists, size, head = replies
+    if not exists:
+        return None
+    if size > limit:
+        raise Corrupt("length", f"object of {size} bytes, at most {limit} expected")
+    value: bytes = head
+    return value
 
 
 def _spans(sizes: list[int], limit: int) -> list[slice]:

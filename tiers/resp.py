@@ -15,9 +15,9 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from tiering.format import peek_lengths
+from tiering.format import Corrupt, peek_lengths
 
-__all__ = ["RespConnection", "RespError", "RespPool", "command", "set_command"]
+__all__ = ["HandshakeError", "RespConnection", "RespError", "RespPool", "command", "set_command"]
 
 Buffer = bytes | memoryview
 T = TypeVar("T")
@@ -25,10 +25,17 @@ T = TypeVar("T")
 HEADER_PEEK = 512
 """Bytes of a value read before its payload is placed (an object header is ~100 bytes)."""
 READ_BUFFER = 1 << 18
+REPLY_MAX = 1 << 20
+"""The largest bulk reply to a command other than GET (AUTH, SELECT, SET answer a few bytes)."""
 
 
 class RespError(Exception):
     """The server answered with an error reply, or broke the protocol."""
+
+
+class HandshakeError(RespError, ConnectionError):
+    """The server refused a new connection's AUTH or SELECT (a wrong password, say): the
+    connection is unusable, as if it had not opened."""
 
 
 def command(*args: bytes | str | int) -> bytes:
@@ -58,6 +65,7 @@ class RespConnection:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self._fd = sock.fileno()  # kept: a closed socket's fileno() is -1, its registration not
         self._buffer = bytearray(READ_BUFFER)
         self._view = memoryview(self._buffer)
         self._start = 0
@@ -66,10 +74,14 @@ class RespConnection:
         self._waiter: asyncio.Future[None] | None = None
         self._asked = False  # a request was sent and nothing read since: wait before reading
         self.uses = 0
+        self.broken = False
+        """The reply stream is out of step (a value was refused unread): close, never reuse."""
 
     def close(self) -> None:
+        """Unregister the reader, then close the socket (in this order: the loop's selector
+        keeps a closed fd's entry, and a new socket given the same number would inherit it)."""
         if self._reading_on is not None and not self._reading_on.is_closed():
-            self._reading_on.remove_reader(self.sock.fileno())
+            self._reading_on.remove_reader(self._fd)
         self._reading_on = None
         self.sock.close()
 
@@ -114,7 +126,7 @@ class RespConnection:
                 loop.remove_writer(fd)
             return
         if self._reading_on is not loop:
-            loop.add_reader(self.sock.fileno(), self._readable)
+            loop.add_reader(self._fd, self._readable)
             self._reading_on = loop
         self._waiter = waiter
         try:
@@ -132,7 +144,7 @@ class RespConnection:
             except OSError:
                 pass
             assert self._reading_on is not None
-            self._reading_on.remove_reader(self.sock.fileno())
+            self._reading_on.remove_reader(self._fd)
             self._reading_on = None
         elif not waiter.done():
             waiter.set_result(None)
@@ -208,8 +220,17 @@ class RespConnection:
             raise RespError(f"expected a bulk reply, got {line[:40]!r}")
         return int(line[1:])
 
+    async def skip(self, n: int) -> None:
+        """Read and drop `n` bytes, through the connection's own buffer (no allocation)."""
+        while n:
+            if self._start == self._end:
+                await self._fill()
+            taken = min(n, self._end - self._start)
+            self._start += taken
+            n -= taken
+
     async def reply(self) -> bytes | int | None:
-        """A simple, integer or bulk reply; an error reply raises `RespError`."""
+        """A simple, integer or small bulk reply; an error reply raises `RespError`."""
         line = await self.readline()
         kind, rest = line[:1], line[1:]
         if kind == b"+":
@@ -219,12 +240,30 @@ class RespConnection:
         if kind == b"-":
             raise RespError(rest.decode(errors="replace"))
         if kind == b"$":
-            return await self._bulk(int(rest))
+            n = int(rest)
+            if n > REPLY_MAX:
+                self.broken = True
+                raise RespError(f"a reply of {n} bytes to a command that answers a few")
+            return await self._bulk(n)
         raise RespError(f"unexpected reply {line[:40]!r}")
 
-    async def value(self) -> bytes | None:
-        """A bulk reply as bytes (None: no such key)."""
-        return await self._bulk(await self._bulk_length())
+    async def value(self, limit: int, drain: int = 0) -> bytes | None:
+        """A bulk reply as bytes (None: no such key); one longer than `limit` bytes raises
+        `Corrupt("length")` unread (see `value_into` for `drain`)."""
+        n = await self._bulk_length()
+        if n > limit:
+            await self._refuse(n, limit, drain)
+        return await self._bulk(n)
+
+    async def _refuse(self, n: int, limit: int, drain: int) -> None:
+        """Refuse a value of `n` bytes: drop it through the buffer when it is at most `drain`
+        bytes (the stream stays in step), else leave the connection `broken`."""
+        if n <= drain:
+            await self.skip(n)
+            await self._crlf()
+        else:
+            self.broken = True
+        raise Corrupt("length", f"object of {n} bytes, at most {limit} expected")
 
     async def _bulk(self, n: int) -> bytes | None:
         if n < 0:
@@ -234,13 +273,20 @@ class RespConnection:
         await self._crlf()
         return bytes(data)
 
-    async def value_into(self, payload: memoryview) -> bytes | None:
+    async def value_into(self, payload: memoryview, limit: int, drain: int = 0) -> bytes | None:
         """A stored object: its header, with its payload read straight into `payload` when the
         header says the payload is exactly that long; otherwise the whole object (the caller's
-        checks refuse it). None: no such key."""
+        checks refuse it). None: no such key.
+
+        An object longer than `limit` bytes raises `Corrupt("length")` without being read into
+        memory: dropped through the connection's buffer when it is at most `drain` bytes (a
+        pipeline's later replies stay readable), else the connection is left `broken` (the
+        pool closes it: cheaper than reading a value of hundreds of MiB only to drop it)."""
         n = await self._bulk_length()
         if n < 0:
             return None
+        if n > limit:
+            await self._refuse(n, limit, drain)
         head = bytearray(min(n, HEADER_PEEK))
         await self.read_into(memoryview(head))
         lengths = peek_lengths(memoryview(head))
@@ -317,7 +363,10 @@ class RespPool:
             except BaseException:
                 conn.close()
                 raise
-            self._idle.append(conn)
+            if conn.broken:
+                conn.close()
+            else:
+                self._idle.append(conn)
             return result
         finally:
             gate.release()
@@ -327,20 +376,37 @@ class RespPool:
         infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
         family, kind, proto, _, address = infos[0]
         sock = socket.socket(family, kind, proto)
+        conn: RespConnection | None = None
         try:
             sock.setblocking(False)
             if family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # the handshake too: a server that accepts and never answers AUTH must not hang us
             async with asyncio.timeout(self.connect_timeout):
                 await loop.sock_connect(sock, address)
-            conn = RespConnection(sock)
-            for hello in self._hello:
-                await conn.send([hello])
-                await conn.reply()
+                conn = RespConnection(sock)
+                for hello in self._hello:
+                    await conn.send([hello])
+                    try:
+                        await conn.reply()
+                    except RespError as e:
+                        raise HandshakeError(str(e)) from None
+        except TimeoutError:
+            self._discard(sock, conn)
+            raise ConnectionError(
+                f"no connection to {self.host}:{self.port} within {self.connect_timeout:g}s"
+            ) from None
         except BaseException:
-            sock.close()
+            self._discard(sock, conn)
             raise
         return conn
+
+    @staticmethod
+    def _discard(sock: socket.socket, conn: RespConnection | None) -> None:
+        if conn is not None:
+            conn.close()  # its reader is registered: a bare sock.close() would leave it behind
+        else:
+            sock.close()
 
     def close(self) -> None:
         for conn in self._idle:
