@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 from unittest.mock import Mock
@@ -286,7 +287,7 @@ class StubbornMemoryTier(MemoryTier):
     """Reads that cannot be stopped once started (like the file tier's pool threads writing
     into a slot): a cancelled read still runs to its end before the call returns."""
 
-    async def _read(self, key: BlockKey) -> bytes | None:
+    async def _read(self, key: BlockKey, limit: int = 0) -> bytes | None:
         work = asyncio.ensure_future(asyncio.sleep(0.6))
         try:
             await asyncio.shield(work)
@@ -631,3 +632,43 @@ def test_the_segment_layout_with_kernel_aio_serves_the_runtime(cleanup: Any, tmp
         assert h.lookup_until(i, HIT)[-1] is HIT
         assert h.slot_bytes(i) == h.block(i)
     assert tier.counters["aio_requests"] > 0
+
+
+def test_a_request_larger_than_the_primary_is_said_once_with_the_numbers(
+    cleanup: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness([], slots=4)
+    cleanup(h)
+    h.store(0)
+    caplog.set_level(logging.WARNING, logger="tiering.manager")
+    for _ in range(3):  # vLLM offers the same blocks again every step
+        assert h.manager.prepare_store([k(i) for i in range(6)]) is None
+    (record,) = [r for r in caplog.records if r.name == "tiering.manager"]
+    message = record.getMessage()
+    assert "a store of 6 blocks (5 not in the primary) was refused" in message
+    assert "4 slots of 4096 bytes" in message and "raise primary.capacity" in message.lower()
+    assert "at least 24KiB (6 slots)" in message
+    assert h.manager.counters["stores_refused_too_large"] == 3
+    assert h.manager.counters["store_blocks_refused"] == 15
+    assert h.manager.pool.lookup(k(0)) is HIT  # nothing was evicted for it
+
+
+def test_a_store_with_every_slot_pinned_is_said_once_with_the_numbers(
+    cleanup: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness([], slots=4)
+    cleanup(h)
+    h.store(0, 1, 2, 3)
+    h.manager.prepare_load([k(0), k(1), k(2)])  # being loaded: pinned
+    h.manager.on_schedule_end()
+    caplog.set_level(logging.WARNING, logger="tiering.manager")
+    assert h.manager.prepare_store([k(3), k(10), k(11)]) is None  # k(3) is its own: kept
+    assert h.manager.prepare_store([k(12), k(13)]) is None
+    (record,) = [r for r in caplog.records if r.name == "tiering.manager"]
+    message = record.getMessage()
+    assert "a store of 3 blocks (2 not in the primary) was refused" in message
+    assert "0 are free and 0 evictable; 3 are pinned" in message
+    assert h.manager.counters["stores_refused_no_room"] == 2
+    assert "stores_refused_too_large" not in h.manager.counters
+    h.manager.complete_load([k(0), k(1), k(2)])
+    assert h.manager.prepare_store([k(12), k(13)]) is not None  # room again

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 import time
 from collections import defaultdict, deque
@@ -52,11 +53,13 @@ from typing import Any, TypeVar
 from tiering.config import Config, TierConfig
 from tiering.errors import TierError
 from tiering.keys import BlockKey
-from tiering.primary import LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
+from tiering.primary import KeyState, LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
 from tiering.runtime import Job, JobResult, Runtime, at_fork_in_child
 from tiering.tier import Tier
 
 __all__ = ["TierEvent", "TieringOffloadingManager", "build_tiers"]
+
+log = logging.getLogger(__name__)
 
 _HIT, _PENDING, _MISS, _RETRY = (  # plain globals: an enum member costs ~0.2 µs per access
     LookupResult.HIT,
@@ -180,6 +183,7 @@ class TieringOffloadingManager:
         self._events: list[TierEvent] = []
         self._outbox: list[Job] = []  # submitted together at the end of the step
         self.counters: defaultdict[str, float] = defaultdict(float)
+        self._told: set[str] = set()  # the causes of refused stores already logged
         self._write_through = [t for t in self.tiers if t.config.write == "through"]
         self._write_back = [t for t in self.tiers if t.config.write != "through"]
         self._track_hits = any(t.config.write == "selective" for t in self.tiers)
@@ -234,8 +238,10 @@ class TieringOffloadingManager:
         return grant
 
     def _prepare_store(self, keys: Iterable[BlockKey]) -> tuple[StoreGrant | None, list[Job]]:
+        keys = keys if isinstance(keys, list | tuple) else list(keys)
         grant = self.pool.prepare_store(keys)
         if grant is None:
+            self._store_refused(keys)
             return None, []
         if grant.evicted:
             if self._write_back:
@@ -245,6 +251,59 @@ class TieringOffloadingManager:
             self._stored_at.update(dict.fromkeys(grant.keys, self.clock()))
         jobs, self._outbox = self._outbox, []
         return grant, jobs
+
+    def _store_refused(self, keys: Sequence[BlockKey]) -> None:
+        """Count a store the primary refused, and say why, once per cause for this manager (one
+        per scheduler process in vLLM): a request that needs more slots at once than the
+        primary has (`stores_refused_too_large`: it is never offloaded, whatever happens), or
+        one that finds too few free or evictable slots now (`stores_refused_no_room`: the rest
+        are pinned, being written or held; vLLM offers the blocks again next step)."""
+        pool = self.pool
+        wanted = dict.fromkeys(keys)
+        new = sum(1 for key in wanted if key not in pool)
+        cause = "too_large" if len(wanted) > pool.num_slots else "no_room"
+        self.counters[f"stores_refused_{cause}"] += 1
+        self.counters["store_blocks_refused"] += new
+        if cause in self._told:
+            return
+        self._told.add(cause)
+        slot_bytes = len(self.slot_view(0))
+        capacity = self.config.primary.capacity
+        now = "unset: vLLM's cpu_bytes_to_use" if capacity is None else _size(capacity)
+        if cause == "too_large":
+            log.warning(
+                "kvtier: a store of %d blocks (%d not in the primary) was refused: the primary "
+                "has %d slots of %d bytes in all, fewer than the request needs at once, so no "
+                "block of a request this long is offloaded. Raise primary.capacity (now %s) to "
+                "at least %s (%d slots). Counted in stores_refused_too_large; said once.",
+                len(wanted),
+                new,
+                pool.num_slots,
+                slot_bytes,
+                now,
+                _size(len(wanted) * slot_bytes),
+                len(wanted),
+            )
+            return
+        ready = pool.num_used - pool.num_writing - pool.num_reading
+        protected = sum(1 for key in wanted if pool.state(key) is KeyState.READY)
+        log.warning(
+            "kvtier: a store of %d blocks (%d not in the primary) was refused: of the primary's "
+            "%d slots of %d bytes, %d are free and %d evictable; %d are pinned (being loaded or "
+            "demoted), %d being written, %d held by demotions. vLLM offers the blocks again "
+            "next step; if this recurs, raise primary.capacity (now %s). Counted in "
+            "stores_refused_no_room; said once.",
+            len(wanted),
+            new,
+            pool.num_slots,
+            slot_bytes,
+            pool.num_free,
+            ready - protected,
+            pool.num_reading,
+            pool.num_writing,
+            pool.num_held,
+            now,
+        )
 
     def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
         self._locked(self._complete_store, list(keys), ok)
@@ -865,6 +924,14 @@ def _fresh_lock(manager: TieringOffloadingManager) -> None:
     parent."""
     manager.lock = threading.Lock()
     manager._stepping = False
+
+
+def _size(n: int) -> str:
+    """Bytes as a config writes them, rounded up to a tenth of the unit (`1.6GiB`)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{-(-n * 10 >> shift) / 10:g}{unit}"
+    return str(n)
 
 
 def _known_at(where: tuple[int, float] | None, index: int, now: float) -> bool:
