@@ -1,26 +1,109 @@
 """Raw baselines for tier benchmarks: what the disk or server does without kvtier, measured the
 same way (`kvtier bench`, bench/tiers.py). External tools (fio, dd, redis-benchmark) run as
-subprocesses; boto3 is called directly."""
+subprocesses; boto3 is called directly.
+
+Each baseline works in scratch space of its own, uniquely named, and removes it when it ends,
+failed or not: a directory it creates (never one that was there), Redis keys under a prefix of
+its own (never redis-benchmark's default `key:*`, which may be a user's), S3 objects under a
+prefix of its own. No secret goes on a child's command line (see `redis_benchmark`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import json
+import logging
 import mmap
 import re
+import secrets
 import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from tiering.errors import StateError
 from tiering.testing import key, payload
 from tiering.tier import Tier
 
-__all__ = ["gib_s", "plain_boto3", "raw_disk", "redis_benchmark", "slot", "tier_rates", "timed"]
+__all__ = [
+    "NoBaseline",
+    "scratch_space",
+    "gib_s",
+    "plain_boto3",
+    "raw_disk",
+    "redis_benchmark",
+    "remove_s3_prefix",
+    "scratch_name",
+    "slot",
+    "tier_rates",
+    "timed",
+]
+
+
+log = logging.getLogger(__name__)
+
+
+class NoBaseline(StateError):
+    """The baseline cannot be measured here (the reason says why); the tier's figures stand."""
+
+
+def scratch_name() -> str:
+    """A name no user's file, key or object has: `kvtier-bench-` and 32 random hex digits."""
+    return f"kvtier-bench-{uuid.uuid4().hex}"
+
+
+@contextmanager
+def scratch_space(kind: str, options: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Tier options (to override `options`, a tier's configured ones) that put a benchmark's
+    tier in scratch space of its own, removed with all it holds when the block ends, failed or
+    not: a new directory under a file tier's `path` (and the directories above it that the
+    benchmark had to create), a new prefix under an S3 tier's `prefix`. Other tiers get no
+    options: the caller gives them a namespace of the benchmark's own and purges it."""
+    name = scratch_name()
+    if kind == "file":
+        base = Path(options["path"])
+        made = [p for p in (base, *base.parents) if not p.exists()][::-1]  # topmost first
+        root = base / name
+        root.mkdir(parents=True)
+        try:
+            yield {"path": str(root)}
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+            for directory in reversed(made):
+                with suppress(OSError):
+                    directory.rmdir()
+            if root.exists():
+                log.warning("kvtier bench: could not remove its scratch directory %s", root)
+    elif kind == "s3":
+        prefix = f"{options.get('prefix', '')}{name}/"
+        try:
+            yield {"prefix": prefix}
+        finally:
+            try:
+                remove_s3_prefix(
+                    options.get("endpoint_url"),
+                    options["bucket"],
+                    prefix,
+                    options.get("access_key"),
+                    options.get("secret_key"),
+                    options.get("region"),
+                )
+            except Exception as e:  # the server is gone: say what is left, keep the real error
+                log.warning(
+                    "kvtier bench: could not remove its scratch objects s3://%s/%s: %s",
+                    options["bucket"],
+                    prefix,
+                    e,
+                )
+    else:
+        yield {}
 
 
 def gib_s(nbytes: int, seconds: float) -> float:
@@ -78,14 +161,18 @@ async def tier_rates(
             free.append(buffer)
 
     got = await timed([functools.partial(get, i) for i in range(count)], in_flight)
-    assert hits == count, f"{hits} of {count} gets hit"
+    if hits != count:  # a tier smaller than the run evicts (capacity); one that loses blocks
+        raise StateError(
+            f"tier {tier.name!r}: {hits} of {count} gets of {size}-byte blocks hit (is its "
+            f"capacity smaller than {min(count, keyspace)} blocks?)"
+        )
     return gib_s(size * count, put), gib_s(size * count, got)
 
 
 def raw_disk(directory: Path, size: int, count: int, jobs: int) -> tuple[float, float, str]:
-    """Write then read `count` blocks of `size` with O_DIRECT, `jobs` streams at once."""
-    scratch = directory / "baseline"
-    scratch.mkdir(exist_ok=True)
+    """Write then read `count` blocks of `size` with O_DIRECT, `jobs` streams at once, in a
+    directory of its own made inside `directory` (removed afterwards)."""
+    scratch = Path(tempfile.mkdtemp(prefix="kvtier-baseline-", dir=directory))
     fio = shutil.which("fio")
     try:
         if fio:
@@ -143,27 +230,88 @@ cheap miss), and so the number the Redis tier's benchmark cycles over too: the s
 
 
 def redis_benchmark(
-    host: str, port: int, size: int, count: int, clients: int, password: str | None = None
+    host: str,
+    port: int,
+    size: int,
+    count: int,
+    clients: int,
+    password: str | None = None,
+    *,
+    username: str | None = None,
+    db: int = 0,
 ) -> tuple[float, float]:
-    """SET and GET GiB/s of `redis-benchmark` with `clients` connections and values of `size`."""
-    auth = ["-a", password] if password else []
-    command = [
-        "redis-benchmark",
-        *auth,
-        *("-h", host, "-p", str(port), "-t", "set,get", "-d", str(size)),
-        *("-n", str(count), "-c", str(clients), "-r", str(REDIS_KEYSPACE), "-q"),
-    ]
+    """SET and GET GiB/s of `redis-benchmark` with `clients` connections and values of `size`,
+    over `REDIS_KEYSPACE` keys of a prefix of its own (deleted afterwards, whatever happens).
+
+    redis-benchmark (7.0) reads no password from its environment (unlike redis-cli's
+    `REDISCLI_AUTH`; its binary does not even call getenv), only from `-a`, in its argv, which
+    every local user can read in /proc. So the server's password never goes there: with one,
+    this makes a one-time ACL user (a random password, allowed SET, GET, SELECT and PING on the
+    benchmark's keys only), hands that to redis-benchmark and deletes it afterwards. A user who
+    may not create ACL users gets `NoBaseline`, not a password on a command line."""
+    import redis
+
+    admin = redis.Redis(
+        host=host, port=port, db=db, username=username, password=password, socket_timeout=10
+    )
+    prefix = scratch_name() + ":"
+    auth: list[str] = []
+    user = None
+    try:
+        if password is not None:
+            user, once = prefix[:-1], secrets.token_hex(24)
+            try:
+                admin.acl_setuser(
+                    user,
+                    enabled=True,
+                    passwords=[f"+{once}"],
+                    keys=[f"{prefix}*"],
+                    commands=["-@all", "+set", "+get", "+select", "+ping"],
+                    reset=True,
+                )
+            except redis.RedisError as e:
+                user = None
+                raise NoBaseline(
+                    "redis-benchmark takes a password only on its command line (readable by "
+                    "every local user), so kvtier gives it a one-time ACL user, which this "
+                    f"server or user does not allow ({e})"
+                ) from None
+            auth = ["--user", user, "-a", once]
+        common = [
+            *auth,
+            *("-h", host, "-p", str(port), "--dbnum", str(db)),
+            *("-n", str(count), "-c", str(clients), "-r", str(REDIS_KEYSPACE), "-q"),
+        ]
+        name = f"{prefix}__rand_int__"  # redis-benchmark puts a 12-digit key number there
+        value = b"x" * size  # what its own SET test sends (-d), given on stdin (-x)
+        write = _requests_per_second("SET", [*common, "-x", "SET", name], value)
+        read = _requests_per_second("GET", [*common, "GET", name], b"")
+        return gib_s(int(write * size), 1.0), gib_s(int(read * size), 1.0)
+    finally:
+        try:
+            names = list(admin.scan_iter(match=f"{prefix}*", count=1000))
+            if names:
+                admin.delete(*names)
+            if user is not None:
+                admin.acl_deluser(user)
+        finally:
+            admin.close()
+
+
+def _requests_per_second(test: str, arguments: list[str], stdin: bytes) -> float:
+    """Requests per second of one redis-benchmark run of `test` (its argv stays out of
+    messages: it holds the one-time password)."""
     out = ""
     for _ in range(3):  # a summary line is now and then missing from a very short run
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-        rates = {
-            m.group(1): float(m.group(2))
-            for m in re.finditer(r"(SET|GET): ([\d.]+) requests per second", out)
-        }
-        if rates.keys() == {"SET", "GET"}:
-            return gib_s(int(rates["SET"] * size), 1.0), gib_s(int(rates["GET"] * size), 1.0)
+        done = subprocess.run(
+            ["redis-benchmark", *arguments], input=stdin, capture_output=True, check=False
+        )
+        out = (done.stdout + done.stderr).decode(errors="replace")
+        found = re.search(rf"{test} \S+: ([\d.]+) requests per second", out)
+        if done.returncode == 0 and found and "Error from server" not in out:
+            return float(found.group(1))
     summary = " | ".join(line.strip() for line in out.replace("\r", "\n").splitlines()[-4:])
-    raise RuntimeError(f"redis-benchmark printed no SET and GET rates: {summary!r}")
+    raise StateError(f"redis-benchmark printed no {test} rate: {summary!r}")
 
 
 def plain_boto3(
@@ -175,13 +323,64 @@ def plain_boto3(
     access_key: str | None = None,
     secret_key: str | None = None,
     region: str | None = None,
-    prefix: str = "kvtier-baseline/",
+    prefix: str = "",
 ) -> tuple[float, float]:
-    """put_object and get_object GiB/s of plain boto3 from `clients` threads."""
+    """put_object and get_object GiB/s of plain boto3 from `clients` threads, on objects under
+    `<prefix>kvtier-bench-<random>/` (all deleted afterwards, whatever happens)."""
+    client = _s3_client(endpoint_url, access_key, secret_key, region, clients)
+    scratch = f"{prefix}{scratch_name()}/"
+    body = payload(size, 1)
+    try:
+        with ThreadPoolExecutor(clients) as pool:
+            start = time.perf_counter()
+            list(
+                pool.map(
+                    lambda i: client.put_object(Bucket=bucket, Key=f"{scratch}{i}", Body=body),
+                    range(count),
+                )
+            )
+            write = time.perf_counter() - start
+            start = time.perf_counter()
+            list(
+                pool.map(
+                    lambda i: client.get_object(Bucket=bucket, Key=f"{scratch}{i}")["Body"].read(),
+                    range(count),
+                )
+            )
+            read = time.perf_counter() - start
+    finally:
+        _remove_prefix(client, bucket, scratch)
+    return gib_s(size * count, write), gib_s(size * count, read)
+
+
+def remove_s3_prefix(
+    endpoint_url: str | None,
+    bucket: str,
+    prefix: str,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    region: str | None = None,
+) -> int:
+    """Delete every object under `prefix` (a benchmark's own scratch prefix: never a user's);
+    how many there were."""
+    if not prefix.rstrip("/"):
+        raise ValueError("refusing to delete a whole bucket")
+    return _remove_prefix(
+        _s3_client(endpoint_url, access_key, secret_key, region, 1), bucket, prefix
+    )
+
+
+def _s3_client(
+    endpoint_url: str | None,
+    access_key: str | None,
+    secret_key: str | None,
+    region: str | None,
+    clients: int,
+) -> Any:
     import boto3
     from botocore.config import Config
 
-    client = boto3.session.Session().client(
+    return boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint_url,
         region_name=region or "us-east-1",
@@ -191,22 +390,13 @@ def plain_boto3(
             retries={"mode": "standard", "max_attempts": 3}, max_pool_connections=clients
         ),
     )
-    body = payload(size, 1)
-    with ThreadPoolExecutor(clients) as pool:
-        start = time.perf_counter()
-        list(
-            pool.map(
-                lambda i: client.put_object(Bucket=bucket, Key=f"{prefix}{i}", Body=body),
-                range(count),
-            )
-        )
-        write = time.perf_counter() - start
-        start = time.perf_counter()
-        list(
-            pool.map(
-                lambda i: client.get_object(Bucket=bucket, Key=f"{prefix}{i}")["Body"].read(),
-                range(count),
-            )
-        )
-        read = time.perf_counter() - start
-    return gib_s(size * count, write), gib_s(size * count, read)
+
+
+def _remove_prefix(client: Any, bucket: str, prefix: str) -> int:
+    removed = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        names = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if names:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": names, "Quiet": True})
+            removed += len(names)
+    return removed

@@ -135,14 +135,12 @@ def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def redact(value: Any, key: str = "") -> Any:
-    if isinstance(value, dict):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact(v, key) for v in value]
-    if value is not None and any(word in key.lower() for word in SECRET_WORDS):
-        return "***"
-    return value
+def redact(value: Any) -> Any:
+    """A config as plain data, its secrets masked: options named like one, and credentials
+    inside URLs or quoted in other strings (`tiering.secrets.redact_data`)."""
+    from tiering.secrets import redact_data
+
+    return redact_data(value)
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -406,40 +404,59 @@ def run_purge(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    import os
+
     from tiering.config import parse_size
-    from tiers.baselines import REDIS_KEYSPACE, tier_rates
+    from tiering.errors import KvtierError
+    from tiers.baselines import REDIS_KEYSPACE, NoBaseline, scratch_space, tier_rates
 
     config = load_config(args.config)
     cfg = tier_config(config, args.tier)
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
     if args.count < 1 or args.clients < 1:
         raise ConfigError("--count and --clients must be positive")
-    namespace = bytes(range(200, 216))  # a namespace of its own, emptied afterwards
+    # Blocks in a random namespace (no engine's) and, for file and S3 tiers, in scratch space
+    # of the bench's own (`scratch_space`): all removed afterwards, failed or not; the user's
+    # blocks, files, keys and objects are never touched.
+    namespace = os.urandom(16)
     keyspace = REDIS_KEYSPACE if cfg.type == "redis" else None  # redis-benchmark's `-r`
 
-    async def measure(size: int) -> tuple[float, float]:
-        async with make_tier(config, cfg, namespace) as tier:
-            try:
-                return await tier_rates(tier, size, args.count, args.clients, keyspace)
-            finally:
-                await purge(tier)
-
     rows: list[dict[str, Any]] = []
-    for size in sizes:
-        put, get = asyncio.run(measure(size))
-        baseline = raw_baseline(cfg, size, args.count, args.clients)
-        rows.append(
-            {
-                "block_bytes": size,
-                "put_gib_s": put,
-                "get_gib_s": get,
-                "baseline": None if baseline is None else baseline[2],
-                "raw_write_gib_s": None if baseline is None else baseline[0],
-                "raw_read_gib_s": None if baseline is None else baseline[1],
-                "put_ratio": None if baseline is None else put / baseline[0],
-                "get_ratio": None if baseline is None else get / baseline[1],
-            }
-        )
+    note = ""
+    with scratch_space(cfg.type, cfg.options) as scratch:
+
+        async def measure(size: int) -> tuple[float, float]:
+            async with make_tier(config, cfg, namespace, **scratch) as tier:
+                try:
+                    return await tier_rates(tier, size, args.count, args.clients, keyspace)
+                finally:
+                    try:
+                        await purge(tier)
+                    except KvtierError as e:  # say what is left; an error in flight stays
+                        print(
+                            f"kvtier bench: could not remove its blocks (namespace "
+                            f"{namespace.hex()}) from tier {cfg.name!r}: {e}",
+                            file=sys.stderr,
+                        )
+
+        for size in sizes:
+            put, get = asyncio.run(measure(size))
+            try:
+                baseline = raw_baseline(cfg, size, args.count, args.clients, scratch)
+            except NoBaseline as e:
+                baseline, note = None, str(e)
+            rows.append(
+                {
+                    "block_bytes": size,
+                    "put_gib_s": put,
+                    "get_gib_s": get,
+                    "baseline": None if baseline is None else baseline[2],
+                    "raw_write_gib_s": None if baseline is None else baseline[0],
+                    "raw_read_gib_s": None if baseline is None else baseline[1],
+                    "put_ratio": None if baseline is None else put / baseline[0],
+                    "get_ratio": None if baseline is None else get / baseline[1],
+                }
+            )
 
     def ratio(value: Any) -> str:
         return "-" if value is None else f"{value:.2f}"
@@ -461,27 +478,39 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     if rows and rows[0]["baseline"]:
         lines.append(f"baseline: {rows[0]['baseline']}, {args.clients} at a time")
+    elif note:
+        lines.append(f"baseline: none: {note}")
     return emit(args, rows, lines)
 
 
 def raw_baseline(
-    cfg: TierConfig, size: int, count: int, clients: int
+    cfg: TierConfig, size: int, count: int, clients: int, scratch: dict[str, Any]
 ) -> tuple[float, float, str] | None:
-    """The same bytes moved without kvtier, on the tier's own disk or server."""
-    from urllib.parse import urlparse
-
+    """The same bytes moved without kvtier, on the tier's own disk or server, in the bench's
+    scratch space (`scratch`: the tier options `tiers.baselines.scratch_space` gave). Raises
+    `NoBaseline` where it cannot be measured."""
     from tiers import baselines
 
     options = cfg.options
     if cfg.type == "file":
-        directory = Path(options["path"])
-        write, read, tool = baselines.raw_disk(directory, size, count, clients)
-        return write, read, f"{tool} O_DIRECT in {directory}"
+        write, read, tool = baselines.raw_disk(Path(scratch["path"]), size, count, clients)
+        return write, read, f"{tool} O_DIRECT in {options['path']}"
     if cfg.type == "redis":
-        url = urlparse(str(options.get("url", "redis://127.0.0.1:6379/0")))
-        password = options.get("password") or url.password
+        from redis.asyncio.connection import parse_url
+
+        url = str(options.get("url", "redis://127.0.0.1:6379/0"))
+        if options.get("cluster") or not url.startswith("redis://") or options.get("tls_ca_file"):
+            raise baselines.NoBaseline("redis-benchmark is run against plain-TCP servers only")
+        where = parse_url(url)
         write, read = baselines.redis_benchmark(
-            url.hostname or "127.0.0.1", url.port or 6379, size, count, clients, password
+            where.get("host", "127.0.0.1"),
+            int(where.get("port", 6379)),
+            size,
+            count,
+            clients,
+            options.get("password") or where.get("password"),
+            username=options.get("username") or where.get("username"),
+            db=int(where.get("db", 0)),
         )
         return write, read, "redis-benchmark"
     if cfg.type == "s3":
@@ -494,7 +523,7 @@ def raw_baseline(
             options.get("access_key"),
             options.get("secret_key"),
             options.get("region"),
-            prefix=str(options.get("prefix", "")) + "kvtier-baseline/",
+            prefix=scratch["prefix"],
         )
         return write, read, "plain boto3"
     return None
