@@ -287,7 +287,7 @@ class StubbornMemoryTier(MemoryTier):
     """Reads that cannot be stopped once started (like the file tier's pool threads writing
     into a slot): a cancelled read still runs to its end before the call returns."""
 
-    async def _read(self, key: BlockKey, limit: int = 0) -> bytes | None:
+    async def _read(self, key: BlockKey, limit: int) -> bytes | None:
         work = asyncio.ensure_future(asyncio.sleep(0.6))
         try:
             await asyncio.shield(work)
