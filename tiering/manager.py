@@ -21,10 +21,13 @@ I/O:
   dropped and counted: a slow tier never blocks the primary.
 - **gating** (`promotion.gate: auto`): a tier's hit is promoted only while its measured time per
   block (a moving average) beats recomputing the block at `prefill_rate` tokens per second.
-- **faults**: every job has a deadline and goes through the tier's circuit breaker; failures are
-  misses, dropped demotions and counters, never exceptions. A tier that cannot stop its I/O at
-  once (the file tier's threads read into primary slots) ends its job late rather than let a
-  slot be reused under it; meanwhile a late promotion's key reads as MISS (recompute).
+- **faults**: every job has a deadline and goes through the tier's circuit breaker, demotions
+  through its write breaker too (`tiering.runtime`: a full tier refuses writes and still serves
+  promotions); failures are misses, dropped demotions and counters, never exceptions. A
+  primary store that cannot be granted is counted and said once (`_store_refused`). A tier
+  that cannot stop its I/O at once (the file tier's threads read into primary slots) ends its
+  job late rather than let a slot be reused under it; meanwhile a late promotion's key reads
+  as MISS (recompute).
 
 **Threads.** The scheduler's calls do only what must be answered now; the runtime's thread does
 the rest, under one lock (`lock`): it applies finished jobs (promoted blocks become ready,
