@@ -116,3 +116,42 @@ def test_server_stopped_mid_run_then_back(tmp_path_factory: pytest.TempPathFacto
         asyncio.run(body())
     finally:
         server.stop()
+
+
+def test_crafted_packs_are_ignored_and_counted(s3_server: SeaweedS3) -> None:
+    """Anyone who can write to the bucket can plant a pack: an index claiming 4 GiB, one that
+    is not JSON, one naming a key that is not hex, one whose ranges run past the pack. Each is
+    ignored and counted when the tier reads the packs at start, costing no memory to speak of,
+    and the real packs still serve their blocks."""
+    from tiering.testing import PEAK_BYTES, peak_memory
+
+    prefix = f"evil-{uuid.uuid4().hex[:8]}/"
+
+    async def body() -> None:
+        async with s3_tier(s3_server, prefix, blocks_per_object=2) as tier:
+            await tier.put_many([(key(i), payload(5000, i)) for i in range(4)])
+        client: Any = s3_server.client()
+        base = f"{prefix}{NAMESPACE.hex()}/packs/"
+
+        def pack(index: bytes, body: bytes = b"x" * 100, length: int | None = None) -> bytes:
+            return (len(index) if length is None else length).to_bytes(4, "big") + index + body
+
+        planted = {
+            "huge-index": pack(b"{}", length=0xFFFFFFFF),
+            "not-json": pack(b"{not json"),
+            "bad-key": pack(b'{"zz":[0,10]}'),
+            "past-the-end": pack(('{"%s":[0,1000000]}' % key(9).hex()).encode()),
+            "not-a-list": pack(('{"%s":"0-10"}' % key(9).hex()).encode()),
+        }
+        for name, blob in planted.items():
+            client.put_object(Bucket=s3_server.bucket, Key=base + name, Body=blob)
+        again = s3_tier(s3_server, prefix, blocks_per_object=2)
+        async with again:
+            found, peak = await peak_memory(again.get_bytes(key(1), 5000))
+            assert found == payload(5000, 1)
+            assert again.counters["packs_refused"] == len(planted)
+            assert peak < PEAK_BYTES, peak
+            assert await again.get_bytes(key(9), 5000) is None
+            assert {k async for k in again.keys()} == {key(i) for i in range(4)}
+
+    asyncio.run(body())

@@ -244,7 +244,7 @@ class FileTier(Tier):
             yield ObjectInfo(key, st.st_size, st.st_mtime)
 
     async def _namespaces(self) -> list[bytes]:
-        found = []
+        found: list[bytes] = []
         if not self.base.is_dir():  # a read-only tier over a directory not made yet
             return found
         for entry in self.base.iterdir():
