@@ -1,0 +1,69 @@
+"""A real vLLM engine (CPU build) whose Redis tier has its password in the URL, given by the
+environment (`${NAME}`): nothing the engine prints, vLLM's lines and kvtier's alike, carries
+the password, right or wrong (issue 15, item 9)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from connectors.vllm_run import run_scenario
+from tests.servers import RedisServer
+from tests.test_vllm import (  # noqa: F401 - fixtures
+    prompts,
+    scenario,
+    vllm_python,
+    with_tiers,
+    workdir,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.redis]
+
+PASSWORD = "Kv7-engine-s3cr3t-Qw4"
+WRONG = "Wr0ng-engine-guess-Zt6"
+
+
+@pytest.fixture(scope="module")
+def secret_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    server = RedisServer(tmp_path_factory.mktemp("redis-engine-secret"), password=PASSWORD)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_the_engine_log_never_shows_the_redis_password(
+    vllm_python: Path,  # noqa: F811
+    workdir: Path,  # noqa: F811
+    secret_server: RedisServer,
+) -> None:
+    """A wrong password first (every demotion fails: whatever the engine logs of it must be
+    redacted), then the right one (blocks reach Redis: the same URL, interpolated, works)."""
+    url = f"redis://:${{KVT_TEST_REDIS_PW}}@127.0.0.1:{secret_server.port}/0"
+    tiers = [{"name": "redis", "type": "redis", "url": url, "write": "through"}]
+    admin = redis.Redis(host="127.0.0.1", port=secret_server.port, password=PASSWORD)
+    admin.flushall()
+    logs = {}
+    for password, chosen in ((WRONG, prompts()), (PASSWORD, prompts()[:1])):
+        result = run_scenario(
+            vllm_python,
+            scenario(
+                workdir,
+                with_tiers(workdir, tiers),
+                prompts=chosen,
+                env={"KVT_TEST_REDIS_PW": password},
+            ),
+            workdir,
+        )
+        assert len(result["outputs"]) == len(chosen)
+        logs[password] = result["log"]
+        if password == WRONG:
+            assert admin.dbsize() == 0 and result["metrics"]["tier_demotions"] == 0
+    assert admin.dbsize() > 0  # with the right one the engine's blocks went to Redis
+    admin.close()
+    for log in logs.values():
+        assert PASSWORD not in log and WRONG not in log
+        for line in log.splitlines():  # where the tier's URL is quoted, it is masked
+            assert "redis://:$" in line or "redis://:***@" in line or "redis://:" not in line
