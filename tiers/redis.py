@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
 from tiering.config import parse_duration
 from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
@@ -35,6 +35,18 @@ from tiers.resp import RespConnection, RespError, RespPool, command, set_command
 __all__ = ["RedisTier"]
 
 T = TypeVar("T")
+
+URL_QUERY = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
+    "password",
+    "username",
+    "client_name",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+}
+"""Query arguments a Redis URL may carry (redis-py reads them as connection options)."""
+URL_ARGUMENTS = URL_QUERY | {"host", "port", "path", "connection_class"}
 
 DRAIN = 1 << 20
 """In a pipeline, a value too large for its block is dropped through the connection's buffer
@@ -98,6 +110,12 @@ class RedisTier(Tier):
         """The server's URL as messages show it: its password masked (`tiering.secrets`)."""
         self._secrets = [password, *url_secrets(url)]
         try:
+            where = parse_url(url)
+            unknown = sorted(set(where) - URL_ARGUMENTS)
+            if unknown:  # redis-py would pass it on and fail at the first connection
+                raise ValueError(
+                    f"unknown query argument {unknown[0]!r}; known: {', '.join(sorted(URL_QUERY))}"
+                )
             if cluster:
                 del kwargs["max_connections"]
                 self._client: Any = RedisCluster.from_url(url, **kwargs)
@@ -112,7 +130,6 @@ class RedisTier(Tier):
             and url.startswith("redis://")
             and "ssl_ca_certs" not in kwargs
         ):
-            where = parse_url(url)
             self._fast = RespPool(
                 where.get("host", "127.0.0.1"),
                 int(where.get("port", 6379)),
