@@ -63,6 +63,8 @@ def test_the_engine_log_never_shows_the_redis_password(
             assert admin.dbsize() == 0 and result["metrics"]["tier_demotions"] == 0
     assert admin.dbsize() > 0  # with the right one the engine's blocks went to Redis
     admin.close()
+    # the failures were logged (the breaker opening, with the tier's error), the URL masked
+    assert "invalid username-password" in logs[WRONG] and "redis://:***@" in logs[WRONG]
     for log in logs.values():
         assert PASSWORD not in log and WRONG not in log
         for line in log.splitlines():  # where the tier's URL is quoted, it is masked
