@@ -1,16 +1,36 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
+from connectors.venv import default_venv_dir
 from tests.servers import RedisClusterServers, RedisServer, SeaweedS3
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
 SHIPPED_TRACES = ROOT / "bench" / "traces"
+REAL_HOME = Path.home()
+"""The user's home, as the test session found it: no test writes there (`test_home`)."""
+
+# vLLM's environment stays where the user's machine keeps it (preparing it takes minutes and
+# 2.5 GB): resolved once from the real home, before `test_home` moves HOME for every test.
+os.environ["KVTIER_VLLM_VENV"] = str(default_venv_dir())
+
+
+@pytest.fixture(autouse=True, scope="session")
+def test_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A home directory of the session's own, for every test and every process it starts:
+    HOME and XDG_CACHE_HOME point into it, so nothing a test runs (a migration's default
+    journal under ~/.cache/kvtier, a library's cache) writes to the user's home."""
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        patch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+        yield home
 
 
 @pytest.fixture(scope="session")

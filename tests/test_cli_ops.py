@@ -188,12 +188,14 @@ def test_a_killed_migration_resumes_without_copying_again(setup: dict[str, Any])
     ) as proc:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if journal.exists() and len(journal.read_text().split()) >= 40:
+            if journal.exists() and len(journal.read_text().splitlines()) > 40:  # header too
                 break
             time.sleep(0.01)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    finished = set(journal.read_text().split())
+    header, *lines = journal.read_text().splitlines()
+    assert header.startswith("# kvtier migration journal v1 nvme -> s3")
+    finished = set(lines)
     assert 40 <= len(finished) < total, "killed too late to test resuming"
     resumed = subprocess.run(
         command + ["--resume", "--json"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -354,3 +356,108 @@ tiers:
             assert await writer.get_bytes(k(2), SIZE) == payload(SIZE, 2)  # still the writer
 
     asyncio.run(live())
+
+
+# -- journals, prompts and the test home (issue 15, items 11 and 12) ------------------------------
+
+
+@pytest.fixture
+def two_disks(tmp_path: Path) -> Path:
+    """A config of two file tiers, `a` holding five blocks."""
+    config = tmp_path / "disks.yaml"
+    config.write_text(
+        f"tiers:\n"
+        f"  - {{name: a, type: file, path: '{tmp_path / 'a'}', min_free: 0}}\n"
+        f"  - {{name: b, type: file, path: '{tmp_path / 'b'}', min_free: 0}}\n"
+    )
+
+    async def go() -> None:
+        async with FileTier(namespace=NS, path=tmp_path / "a", min_free=0) as tier:
+            await tier.put_many([(k(i), payload(SIZE, i)) for i in range(5)])
+
+    asyncio.run(go())
+    return config
+
+
+def migrate_to_b(config: Path, *extra: str) -> list[str]:
+    return ["migrate", "--config", str(config), "--from", "a", "--to", "b", *extra]
+
+
+def test_a_journal_path_that_is_not_a_journal_is_refused_untouched(
+    two_disks: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    for journal, message in (
+        (notes, "not a kvtier migration journal (its first line is not '# kvtier migration"),
+        (tmp_path, "is a directory; give a file name"),
+        (Path("/"), "journal /: is a directory"),
+        (Path("/dev/null"), "journal /dev/null: not a regular file"),
+        (notes / "sub", "Not a directory"),
+    ):
+        code, out, err = run(capsys, *migrate_to_b(two_disks, "--journal", str(journal)))
+        assert code == 2 and out == "" and message in err, err
+        assert err.count("\n") == 1
+    assert notes.read_text() == "my notes\n"
+    assert blocks(FileTier(namespace=NS, path=tmp_path / "b", min_free=0), 5) == [None] * 5
+
+
+def test_a_journal_names_its_migration_and_another_one_is_refused(
+    two_disks: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = tmp_path / "a-to-b.journal"
+    code, _, err = run(capsys, *migrate_to_b(two_disks, "--journal", str(journal), "--json"))
+    assert code == 0, err
+    header, *done = journal.read_text().splitlines()
+    assert header == f"# kvtier migration journal v1 a -> b {NS.hex()}"
+    assert sorted(done) == sorted(k(i).hex() for i in range(5))
+    code, out, _ = run(capsys, *migrate_to_b(two_disks, "--journal", str(journal), "--resume"))
+    assert code == 0 and "skipped 5" in out
+    code, out, err = run(
+        capsys,
+        "migrate",
+        "--config",
+        str(two_disks),
+        "--from",
+        "b",
+        "--to",
+        "a",
+        "--journal",
+        str(journal),
+    )
+    assert code == 2 and "the journal of another migration (a -> b" in err
+    assert journal.read_text().splitlines()[0] == header  # left as it was
+    empty = tmp_path / "empty.journal"
+    empty.touch()  # nothing to lose: taken
+    assert run(capsys, *migrate_to_b(two_disks, "--journal", str(empty)))[0] == 0
+
+
+def test_the_default_journal_is_in_the_test_home(
+    two_disks: Path, test_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No test writes to the user's home: HOME points at the session's own (conftest), and a
+    migration's default journal lands there."""
+    from tests.conftest import REAL_HOME
+
+    real = REAL_HOME / ".cache" / "kvtier" / "migrations"
+    before = sorted(real.iterdir()) if real.is_dir() else []
+    assert Path.home() == test_home and test_home != REAL_HOME
+    code, out, _ = run(capsys, *migrate_to_b(two_disks, "--json"))
+    journal = Path(json.loads(out)["journal"])
+    assert code == 0 and journal.is_relative_to(test_home / ".cache" / "kvtier" / "migrations")
+    assert journal.read_text().startswith("# kvtier migration journal v1 a -> b")
+    assert (sorted(real.iterdir()) if real.is_dir() else []) == before
+
+
+def test_purge_at_the_end_of_input_deletes_nothing(
+    two_disks: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    purge = ["purge", "--config", str(two_disks), "--tier", "a", "--namespace", NS.hex()]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # end of input: no answer is no
+    code, out, err = run(capsys, *purge)
+    assert code == 1 and out == "" and "[y/N] \nkvtier purge: nothing deleted\n" in err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    code, out, err = run(capsys, *purge)
+    assert code == 0 and "deleted 5 blocks" in out and "[y/N]" in err

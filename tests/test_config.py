@@ -200,3 +200,229 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(ConfigError, match="ttl"):
         parse_duration(bad, "ttl")
+
+
+# -- every option typed and bounded (issue 15, item 11) -------------------------------------------
+
+
+def _one_tier(**options: object) -> dict[str, object]:
+    kind = str(options.pop("type", "file"))
+    base: dict[str, object] = {"file": {"path": "/x"}, "s3": {"bucket": "b"}}.get(kind, {})
+    return {"tiers": [{"name": "t", "type": kind, **base, **options}]}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_one_tier(codec="brotli"), r"tiers\[0\].codec: expected one of raw, lz4, zstd"),
+        (_one_tier(checksum="md5"), r"tiers\[0\].checksum: expected one of xxh3, crc32c"),
+        (_one_tier(layout="weird"), r"tiers\[0\].layout: expected one of files, segments"),
+        (_one_tier(concurrency="lots"), r"tiers\[0\].concurrency: expected a positive integer"),
+        (_one_tier(concurrency=0), r"tiers\[0\].concurrency: expected a positive integer"),
+        (_one_tier(concurrency=10**6), r"tiers\[0\].concurrency: .* up to 4,096"),
+        (_one_tier(direct="maybe"), r"tiers\[0\].direct: expected true or false, got 'maybe'"),
+        (_one_tier(fsync=1), r"tiers\[0\].fsync: expected true or false, got 1"),
+        (_one_tier(path=""), r"tiers\[0\].path: expected a directory path"),
+        (_one_tier(min_free="some"), r"tiers\[0\].min_free: expected a size"),
+        (_one_tier(timeout="soon"), r"tiers\[0\].timeout: expected a duration"),
+        (_one_tier(timeout=float("inf")), r"tiers\[0\].timeout: expected a finite number"),
+        (_one_tier(type="redis", ttl=-1), r"tiers\[0\].ttl: must be positive, got -1"),
+        (_one_tier(type="redis", url=5), r"tiers\[0\].url: expected a URL"),
+        (_one_tier(type="redis", fast_path="yes"), r"tiers\[0\].fast_path: expected true or"),
+        (_one_tier(type="s3", blocks_per_object=-4), r"tiers\[0\].blocks_per_object: expected a"),
+        (_one_tier(type="s3", retries=-1), r"tiers\[0\].retries: expected an integer >= 0"),
+        (_one_tier(type="s3", prefix=5), r"tiers\[0\].prefix: expected a string, got 5"),
+        (_one_tier(type="s3", part_size="0B"), r"tiers\[0\].part_size: must be positive"),
+        (_one_tier(secret="x"), r"tiers\[0\].secret: not a tier option; .* auth.secret"),
+        (_one_tier(capacity=10**400), r"tiers\[0\].capacity: too large, at most 4,611,686"),
+        (_one_tier(capacity="9" * 400 + "GiB"), r"tiers\[0\].capacity: too large"),
+        (_one_tier(admit_after_hits=True), r"tiers\[0\].admit_after_hits: expected a positive"),
+        (
+            {"faults": {"timeout": float("nan")}},
+            "faults.timeout: expected a finite number, got nan",
+        ),
+        ({"faults": {"timeout": 10**400}}, "faults.timeout: too long"),
+        (
+            {"faults": {"breaker": {"latency": "-1s"}}},
+            "faults.breaker.latency: expected a duration",
+        ),
+        (
+            {"promotion": {"prefill_rate": float("inf")}},
+            "promotion.prefill_rate: expected a finite",
+        ),
+        ({"primary": {"capacity": 2**62 + 1}}, "primary.capacity: too large"),
+        ({"metrics": {"address": ""}}, "metrics.address: expected an address to listen on"),
+        ({"version": True}, "version: this kvtier reads config version 1, got True"),
+        ({"primary": {"directory": "a" * 100}, "x": {1: 2}}, "x: unknown key"),
+    ],
+)
+def test_every_option_is_typed_and_bounded(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data, {})
+
+
+def test_options_come_in_the_units_the_tiers_take() -> None:
+    """A duration is accepted wherever one is meant (and handed over in seconds), a size
+    wherever a size is (in bytes)."""
+    config = parse_config(
+        {
+            "tiers": [
+                {"name": "f", "type": "file", "path": "/x", "timeout": "5s", "min_free": 0},
+                {"name": "r", "type": "redis", "socket_timeout": "1500ms", "ttl": "1h"},
+                {"name": "s", "type": "s3", "bucket": "b", "read_timeout": "1m"},
+                {"name": "p", "type": "s3", "bucket": "b", "part_size": "16MiB"},
+            ]
+        },
+        {},
+    )
+    f, r, s, p = (t.options for t in config.tiers)
+    assert f == {"path": "/x", "timeout": 5.0, "min_free": 0}
+    assert r == {"socket_timeout": 1.5, "ttl": 3600.0}
+    assert s["read_timeout"] == 60.0 and p["part_size"] == 16 << 20
+
+
+def test_the_readme_example_sections_load() -> None:
+    config = parse_config({"metrics": {"prometheus_port": 9464, "address": "0.0.0.0"}})
+    assert (config.metrics.prometheus_port, config.metrics.address) == (9464, "0.0.0.0")
+
+
+def _readme_yaml_blocks() -> list[tuple[int, str, str]]:
+    """(line, fence info, text) of every ```yaml block of the README."""
+    blocks, lines = [], (ROOT / "README.md").read_text().splitlines()
+    start, info = -1, ""
+    for number, line in enumerate(lines, 1):
+        if start < 0 and line.startswith("```yaml"):
+            start, info = number, line[3:].strip()
+        elif start >= 0 and line.startswith("```"):
+            blocks.append((start, info, "\n".join(lines[start : number - 1])))
+            start = -1
+    return blocks
+
+
+def test_every_yaml_block_of_the_readme_is_a_valid_config() -> None:
+    """A block marked ```yaml fragment is part of a config by design: it only has to parse."""
+    import re
+
+    import yaml
+
+    blocks = _readme_yaml_blocks()
+    assert blocks
+    for line, info, text in blocks:
+        if info.split()[1:] == ["fragment"]:
+            yaml.safe_load(text)
+            continue
+        assert info == "yaml", f"README.md:{line}: unknown fence {info!r}"
+        env = {name: "x" * 32 for name in re.findall(r"\$\{(\w+)\}", text)}
+        try:
+            parse_config(yaml.safe_load(text), env)
+        except ConfigError as e:
+            raise AssertionError(f"README.md:{line}: {e}") from None
+
+
+def test_yaml_that_would_cost_minutes_or_recurse_is_refused_fast(tmp_path: Path) -> None:
+    import time
+
+    bomb = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for previous, name in zip("abcdefgh", "bcdefghi", strict=True):
+        bomb.append(f"{name}: &{name} [" + ", ".join([f"*{previous}"] * 9) + "]")
+    cases = {
+        "bomb": ("\n".join(bomb), r":6:4: not valid YAML: expands to more than 100,000 values"),
+        "deep": ("a: " + "[" * 20_000 + "]" * 20_000, "nested deeper than 64 levels"),
+        "chain": (
+            "\n".join(["a0: &a0 [1]"] + [f"a{i}: &a{i} [*a{i - 1}]" for i in range(1, 100)]),
+            r"nested deeper than 64 levels \(through aliases\)",
+        ),
+        "recursive": ("a: &a [*a]", "a recursive alias"),
+        "digits": ("primary: {capacity: " + "9" * 5000 + "}", r":1:21: not valid YAML: cannot"),
+        "date": ("primary: {capacity: 2024-13-45}", "cannot read '2024-13-45': month must be"),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        start = time.perf_counter()
+        with pytest.raises(ConfigError, match=message):
+            load_config(path)
+        assert time.perf_counter() - start < 1.0, name
+
+
+def test_files_that_are_not_yaml_text_are_one_line_errors(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"primary: {capacity: 1GiB}\n# \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"binary.yaml: not UTF-8 text \(byte 0xff at offset 28"):
+        load_config(binary)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="larger than 1 MiB; not a kvtier config"):
+        load_config(huge)
+    with pytest.raises(ConfigError, match="cannot read config: Is a directory"):
+        load_config(tmp_path)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("tiers: [\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(broken)
+    assert "\n" not in str(info.value) and ":2:1: not valid YAML" in str(info.value)
+
+
+def test_an_inline_config_is_bounded_too() -> None:
+    """vLLM's inline `kvtier` mapping does not come through the YAML reader."""
+    deep: dict[str, object] = {}
+    inner = deep
+    for _ in range(5000):
+        inner["a"] = {}
+        inner = inner["a"]  # type: ignore[assignment]
+    with pytest.raises(ConfigError, match="nested deeper than 64 levels"):
+        parse_config({"primary": deep})
+
+
+# -- auth (issue 15, item 4) -----------------------------------------------------------------------
+
+SECRET = "0123456789abcdef0123456789abcdef"
+
+
+def test_the_auth_secret_comes_from_the_environment() -> None:
+    config = parse_config({"auth": {"secret": "${KVTIER_SECRET}"}}, {"KVTIER_SECRET": SECRET})
+    assert config.auth.secret == SECRET.encode()
+    assert SECRET not in repr(config)
+    assert parse_config({}).auth.secret is None
+
+
+@pytest.mark.parametrize(
+    ("secret", "env", "message"),
+    [
+        (SECRET, {}, "auth.secret: give the name of an environment variable .* refused"),
+        ("${A}${B}", {"A": SECRET, "B": SECRET}, "auth.secret: give the name of an environment"),
+        ("pre${A}", {"A": SECRET}, "auth.secret: give the name"),
+        (17, {}, "auth.secret: give the name"),
+        ("${KVTIER_SECRET}", {}, "auth.secret: environment variable KVTIER_SECRET is not set"),
+        ("${KVTIER_SECRET}", {"KVTIER_SECRET": ""}, "holds 0 bytes; a secret needs at least 16"),
+        ("${KVTIER_SECRET}", {"KVTIER_SECRET": "short"}, "holds 5 bytes; a secret needs at least"),
+    ],
+)
+def test_a_secret_in_the_file_or_a_short_one_is_refused(
+    secret: object, env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"auth": {"secret": secret}}, env)
+
+
+def test_every_tier_gets_the_secret(tmp_path: Path) -> None:
+    import asyncio
+
+    from tiering.manager import build_tiers
+
+    config = parse_config(
+        {
+            "auth": {"secret": "${KVTIER_SECRET}"},
+            "tiers": [
+                {"name": "m", "type": "memory"},
+                {"name": "f", "type": "file", "path": str(tmp_path), "min_free": 0},
+            ],
+        },
+        {"KVTIER_SECRET": SECRET},
+    )
+    built = build_tiers(config, bytes(16))
+    try:
+        assert [tier.authenticated for _, tier in built] == [True, True]
+    finally:
+        for _, tier in built:
+            asyncio.run(tier.close())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -19,9 +20,12 @@ from tiering.keys import BlockKey
 from tiering.tier import ObjectInfo, Tier
 
 __all__ = [
+    "JOURNAL_MAGIC",
     "MigrationSummary",
     "VerifyReport",
+    "journal_header",
     "migrate",
+    "open_journal",
     "purge",
     "read_block",
     "verify",
@@ -92,24 +96,27 @@ async def migrate(
       source with `move` only once its copy is verified (`move` implies `verify_copies`).
     - `journal` records each finished key as soon as it is finished; with `resume` the keys it
       holds are skipped, so a migration killed (even with SIGKILL) continues where it stopped
-      without copying finished blocks again and without losing any.
+      without copying finished blocks again and without losing any. Its first line names the
+      migration (`journal_header`); a file that is not this migration's journal is refused
+      (`ConfigError`) and left as it was (`open_journal`).
     """
     if source.namespace != destination.namespace:
         raise ConfigError("migrate: source and destination tiers must use the same namespace")
     verify_copies = verify_copies or move
     done: set[str] = set()
     if journal is not None:
-        if resume and journal.exists():
-            done = {line.strip() for line in journal.read_text().splitlines() if line.strip()}
-        elif not resume and not dry_run:
-            journal.parent.mkdir(parents=True, exist_ok=True)
-            journal.write_text("")
+        done = open_journal(
+            journal, journal_header(source, destination), resume=resume, write=not dry_run
+        )
     summary = MigrationSummary()
     keys = [info.key async for info in selected(source, older_than)]
     summary.planned = len(keys)
     if dry_run:
         return summary
-    log = open(journal, "a") if journal is not None else None  # noqa: SIM115 - closed below
+    try:
+        log = open(journal, "a") if journal is not None else None  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise ConfigError(f"journal {journal}: cannot write: {e.strerror or e}") from e
     gate = asyncio.Semaphore(concurrency)
     finished = 0
 
@@ -196,12 +203,70 @@ async def purge(
     return deleted
 
 
+JOURNAL_MAGIC = "# kvtier migration journal v1"
+
+
+def journal_header(source: Tier, destination: Tier) -> str:
+    """The first line of a migration's journal: which tiers, which namespace."""
+    return f"{JOURNAL_MAGIC} {source.name} -> {destination.name} {source.namespace.hex()}"
+
+
+def open_journal(journal: Path, header: str, *, resume: bool, write: bool = True) -> set[str]:
+    """The keys (hex) that an earlier run finished, read from `journal` when resuming; with
+    `write`, the journal is started afresh (its header alone) unless resuming one.
+
+    Only a kvtier journal of this very migration (first line `header`), an empty file or no
+    file is taken: anything else (a directory, a device, someone's file, the journal of
+    another migration) is refused with a `ConfigError` and left untouched."""
+    try:
+        found = journal.stat()
+    except FileNotFoundError:
+        found = None
+    except OSError as e:  # a parent that is a file, a name too long, no permission
+        raise ConfigError(f"journal {journal}: {e.strerror or e}") from e
+    done: set[str] = set()
+    if found is not None:
+        if stat.S_ISDIR(found.st_mode):
+            raise ConfigError(f"journal {journal}: is a directory; give a file name")
+        if not stat.S_ISREG(found.st_mode):
+            raise ConfigError(f"journal {journal}: not a regular file")
+        if found.st_size:
+            try:
+                with open(journal, "rb") as f:
+                    first = f.readline(len(header.encode()) + 2)
+                    rest = f.read() if resume else b""
+            except OSError as e:
+                raise ConfigError(f"journal {journal}: cannot read: {e.strerror or e}") from e
+            line = first.decode("utf-8", "replace").rstrip("\n")
+            if not line.startswith(JOURNAL_MAGIC):
+                raise ConfigError(
+                    f"journal {journal}: not a kvtier migration journal (its first line is not "
+                    f"'{JOURNAL_MAGIC} ...'); refusing to overwrite it"
+                )
+            if line != header:
+                raise ConfigError(
+                    f"journal {journal}: the journal of another migration "
+                    f"({line.removeprefix(JOURNAL_MAGIC).strip()}); this one is "
+                    f"{header.removeprefix(JOURNAL_MAGIC).strip()}"
+                )
+            done = {k.strip() for k in rest.decode("ascii", "replace").splitlines() if k.strip()}
+    if write and not (resume and found is not None and found.st_size):
+        try:
+            journal.parent.mkdir(parents=True, exist_ok=True)
+            journal.write_text(header + "\n")
+        except OSError as e:
+            raise ConfigError(f"journal {journal}: cannot write: {e.strerror or e}") from e
+    return done
+
+
 def default_journal(config: Path, source: str, destination: str, namespace: bytes) -> Path:
-    """Where a migration's journal lives unless `--journal` says."""
+    """Where a migration's journal lives unless `--journal` says: the XDG cache directory
+    (`$XDG_CACHE_HOME`, when absolute, else `~/.cache`), `kvtier/migrations/`."""
     import hashlib
 
     digest = hashlib.sha256(
         f"{config.resolve()}|{source}|{destination}|{namespace.hex()}".encode()
     ).hexdigest()[:16]
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvtier" / "migrations"
-    return base / f"{source}-to-{destination}-{digest}.journal"
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if os.path.isabs(cache) else Path.home() / ".cache"
+    return base / "kvtier" / "migrations" / f"{source}-to-{destination}-{digest}.journal"

@@ -2,13 +2,17 @@
 
 Every command prints a readable table by default and JSON with `--json`, and exits non-zero
 with a one-line reason on error: 2 for bad usage (arguments, names, config), 1 for anything
-else that went wrong.
+else that went wrong (a tier that fails, a file that cannot be written). A traceback never
+reaches the user: an exception kvtier did not expect is one line that says it is a bug
+(`KVTIER_DEBUG=1` prints its traceback too).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from tiering.cli import demo, ops, replay
@@ -32,18 +36,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that flushing it at exit does not complain of
+    the pipe its reader closed."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a file (captured, replaced)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # a usage error exits 2 with argparse's one line
+    name = f"kvtier {args.command}"
     try:
         code: int = args.run(args)
     except (ConfigError, KeyFormatError) as e:
-        print(f"kvtier {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except KvtierError as e:
-        print(f"kvtier {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print(f"kvtier {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `kvtier ls ... | head`: the reader has all it wanted
+        _quiet_stdout()
+        return EXIT_ERROR
+    except OSError as e:  # the machine's refusal (space, permissions), not the user's input
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{name}: error: {where}{e.strerror or _one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as e:
+        print(
+            f"{name}: internal error: {type(e).__name__}: {_one_line(e)} (this is a bug in "
+            "kvtier, please report it with the command; KVTIER_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        if os.environ.get("KVTIER_DEBUG"):
+            traceback.print_exc()
+        return EXIT_ERROR
     return code

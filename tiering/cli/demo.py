@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tiering.cli import args as argtypes
 from tiering.config import load_config
 
 if TYPE_CHECKING:
@@ -31,9 +32,11 @@ def add_parser(commands: Any) -> None:
             "tokens came from: the engine's own prefix cache, kvtier, or recomputation."
         ),
     )
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="kvtier YAML file")
-    parser.add_argument("--conversations", type=int, default=4)
-    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument(
+        "--config", type=argtypes.path, default=DEFAULT_CONFIG, help="kvtier YAML file"
+    )
+    parser.add_argument("--conversations", type=argtypes.count(1, 100), default=4)
+    parser.add_argument("--turns", type=argtypes.count(1, 100), default=4)
     parser.add_argument(
         "--compare", action="store_true", help="also run without kvtier, and compare"
     )

@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tiering.cli import args as argtypes
 from tiering.cli.progress import Progress
 from tiering.config import Config, TierConfig, load_config, parse_duration
 from tiering.errors import ConfigError, CorruptObject
-from tiering.format import decode_header
+from tiering.format import MAX_BLOCK_BYTES, decode_header
 from tiering.operations import default_journal, migrate, purge, read_block, verify
 from tiering.tier import Tier, as_key
 
@@ -35,7 +36,7 @@ def add_parsers(commands: Any) -> None:
         name: str, help: str, run: Callable[[argparse.Namespace], int]
     ) -> argparse.ArgumentParser:  # noqa: A002
         parser: argparse.ArgumentParser = commands.add_parser(name, help=help, description=help)
-        parser.add_argument("--config", type=Path, required=True, help="kvtier YAML file")
+        parser.add_argument("--config", type=argtypes.path, required=True, help="kvtier YAML file")
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
         parser.set_defaults(run=run)
         return parser
@@ -47,7 +48,7 @@ def add_parsers(commands: Any) -> None:
     p = command("ls", "list stored blocks and their headers", run_ls)
     p.add_argument("--tier", required=True)
     p.add_argument("--namespace")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=argtypes.count(), default=50)
     p = command("inspect", "the header of one stored block, and whether it verifies", run_inspect)
     p.add_argument("--tier", required=True)
     p.add_argument("--namespace")
@@ -63,8 +64,10 @@ def add_parsers(commands: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="count what would be copied")
     p.add_argument("--verify", action="store_true", help="read every copy back and compare")
     p.add_argument("--resume", action="store_true", help="skip what an earlier run finished")
-    p.add_argument("--journal", type=Path, help="progress journal (default: under ~/.cache/kvtier)")
-    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument(
+        "--journal", type=argtypes.path, help="progress journal (default: under ~/.cache/kvtier)"
+    )
+    p.add_argument("--concurrency", type=argtypes.count(1, 1024), default=8)
     p = command("verify", "check every stored block's header and checksum", run_verify)
     p.add_argument("--tier", required=True)
     p.add_argument("--namespace")
@@ -76,9 +79,9 @@ def add_parsers(commands: Any) -> None:
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p = command("bench", "put and get throughput of a tier for several block sizes", run_bench)
     p.add_argument("--tier", required=True)
-    p.add_argument("--sizes", default="64KiB,256KiB,2MiB")
-    p.add_argument("--count", type=int, default=64, help="blocks per size")
-    p.add_argument("--clients", type=int, default=8, help="calls in flight")
+    p.add_argument("--sizes", type=argtypes.sizes(MAX_BLOCK_BYTES), default="64KiB,256KiB,2MiB")
+    p.add_argument("--count", type=argtypes.count(1, 100_000), default=64, help="blocks per size")
+    p.add_argument("--clients", type=argtypes.count(1, 256), default=8, help="calls in flight")
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -97,7 +100,12 @@ def make_tier(config: Config, cfg: TierConfig, namespace: bytes, **extra: Any) -
 
     options = {"timeout": config.faults.timeout, **cfg.options, **extra}
     return create_tier(
-        cfg.type, namespace=namespace, name=cfg.name, capacity=cfg.capacity, **options
+        cfg.type,
+        namespace=namespace,
+        name=cfg.name,
+        capacity=cfg.capacity,
+        secret=config.auth.secret,
+        **options,
     )
 
 
@@ -120,6 +128,19 @@ async def resolve_namespace(config: Config, cfg: TierConfig, given: str | None) 
     raise ConfigError(
         f"tier {cfg.name!r} holds several namespaces; pick one with --namespace: {listed}"
     )
+
+
+def confirm(question: str) -> bool:
+    """Ask on standard error (standard output is the command's result), read the answer from
+    standard input; no answer (end of input, no input at all, bytes that are not text) is no."""
+    print(question, end="", file=sys.stderr, flush=True)
+    try:
+        answer = sys.stdin.readline() if sys.stdin is not None else ""
+    except (OSError, ValueError):  # closed, unreadable, not UTF-8 (UnicodeDecodeError)
+        answer = ""
+    if not answer.endswith("\n"):
+        print(file=sys.stderr)  # the user's Enter did not end the prompt's line
+    return answer.strip().lower() in ("y", "yes")
 
 
 def emit(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
@@ -154,7 +175,14 @@ def run_validate(args: argparse.Namespace) -> int:
         {"valid": True, "tiers": [t.name for t in config.tiers]},
         [
             f"{args.config}: valid",
-            f"primary: {config.primary.capacity or 'from vLLM'} bytes, {config.primary.eviction}",
+            "primary: "
+            + (
+                f"{config.primary.capacity:,} bytes"
+                if config.primary.capacity
+                else "vLLM's cpu_bytes_to_use"
+            )
+            + f", {config.primary.eviction}"
+            + (", authenticated objects" if config.auth.secret else ""),
             "tiers: " + (", ".join(names) or "none"),
         ],
     )
@@ -388,10 +416,9 @@ def run_purge(args: argparse.Namespace) -> int:
         namespace = await resolve_namespace(config, cfg, args.namespace)
         if not args.yes:
             what = f"blocks older than {args.older_than}" if older else "all blocks"
-            answer = input(
+            if not confirm(
                 f"delete {what} of namespace {namespace.hex()} in tier {cfg.name!r}? [y/N] "
-            )
-            if answer.strip().lower() not in ("y", "yes"):
+            ):
                 return -1
         async with make_tier(config, cfg, namespace) as tier:
             return await purge(tier, older)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
-from pathlib import Path
 from typing import Any
 
+from tiering.cli import args as argtypes
 from tiering.cli.progress import Progress
 from tiering.config import load_config
 from tiering.errors import ConfigError
+from tiering.format import MAX_BLOCK_BYTES
 from tiering.policies import get_policy_class
 from tiering.replay import ReplayResult, load_trace, replay, replay_tiered
 
@@ -27,7 +29,9 @@ def add_parser(commands: Any) -> None:
             "hit rate over the second half of the requests."
         ),
     )
-    parser.add_argument("trace", metavar="TRACE", help="JSONL trace file, optionally .gz")
+    parser.add_argument(
+        "trace", metavar="TRACE", type=argtypes.path, help="JSONL trace file, optionally .gz"
+    )
     parser.add_argument(
         "--capacity",
         required=True,
@@ -44,18 +48,20 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--config",
-        type=Path,
+        type=argtypes.path,
         help="replay through the tiering manager and the tiers of this kvtier config (bytes "
         "really written and read); the policy comes from its primary.eviction. Persistent "
         "tiers keep the replay's blocks: start each run on an empty directory or prefix",
     )
     parser.add_argument(
         "--block-bytes",
-        type=int,
+        type=argtypes.count(1, MAX_BLOCK_BYTES),
         default=4096,
         help="with --config: bytes of each synthesized block (default 4096)",
     )
-    parser.add_argument("--requests", type=int, help="replay only the first N requests")
+    parser.add_argument(
+        "--requests", type=argtypes.count(1, 10**9), help="replay only the first N requests"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
@@ -144,8 +150,14 @@ def _print_table(path: str, rows: list[tuple[ReplayResult, float | None, float]]
 
 def run_tiered(args: argparse.Namespace) -> int:
     config = load_config(args.config)  # a bad file fails before the trace is read
-    if args.block_bytes <= 0:
-        raise ConfigError(f"--block-bytes: must be positive, got {args.block_bytes}")
+    memory = _physical_memory()
+    for capacity in args.capacity:
+        if capacity * args.block_bytes > memory:
+            raise ConfigError(
+                f"--capacity {capacity:,} x --block-bytes {args.block_bytes:,}: "
+                f"{capacity * args.block_bytes:,} bytes of primary memory; this machine has "
+                f"{memory:,}"
+            )
     trace = load_trace(args.trace)
     requests = trace.requests[: args.requests] if args.requests else trace.requests
     rows = []
@@ -199,16 +211,33 @@ def run_tiered(args: argparse.Namespace) -> int:
     return 0
 
 
+MAX_CAPACITY = 10_000_000
+"""Blocks a replayed primary may have (a list entry each; far more than a trace holds)."""
+
+
 def _int_list(text: str) -> list[int]:
     try:
-        values = [int(part.replace("_", "")) for part in text.split(",")]
+        values = [int(part.replace("_", "")) for part in text.split(",") if len(part) <= 20]
     except ValueError:
+        values = []
+    if len(values) != len(text.split(",")):
         raise argparse.ArgumentTypeError(
             f"expected positive integers separated by commas, got {text!r}"
-        ) from None
-    if not values or any(v <= 0 for v in values):
+        )
+    if any(v <= 0 for v in values):
         raise argparse.ArgumentTypeError(f"capacities must be positive, got {text!r}")
+    if any(v > MAX_CAPACITY for v in values):
+        raise argparse.ArgumentTypeError(
+            f"capacities must be at most {MAX_CAPACITY:,} blocks, got {text!r}"
+        )
     return values
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not a POSIX system that says
+        return 2**62
 
 
 def _name_list(text: str) -> list[str]:
