@@ -80,7 +80,7 @@ POSITIVE_TTL = 30.0
 
 
 def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier]]:
-    """The configured secondary tiers, in order."""
+    """The configured secondary tiers, in order, each with the deployment's secret (`auth`)."""
     from tiering.registry import create_tier
 
     return [
@@ -91,6 +91,7 @@ def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier
                 namespace=namespace,
                 name=cfg.name,
                 capacity=cfg.capacity,
+                secret=config.auth.secret,
                 **{"timeout": config.faults.timeout, **cfg.options},
             ),
         )
