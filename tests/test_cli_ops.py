@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -442,6 +443,7 @@ def test_the_default_journal_is_in_the_test_home(
     real = REAL_HOME / ".cache" / "kvtier" / "migrations"
     before = sorted(real.iterdir()) if real.is_dir() else []
     assert Path.home() == test_home and test_home != REAL_HOME
+    assert not Path(os.environ["KVTIER_VLLM_VENV"]).is_relative_to(test_home)  # the real one
     code, out, _ = run(capsys, *migrate_to_b(two_disks, "--json"))
     journal = Path(json.loads(out)["journal"])
     assert code == 0 and journal.is_relative_to(test_home / ".cache" / "kvtier" / "migrations")
@@ -461,3 +463,28 @@ def test_purge_at_the_end_of_input_deletes_nothing(
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
     code, out, err = run(capsys, *purge)
     assert code == 0 and "deleted 5 blocks" in out and "[y/N]" in err
+
+
+def test_show_masks_the_auth_secret_and_every_tier_gets_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "kvtier-test-secret-0123456789"
+    monkeypatch.setenv("KVTIER_TEST_SECRET", secret)
+    config = tmp_path / "auth.yaml"
+    config.write_text(
+        "auth: {secret: '${KVTIER_TEST_SECRET}'}\n"
+        f"tiers: [{{name: a, type: file, path: '{tmp_path / 'a'}', min_free: 0}}]\n"
+    )
+    for extra in ([], ["--json"]):
+        code, out, err = run(capsys, "show", "--config", str(config), *extra)
+        assert code == 0 and secret not in out + err and "***" in out
+    code, out, _ = run(capsys, "validate", "--config", str(config))
+    assert code == 0 and "authenticated objects" in out
+
+    async def plant() -> None:  # a block written without the secret: a stranger's
+        async with FileTier(namespace=NS, path=tmp_path / "a", min_free=0) as tier:
+            await tier.put(k(1), payload(SIZE, 1))
+
+    asyncio.run(plant())
+    code, out, _ = run(capsys, "verify", "--config", str(config), "--tier", "a", "--json")
+    assert code == 1 and json.loads(out)["bad"] == [[k(1).hex(), "auth"]]
