@@ -300,11 +300,14 @@ def _readme_yaml_blocks() -> list[tuple[int, str, str]]:
 
 
 def test_every_yaml_block_of_the_readme_is_a_valid_config() -> None:
-    """A block marked ```yaml fragment is part of a config by design: it only has to parse."""
+    """Each loads and matches the shipped schema. A block marked ```yaml fragment is part of a
+    config by design: it only has to parse."""
     import re
 
+    import jsonschema
     import yaml
 
+    schema = json.loads((ROOT / "configs" / "kvtier.schema.json").read_text())
     blocks = _readme_yaml_blocks()
     assert blocks
     for line, info, text in blocks:
@@ -317,6 +320,7 @@ def test_every_yaml_block_of_the_readme_is_a_valid_config() -> None:
             parse_config(yaml.safe_load(text), env)
         except ConfigError as e:
             raise AssertionError(f"README.md:{line}: {e}") from None
+        jsonschema.validate(yaml.safe_load(text), schema)
 
 
 def test_yaml_that_would_cost_minutes_or_recurse_is_refused_fast(tmp_path: Path) -> None:
