@@ -539,3 +539,28 @@ def test_read_head_reads_the_header_and_the_real_size(
             assert await tier.read_head(key(3)) == (b"", 0)
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["resp", "redis-py"])
+def test_an_empty_value_is_refused_and_deleted_a_missing_key_is_a_plain_miss(
+    redis_server: RedisServer, fast_path: bool
+) -> None:
+    """On both transports alike (redis-py reads a bounded GETRANGE, where an empty reply is
+    either: EXISTS tells), single and batched."""
+    flush(redis_server.port)
+
+    async def body() -> None:
+        tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
+        async with tier:
+            await tier.raw_set(key(1), b"")
+            assert await tier.get(key(1), bytearray(4096)) is False
+            assert await tier.get(key(2), bytearray(4096)) is False
+            await tier.raw_set(key(1), b"")
+            assert await tier.get_many([(key(1), bytearray(4096)), (key(2), bytearray(4096))]) == [
+                False,
+                False,
+            ]
+            assert tier.counters["corrupt.truncated"] == 2 and tier.counters["misses"] == 4
+            assert await tier.contains([key(1)]) == [False]  # refused objects are deleted
+
+    asyncio.run(body())

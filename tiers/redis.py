@@ -169,9 +169,12 @@ class RedisTier(Tier):
                     return await conn.value(limit)  # too long: the pool drops the connection
 
                 return await self._fast.run(get)
-            pipe = self._client.pipeline(transaction=False)
-            self._queue_range(pipe, key, limit)
-            return _ranged(await pipe.execute(), limit)
+            name = self._name(key)
+            head: bytes = await self._client.getrange(name, 0, limit)
+            if not head:
+                pipe = self._client.pipeline(transaction=False)
+                return _empty(await pipe.exists(name).strlen(name).execute())
+            return _within(head, limit)
 
     async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> Buffer | None:
         """The object's header, its payload read straight into `payload` (see `ReadsInto`)."""
@@ -188,20 +191,13 @@ class RedisTier(Tier):
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
         with self._errors("GETRANGE"):
+            name = self._name(key)
             pipe = self._client.pipeline(transaction=False)
-            self._queue_range(pipe, key, n)
+            pipe.exists(name)
+            pipe.strlen(name)
+            pipe.getrange(name, 0, max(n, 1) - 1)  # an inclusive end; -1 would mean all of it
             exists, size, head = await pipe.execute()
         return (head, size) if exists else None
-
-    def _queue_range(self, pipe: Any, key: BlockKey, limit: int) -> None:
-        """EXISTS, STRLEN and the first `limit` bytes of the object of `key`: never more, for
-        a GET of a crafted 512 MiB value would make redis-py read and allocate all of it. The
-        three are not atomic: a value replaced in between is at worst refused (still bounded:
-        GETRANGE returns at most `limit` bytes)."""
-        name = self._name(key)
-        pipe.exists(name)
-        pipe.strlen(name)
-        pipe.getrange(name, 0, max(limit, 1) - 1)  # an inclusive end; -1 would mean all of it
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         with self._errors("SET"):
@@ -278,15 +274,24 @@ class RedisTier(Tier):
         limits = [self.object_limit(len(view)) for view in views]
 
         async def fetch() -> list[Any]:
+            names = [self._name(block) for block in blocks]
             with self._errors("GET (pipelined)"):
                 pipe = self._client.pipeline(transaction=False)
-                for block, limit in zip(blocks, limits, strict=True):
-                    self._queue_range(pipe, block, limit)
-                replies = await pipe.execute()
+                for name, limit in zip(names, limits, strict=True):
+                    pipe.getrange(name, 0, limit)
+                heads = await pipe.execute()
+                empty = [i for i, head in enumerate(heads) if not head]
+                if empty:
+                    pipe = self._client.pipeline(transaction=False)
+                    for i in empty:
+                        pipe.exists(names[i]).strlen(names[i])
+                    replies = await pipe.execute()
+                    for n, i in enumerate(empty):
+                        heads[i] = _empty(replies[2 * n : 2 * n + 2])
             blobs: list[Any] = []
-            for i, limit in enumerate(limits):
+            for head, limit in zip(heads, limits, strict=True):
                 try:
-                    blobs.append(_ranged(replies[3 * i : 3 * i + 3], limit))
+                    blobs.append(head if not head else _within(head, limit))
                 except Corrupt as e:
                     blobs.append(e)
             return blobs
@@ -446,15 +451,21 @@ class RedisTier(Tier):
         return value
 
 
-def _ranged(replies: Sequence[Any], limit: int) -> bytes | None:
-    """The object from EXISTS, STRLEN, GETRANGE replies (`RedisTier._queue_range`)."""
-    exists, size, head = replies
-    if not exists:
-        return None
-    if size > limit:
-        raise Corrupt("length", f"object of {size} bytes, at most {limit} expected")
-    value: bytes = head
-    return value
+def _empty(replies: Sequence[Any]) -> bytes | None:
+    """After an empty GETRANGE, EXISTS and STRLEN tell a missing key (None) from an empty value
+    (b"", a corrupt object: refused and deleted); a value that appeared in between is a miss,
+    not an object to delete."""
+    exists, size = replies
+    return b"" if exists and size == 0 else None
+
+
+def _within(head: bytes, limit: int) -> bytes:
+    """A value read by `GETRANGE name 0 limit` (at most `limit + 1` bytes: a GET of a crafted
+    512 MiB value would make redis-py read and allocate all of it), refused when it is longer
+    than `limit` bytes."""
+    if len(head) > limit:
+        raise Corrupt("length", f"object of more than {limit} bytes, at most {limit} expected")
+    return head
 
 
 def _spans(sizes: list[int], limit: int) -> list[slice]:
