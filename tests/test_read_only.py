@@ -181,3 +181,46 @@ def test_a_live_writer_loses_no_put_beside_a_stats_loop(
             return (await tier.stat()).objects
 
     assert asyncio.run(count()) == n
+
+
+def test_operators_on_a_64_gib_sparse_file_report_it_and_go_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file claiming a 32 KiB block that is 64 GiB long (sparse): ls, inspect and verify
+    report it without reading it (they aborted with "Cannot allocate memory"), and go on to
+    the other blocks."""
+    import json
+    import tracemalloc
+
+    path = tmp_path / "nvme"
+    populate(path, "files")
+
+    async def plant() -> Path:
+        async with FileTier(namespace=NAMESPACE, path=path, min_free=0) as tier:
+            await tier.put(key(9), payload(32 << 10, 9))
+            return tier.raw_path(key(9))
+
+    huge = asyncio.run(plant())
+    with open(huge, "r+b") as f:
+        f.truncate(64 << 30)
+    cfg = str(config(tmp_path, path, "files"))
+    tracemalloc.start()
+    try:
+        codes = [
+            main(["ls", "--config", cfg, "--tier", "nvme", "--json"]),
+            main(["inspect", "--config", cfg, "--tier", "nvme", "--json", key(9).hex()]),
+            main(["verify", "--config", cfg, "--tier", "nvme", "--json"]),
+        ]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
+    out = capsys.readouterr().out
+    decoder = json.JSONDecoder()
+    listing, at = decoder.raw_decode(out)
+    inspected, at2 = decoder.raw_decode(out[at:].lstrip())
+    report = json.loads(out[at:].lstrip()[at2:])
+    assert codes == [0, 0, 1]
+    assert {row["key"] for row in listing} >= {key(i).hex() for i in (0, 4, 5)}
+    assert inspected["object_bytes"] == 64 << 30 and "length" in inspected["problem"]
+    assert report["ok"] == 3 and (key(9).hex() in str(report["bad"]))

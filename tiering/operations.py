@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiering.errors import ConfigError, CorruptObject, StateError, TierError
-from tiering.format import decode_header, decompress, verify_payload
 from tiering.keys import BlockKey
 from tiering.tier import ObjectInfo, Tier
 
@@ -35,16 +34,13 @@ Progress = Callable[[int], None]
 
 
 async def read_block(tier: Tier, key: BlockKey) -> bytes | None:
-    """The block of `key` in `tier`, verified; None when absent. Raises `CorruptObject` (with
-    `.reason`) when the stored object fails verification."""
+    """The block of `key` in `tier`, verified as the engine's reads verify it (with the tier's
+    secret, its MAC too); None when absent. Raises `CorruptObject` (with `.reason`) when the
+    stored object fails verification, without reading an object larger than any block may be."""
     blob = await tier.read_object(key)
     if blob is None:
         return None
-    view = memoryview(blob)
-    header = decode_header(view, key, tier.namespace)
-    payload = view[header.payload_offset : header.object_length]
-    verify_payload(header, payload)
-    return bytes(decompress(header.codec, payload, header.raw_length))
+    return bytes(tier.verified_block(key, blob))
 
 
 async def selected(
@@ -171,9 +167,15 @@ class VerifyReport:
 async def verify(
     tier: Tier, repair: bool = False, progress: Progress | None = None
 ) -> VerifyReport:
-    """Read every object of the tier's namespace and check header, namespace and checksum;
-    with `repair`, delete the objects that fail."""
+    """Read every object of the tier's namespace and check header, namespace, lengths,
+    checksum and (with a secret) MAC; with `repair`, delete the objects that fail. Objects the
+    tier's start-up scan found damaged (`Tier.damaged`: a header that fails, a file of the
+    wrong size) are reported too; a writable file tier removed them when it opened."""
     report = VerifyReport()
+    for where, reason, removed in tier.damaged:
+        report.checked += 1
+        report.bad.append((where, reason))
+        report.repaired += removed
     async for info in tier.entries():
         report.checked += 1
         try:

@@ -21,7 +21,8 @@ from tiering.cli import args as argtypes
 from tiering.cli.progress import Progress
 from tiering.config import Config, TierConfig, load_config, parse_duration
 from tiering.errors import ConfigError, CorruptObject
-from tiering.format import MAX_BLOCK_BYTES, decode_header
+from tiering.format import MAX_BLOCK_BYTES, check_object
+from tiering.keys import BlockKey
 from tiering.operations import default_journal, migrate, purge, read_block, verify
 from tiering.tier import Tier, as_key
 
@@ -251,20 +252,30 @@ def run_stats(args: argparse.Namespace) -> int:
     return emit(args, rows, lines)
 
 
-def header_fields(blob: bytes | None, key: bytes, namespace: bytes) -> dict[str, Any]:
-    if blob is None:
-        return {"key": key.hex(), "found": False}
-    fields: dict[str, Any] = {"key": key.hex(), "found": True, "object_bytes": len(blob)}
+async def header_fields(tier: Tier, key: BlockKey) -> dict[str, Any]:
+    """What `ls` and `inspect` show of a stored object: its header's fields, read without its
+    payload (an object of any claimed size costs one small read), and what is wrong with the
+    header or the object's size, if anything."""
     try:
-        header = decode_header(blob, key, namespace)  # type: ignore[arg-type]
+        head = await tier.read_head(key)
+    except CorruptObject as e:
+        return {"key": key.hex(), "found": True, "problem": str(e)}
+    if head is None:
+        return {"key": key.hex(), "found": False}
+    blob, size = head
+    fields: dict[str, Any] = {"key": key.hex(), "found": True, "object_bytes": size}
+    try:
+        header = tier.decode_header(key, blob)
         fields |= {
             "codec": header.codec,
             "checksum": header.checksum_kind,
+            "authenticated": header.mac is not None,
             "payload_offset": header.payload_offset,
             "stored_bytes": header.stored_length,
             "block_bytes": header.raw_length,
             "namespace": header.namespace.hex(),
         }
+        check_object(header, size)
     except CorruptObject as e:
         fields["problem"] = str(e)
     return fields
@@ -279,7 +290,7 @@ def run_ls(args: argparse.Namespace) -> int:
         rows = []
         async with make_tier(config, cfg, namespace, read_only=True) as tier:
             async for info in tier.entries():
-                fields = header_fields(await tier.read_object(info.key), info.key, namespace)
+                fields = await header_fields(tier, info.key)
                 fields["written"] = info.modified
                 rows.append(fields)
                 if len(rows) >= args.limit:
@@ -318,7 +329,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     async def gather() -> dict[str, Any]:
         namespace = await resolve_namespace(config, cfg, args.namespace)
         async with make_tier(config, cfg, namespace, read_only=True) as tier:
-            fields = header_fields(await tier.read_object(key), key, namespace)
+            fields = await header_fields(tier, key)
             if fields["found"] and "problem" not in fields:
                 try:
                     await read_block(tier, key)
