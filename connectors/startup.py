@@ -3,19 +3,23 @@ kvtier's own environment. Each fails with a `ConfigError` that says what to chan
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from connectors.identity import model_identity
 from tiering.config import Config, load_config, parse_config
 from tiering.errors import ConfigError
 from tiering.keys import Layout
+from tiering.registry import get_tier_class
 
 __all__ = [
     "SUPPORTED_VLLM",
     "UNSTABLE_HASHES",
     "check_block_hashing",
     "check_vllm_version",
+    "lasting_tiers",
     "namespace_layout",
     "read_config",
 ]
@@ -57,7 +61,7 @@ def read_config(extra: Mapping[str, Any]) -> Config:
     if path is not None:
         if not isinstance(path, str | os.PathLike):
             raise ConfigError(f"kv_connector_extra_config.config: expected a path, got {path!r}")
-        return load_config(path)
+        return load_config(os.fspath(path))
     if inline is not None:
         try:
             return parse_config(inline)
@@ -66,27 +70,60 @@ def read_config(extra: Mapping[str, Any]) -> Config:
     return parse_config({})
 
 
+def lasting_tiers(config: Config) -> list[str]:
+    """Names of the configured tiers whose blocks outlive the process or are seen by other
+    processes (their class declares `persistent` or `shared`), found without building them."""
+    return [
+        tier.name
+        for tier in config.tiers
+        if get_tier_class(tier.type).persistent or get_tier_class(tier.type).shared
+    ]
+
+
 def namespace_layout(config: Any, vllm_config: Any, blocks_per_chunk: int) -> Layout:
-    """The namespace facts of an engine, from vLLM's `OffloadingConfig` and, when the engine
-    has one current, its `VllmConfig` (model revision, KV heads, head size)."""
+    """The namespace facts of an engine, from vLLM's `OffloadingConfig` (`config`) and the
+    `VllmConfig` the engine was built with. Both roles compute it from what vLLM hands them, so
+    the scheduler's namespace (the one stored in objects) is the workers' one."""
+    model = vllm_config.model_config
     layers = sum(len(group.layer_names) for group in config.groups)
-    kv_heads = head_size = 0
-    revision = ""
-    if vllm_config is not None:
-        model = vllm_config.model_config
-        revision = model.revision or ""
-        kv_heads = model.get_total_num_kv_heads()
-        head_size = model.get_head_size()
     return Layout(
-        model=config.model.name,
-        revision=revision,
+        model=model_identity(
+            model.model_weights or model.model,  # weights streamed from object storage: a URL
+            model.revision,
+            download_dir=vllm_config.load_config.download_dir,
+        ),
+        model_dtype=str(model.dtype),
+        model_options=_model_options(vllm_config),
         dtype=config.model.dtype,
         kv_layout=config.kv_cache_layout or "LBHNC",
         page_size_bytes=config.worker_kv_bytes_per_block,
         tokens_per_block=config.groups[0].tokens_per_block * blocks_per_chunk,
         num_layers=max(layers, 1),
-        num_kv_heads=max(kv_heads, 1),
-        head_size=max(head_size, 1),
+        num_kv_heads=model.get_total_num_kv_heads(),
+        head_size=model.get_head_size(),
         tp_size=config.parallel.tp_size,
         pp_size=config.parallel.pp_size,
     )
+
+
+def _model_options(vllm_config: Any) -> str:
+    """The engine settings besides the weights that change a model's KV, as canonical JSON."""
+    model = vllm_config.model_config
+    options: dict[str, Any] = {
+        "quantization": model.quantization,
+        "hf_overrides": model.hf_overrides or None,
+        "load_format": str(vllm_config.load_config.load_format),  # `dummy`: random weights
+    }
+    speculative = vllm_config.speculative_config
+    draft = None if speculative is None else speculative.draft_model_config
+    if draft is not None:
+        options["draft"] = model_identity(draft.model, draft.revision)
+    return json.dumps(options, sort_keys=True, separators=(",", ":"), default=_jsonable)
+
+
+def _jsonable(value: Any) -> str:
+    """A stable text for what JSON cannot hold: a function by its qualified name (its repr
+    carries an address, different in every process), anything else by `str`."""
+    if callable(value):
+        return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', value)}"
+    return str(value)

@@ -23,12 +23,22 @@ HEAD_DIM = HIDDEN // HEADS
 ENGINE_BLOCK = 32
 
 
-def write_model(path: Path) -> Path:
-    """A Llama with 2 layers, head_dim 32 (CPU attention needs 32..512), float32."""
+MODEL_SEED = 1234
+
+
+def write_model(path: Path, seed: int = MODEL_SEED) -> Path:
+    """A Llama with 2 layers, head_dim 32 (CPU attention needs 32..512), float32, its weights
+    drawn from `seed`. A folder holding the model of another seed is written over: same config,
+    same safetensors header and sizes, other weight bytes."""
     import torch
     from safetensors.torch import save_file
 
-    if (path / "model.safetensors").exists():
+    marker = path / ".kvtier-seed"
+    if (
+        (path / "model.safetensors").exists()
+        and marker.exists()
+        and marker.read_text() == str(seed)
+    ):
         return path
     path.mkdir(parents=True, exist_ok=True)
     config = {
@@ -49,7 +59,7 @@ def write_model(path: Path) -> Path:
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
-    gen = torch.Generator().manual_seed(1234)
+    gen = torch.Generator().manual_seed(seed)
 
     def normal(*shape: int, std: float) -> torch.Tensor:
         return torch.randn(*shape, generator=gen) * std
@@ -74,6 +84,7 @@ def write_model(path: Path) -> Path:
         }
     (path / "config.json").write_text(json.dumps(config))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
+    marker.write_text(str(seed))
     return path
 
 
@@ -82,7 +93,7 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    model = write_model(Path(scenario["model_dir"]))
+    model = write_model(Path(scenario["model_dir"]), scenario.get("model_seed", MODEL_SEED))
     transfer = None
     if scenario.get("extra") is not None:
         transfer = KVTransferConfig(
@@ -93,6 +104,8 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if scenario.get("uniproc", True):
         kwargs["distributed_executor_backend"] = "uni"
+    if scenario.get("prefix_caching_hash_algo") is not None:
+        kwargs["prefix_caching_hash_algo"] = scenario["prefix_caching_hash_algo"]
     llm = LLM(
         model=str(model),
         skip_tokenizer_init=True,
@@ -182,10 +195,15 @@ _METRICS = {
 def run_scenario(
     python: Path, scenario: dict[str, Any], workdir: Path, timeout: float = 900
 ) -> dict[str, Any]:
-    """Run `scenario` with the vLLM environment's `python` in a subprocess; its result.
+    """Run `scenario` with the vLLM environment's `python` in a subprocess; its result, with
+    the engine's output (vLLM's and kvtier's log lines) under `log`.
 
-    `scenario["uniproc"]` (default True) keeps scheduler and worker in one process; False is
-    vLLM's default deployment, scheduler and worker in separate processes.
+    Scenario keys besides the prompts: `model_dir` (written there unless it holds the model of
+    `model_seed`, default `MODEL_SEED`), `engine_blocks`, `max_model_len`, `max_tokens`, `extra`
+    (`kv_connector_extra_config`; None: no offloading), `prefix_caching_hash_algo`, `env`
+    (variables for the engine; a null value removes one). `uniproc` (default True) keeps
+    scheduler and worker in one process; False is vLLM's default deployment, scheduler and
+    worker in separate processes.
     """
     import subprocess
 
@@ -199,6 +217,11 @@ def run_scenario(
         "VLLM_HOST_IP": "127.0.0.1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if scenario.get("uniproc", True) else "1",
     }
+    for name, value in scenario.get("env", {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = str(value)
     proc = subprocess.run(
         [str(python), "-m", "connectors.vllm_run", str(path)],
         capture_output=True,
@@ -209,7 +232,7 @@ def run_scenario(
     )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(_MARK):
-            return dict(json.loads(line[len(_MARK) :]))
+            return {**json.loads(line[len(_MARK) :]), "log": proc.stdout + proc.stderr}
     tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-40:])
     raise RuntimeError(f"vLLM run failed (exit {proc.returncode}):\n{tail}")
 

@@ -28,8 +28,9 @@ HASH = bytes(range(32))
 
 def layout(**changes: object) -> Layout:
     fields: dict[str, object] = dict(
-        model="meta-llama/Llama-3.1-8B-Instruct",
-        revision="0e9e39f",
+        model="hf:meta-llama/Llama-3.1-8B-Instruct@0e9e39f249a16976918f6564b8830bc894c89659",
+        model_dtype="bfloat16",
+        model_options='{"hf_overrides":null,"quantization":null}',
         dtype="bfloat16",
         kv_layout="LBHNC",
         page_size_bytes=4 * 1024 * 1024,
@@ -97,8 +98,9 @@ class TestKeys:
 
 class TestNamespace:
     def test_golden_digest(self) -> None:
-        # Stored objects carry this digest: if it changes, every persistent tier goes cold.
-        # Change it only together with FORMAT_VERSION.
+        # Stored objects carry this digest: if it changes, every persistent tier goes cold
+        # (its blocks become foreign). It changes with the fields of `Layout` and with
+        # FORMAT_VERSION, never by accident.
         assert FORMAT_VERSION == 1
         assert layout().namespace_hex() == GOLDEN
         expected = hashlib.sha256(b"kvtier-namespace\x00" + layout().canonical_json()).digest()
@@ -117,6 +119,7 @@ class TestNamespace:
     def test_dtype_spelling_is_normalized(self) -> None:
         assert layout(dtype="torch.bfloat16") == layout()
         assert layout(dtype="torch.bfloat16").namespace() == layout().namespace()
+        assert layout(model_dtype="torch.bfloat16").namespace() == layout().namespace()
 
     def test_same_digest_in_other_processes_and_hash_seeds(self) -> None:
         code = "from tests.test_keys import layout; print(layout().namespace_hex())"
@@ -135,6 +138,7 @@ class TestNamespace:
         ("changes", "message"),
         [
             ({"model": ""}, "layout.model: must not be empty"),
+            ({"model_options": ""}, "layout.model_options: must not be empty"),
             ({"tp_size": 0}, "layout.tp_size: expected a positive integer, got 0"),
             ({"num_layers": True}, "layout.num_layers: expected a positive integer, got True"),
             ({"head_size": "128"}, "layout.head_size: expected a positive integer"),
@@ -145,8 +149,5 @@ class TestNamespace:
         with pytest.raises(ConfigError, match=message):
             layout(**changes)
 
-    def test_empty_revision_is_allowed(self) -> None:
-        assert layout(revision="").namespace() != layout().namespace()
 
-
-GOLDEN = "e30481206b2f901e7c36c8f15bb0ca05"
+GOLDEN = "ef651d5861a0ca2507db4af132eecf2b"

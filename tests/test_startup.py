@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from connectors.identity import model_identity
 from connectors.startup import (
     check_block_hashing,
     check_vllm_version,
+    lasting_tiers,
     namespace_layout,
     read_config,
 )
-from tiering.config import PrimaryConfig
+from tests.test_identity import write_model
+from tiering.config import PrimaryConfig, parse_config
 from tiering.errors import ConfigError
 from tiering.keys import Layout
 
@@ -79,18 +84,39 @@ def offloading_config(**changes: object) -> SimpleNamespace:
     return config
 
 
-def vllm_config(revision: str | None = "abc123") -> SimpleNamespace:
-    model = SimpleNamespace(
-        revision=revision, get_total_num_kv_heads=lambda: 8, get_head_size=lambda: 128
+def vllm_config(model_path: Path, **changes: object) -> SimpleNamespace:
+    """The parts of a `VllmConfig` the namespace reads, as vLLM hands them to the connector."""
+    settings: dict[str, object] = dict(
+        model=str(model_path),
+        model_weights="",
+        revision=None,
+        dtype="torch.bfloat16",
+        quantization=None,
+        hf_overrides={},
+        get_total_num_kv_heads=lambda: 8,
+        get_head_size=lambda: 128,
     )
-    return SimpleNamespace(model_config=model)
+    draft = changes.pop("draft", None)
+    load_format = changes.pop("load_format", "auto")
+    settings.update(changes)
+    return SimpleNamespace(
+        model_config=SimpleNamespace(**settings),
+        load_config=SimpleNamespace(download_dir=None, load_format=load_format),
+        speculative_config=None if draft is None else SimpleNamespace(draft_model_config=draft),
+    )
 
 
-def test_namespace_from_the_engine_config() -> None:
-    layout = namespace_layout(offloading_config(), vllm_config(), blocks_per_chunk=4)
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return write_model(tmp_path / "model")
+
+
+def test_namespace_from_the_engine_config(model: Path) -> None:
+    layout = namespace_layout(offloading_config(), vllm_config(model), blocks_per_chunk=4)
     assert layout == Layout(
-        model="meta-llama/Llama-3.1-8B",
-        revision="abc123",
+        model=model_identity(str(model)),
+        model_dtype="bfloat16",
+        model_options='{"hf_overrides":null,"load_format":"auto","quantization":null}',
         dtype="bfloat16",
         kv_layout="LBHNC",
         page_size_bytes=2 * 32 * 16 * 8 * 128 * 2,
@@ -101,14 +127,76 @@ def test_namespace_from_the_engine_config() -> None:
         tp_size=2,
         pp_size=1,
     )
+    assert layout.model.startswith("sha256:") and str(model) not in layout.canonical_json().decode()
 
 
-def test_namespace_separates_what_makes_kv_differ() -> None:
-    base = namespace_layout(offloading_config(), vllm_config(), 1).namespace()
-    assert namespace_layout(offloading_config(), vllm_config(), 2).namespace() != base
-    assert namespace_layout(offloading_config(), vllm_config("other"), 1).namespace() != base
-    tp4 = offloading_config(parallel=SimpleNamespace(tp_size=4, pp_size=1))
-    assert namespace_layout(tp4, vllm_config(), 1).namespace() != base
-    fp8 = offloading_config(model=SimpleNamespace(name="meta-llama/Llama-3.1-8B", dtype="fp8"))
-    assert namespace_layout(fp8, vllm_config(), 1).namespace() != base
-    assert namespace_layout(offloading_config(), vllm_config(None), 1).revision == ""
+def test_namespace_separates_what_makes_kv_differ(model: Path, tmp_path: Path) -> None:
+    def namespace(
+        config: SimpleNamespace | None = None, blocks: int = 1, **changes: object
+    ) -> bytes:
+        offloading = offloading_config() if config is None else config
+        return namespace_layout(offloading, vllm_config(model, **changes), blocks).namespace()
+
+    base = namespace()
+    others = [
+        namespace(blocks=2),
+        namespace(config=offloading_config(parallel=SimpleNamespace(tp_size=4, pp_size=1))),
+        namespace(config=offloading_config(model=SimpleNamespace(name="x", dtype="fp8"))),
+        namespace(dtype="torch.float16"),
+        namespace(quantization="fp8"),
+        namespace(load_format="dummy"),
+        namespace(hf_overrides={"rope_scaling": {"type": "yarn", "factor": 4.0}}),
+        namespace(get_total_num_kv_heads=lambda: 4),
+        namespace(
+            draft=SimpleNamespace(model=str(write_model(tmp_path / "draft", 7)), revision=None)
+        ),
+        namespace(model=str(write_model(tmp_path / "other", seed=1))),
+    ]
+    assert len({base, *others}) == len(others) + 1
+    # What vLLM calls the model does not matter, only what it is.
+    assert (
+        namespace(config=offloading_config(model=SimpleNamespace(name="y", dtype="bfloat16")))
+        == base
+    )
+
+
+def test_namespace_follows_the_model_not_its_path(model: Path, tmp_path: Path) -> None:
+    def namespace(path: Path) -> bytes:
+        return namespace_layout(offloading_config(), vllm_config(path), 1).namespace()
+
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)
+    assert namespace(copy) == namespace(model)
+    before = namespace(model)
+    write_model(model, seed=5)  # new weights of the same shape over the same path
+    assert namespace(model) != before
+
+
+def test_weights_streamed_from_object_storage_are_named_by_their_url(
+    model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM then points `model` at a local folder of config files only (`model_weights` holds
+    the URL): that folder's content would not tell two fine-tunes apart."""
+    config = vllm_config(model, model_weights="s3://bucket/llama")
+    layout = namespace_layout(offloading_config(), config, 1)
+    assert layout.model == "name:s3://bucket/llama@" and "no local files" in caplog.text
+
+
+def test_a_function_in_hf_overrides_is_named_stably(model: Path) -> None:
+    layout = namespace_layout(offloading_config(), vllm_config(model, hf_overrides=write_model), 1)
+    assert json.loads(layout.model_options)["hf_overrides"] == "tests.test_identity.write_model"
+
+
+def test_lasting_tiers_are_the_persistent_and_shared_ones(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "tiers": [
+                {"name": "ram", "type": "memory"},
+                {"name": "nvme", "type": "file", "path": str(tmp_path)},
+                {"name": "redis", "type": "redis", "url": "redis://127.0.0.1:1/0"},
+                {"name": "s3", "type": "s3", "bucket": "b"},
+            ]
+        }
+    )
+    assert lasting_tiers(config) == ["nvme", "redis", "s3"]
+    assert lasting_tiers(parse_config({"tiers": [{"name": "ram", "type": "memory"}]})) == []

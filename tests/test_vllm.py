@@ -10,7 +10,10 @@ worker, and produce exactly the tokens and logprobs of the run without offloadin
 
 from __future__ import annotations
 
+import json
 import random
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -101,14 +104,40 @@ def test_several_engine_blocks_per_kvtier_block(
     assert_served_from_kvtier(result, baseline)
 
 
-def test_scheduler_and_worker_in_separate_processes(
+def namespaces(result: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The namespace each kvtier spec of a run logged: role -> (digest, layout fields)."""
+    found = {}
+    for line in result["log"].splitlines():
+        match = NAMESPACE_LINE.search(line)
+        if match:
+            found[match["role"]] = (match["digest"], json.loads(match["layout"]))
+    return found
+
+
+NAMESPACE_LINE = re.compile(
+    r"kvtier namespace (?P<digest>[0-9a-f]{32}) \((?P<role>scheduler|worker rank \d+)\): "
+    r"(?P<layout>\{.*\})$"
+)
+
+
+def test_scheduler_and_worker_in_separate_processes_agree_on_the_namespace(
     vllm_python: Path, workdir: Path, baseline: dict[str, Any]
 ) -> None:
+    """vLLM's default deployment: the scheduler (which stores objects under its namespace) and
+    the worker are separate processes; both compute the full namespace from what vLLM hands
+    them, and it names the model by its content, not its path."""
     result = run_scenario(
         vllm_python, scenario(workdir, kvtier_extra(workdir), uniproc=False), workdir
     )
     assert_served_from_kvtier(result, baseline)
     assert not list(workdir.glob("kvtier-*.region"))
+    found = namespaces(result)
+    assert set(found) == {"scheduler", "worker rank 0"}
+    assert found["scheduler"] == found["worker rank 0"]
+    _, layout = found["scheduler"]
+    assert (layout["num_kv_heads"], layout["head_size"], layout["num_layers"]) == (2, 32, 2)
+    assert layout["page_size_bytes"] == BLOCK_BYTES and layout["model_dtype"] == "float32"
+    assert layout["model"].startswith("sha256:") and str(workdir) not in json.dumps(layout)
 
 
 def test_canary_a_load_that_copies_nothing_is_caught(
@@ -204,6 +233,97 @@ def test_restart_finds_the_prefix_on_disk(
     assert out["cached_tokens"] == PREFIX  # nothing in this engine's own cache: all from disk
     assert result["metrics"]["kvtier_cached_tokens"] == PREFIX
     assert result["metrics"]["tier_promotions"] == PREFIX // 32
+    expected = baseline["outputs"][2]
+    assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
+
+
+def file_tier(path: Path) -> list[dict[str, Any]]:
+    return [{"name": "nvme", "type": "file", "path": str(path), "min_free": 0, "write": "through"}]
+
+
+def test_the_same_weights_at_another_path_share_their_blocks(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any]
+) -> None:
+    """A model copied to another folder is the same model: the second engine, serving the copy,
+    finds the first engine's prefix on disk."""
+    tiers = file_tier(workdir / "nvme-moved")
+    first, _, again = prompts()
+    run_scenario(
+        vllm_python, scenario(workdir, with_tiers(workdir, tiers), prompts=[first]), workdir
+    )
+    moved = workdir / "model-moved"
+    shutil.copytree(workdir / "model", moved)  # `baseline` wrote it
+    result = run_scenario(
+        vllm_python,
+        scenario(workdir, with_tiers(workdir, tiers), prompts=[again], model_dir=str(moved)),
+        workdir,
+    )
+    (out,) = result["outputs"]
+    assert out["cached_tokens"] == PREFIX and result["metrics"]["tier_promotions"] == PREFIX // 32
+    expected = baseline["outputs"][2]
+    assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
+
+
+def test_new_weights_at_the_same_path_share_nothing(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any]
+) -> None:
+    """Other weights of the same shape written over the model folder (same config, same
+    safetensors header and sizes): the old blocks on disk are another model's, never loaded,
+    and the outputs are those of the new weights without offloading."""
+    tiers = file_tier(workdir / "nvme-rewritten")
+    model = str(workdir / "model-rewritten")
+    first, _, again = prompts()
+    run_scenario(
+        vllm_python,
+        scenario(workdir, with_tiers(workdir, tiers), prompts=[first], model_dir=model),
+        workdir,
+    )
+    new = {"prompts": [again], "model_dir": model, "model_seed": 4321}
+    result = run_scenario(
+        vllm_python, scenario(workdir, with_tiers(workdir, tiers), **new), workdir
+    )
+    alone = run_scenario(vllm_python, scenario(workdir, None, **new), workdir)
+    (out,), (expected,) = result["outputs"], alone["outputs"]
+    assert out["cached_tokens"] == 0 and result["metrics"]["tier_promotions"] == 0
+    assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
+    assert expected["tokens"] != baseline["outputs"][2]["tokens"]  # the weights did change
+
+
+def test_unstable_block_hashes_with_a_file_tier_stop_the_engine_at_start(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any]
+) -> None:
+    """xxhash block hashes are seeded randomly per process: a restart would find nothing of
+    what the file tier holds. Refused at start; with PYTHONHASHSEED, a restart finds it."""
+    tiers = file_tier(workdir / "nvme-xxhash")
+    first, _, again = prompts()
+    xxhash = {"prefix_caching_hash_algo": "xxhash"}
+    with pytest.raises(RuntimeError, match="vLLM run failed") as info:
+        run_scenario(
+            vllm_python,
+            scenario(
+                workdir,
+                with_tiers(workdir, tiers),
+                prompts=[first],
+                env={"PYTHONHASHSEED": None},
+                **xxhash,
+            ),
+            workdir,
+        )
+    assert "tiers nvme keep blocks across processes" in str(info.value)
+    assert "PYTHONHASHSEED" in str(info.value)
+    seeded = {"env": {"PYTHONHASHSEED": "7"}, **xxhash}
+    run_scenario(
+        vllm_python,
+        scenario(workdir, with_tiers(workdir, tiers), prompts=[first], **seeded),
+        workdir,
+    )
+    result = run_scenario(
+        vllm_python,
+        scenario(workdir, with_tiers(workdir, tiers), prompts=[again], **seeded),
+        workdir,
+    )
+    (out,) = result["outputs"]
+    assert out["cached_tokens"] == PREFIX and result["metrics"]["tier_promotions"] == PREFIX // 32
     expected = baseline["outputs"][2]
     assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
 

@@ -131,15 +131,24 @@ def key_from_path(path: str) -> BlockKey:
 class Layout:
     """The layout facts that make KV bytes interchangeable; their digest is the namespace.
 
-    Two engines may share a block only when every field is equal. Add a field only together
-    with a `FORMAT_VERSION` bump: the digest covers field names, so a new field alone already
-    changes every namespace.
+    Two engines may share a block only when every field is equal. The model is named by what it
+    is, never by where it lies (`connectors.identity.model_identity`): the same weights served
+    from two paths share their blocks, and new weights written over a path share none of the old
+    ones. The digest covers the field names, so adding, removing or renaming a field changes every
+    namespace by itself: blocks stored under the old definition become foreign (a miss, never a
+    misread). `FORMAT_VERSION` changes with the object format and the KV byte layout.
     """
 
     model: str
-    """Model identity as the engine names it: a hub repository id or a local path."""
-    revision: str
-    """Model revision (a commit hash or tag); empty when the engine does not know one."""
+    """Model identity, independent of its path: `hf:<repo>@<commit>` for a Hugging Face hub
+    snapshot, `sha256:<hex>` over a sample of a local model's files (configuration, safetensors
+    headers, sizes and weight bytes), or `name:<model>@<revision>` when nothing is local."""
+    model_dtype: str
+    """The dtype the model computes in (`float32`, `bfloat16`); with a quantized KV cache, KV
+    from a model computing in another dtype differs. A `torch.` prefix is dropped."""
+    model_options: str
+    """Engine settings that change the model's KV for given weights, as canonical JSON
+    (quantization method, `hf_overrides`, a speculative decoder's draft model identity)."""
     dtype: str
     """KV-cache dtype as vLLM names it (`bfloat16`, `fp8_e4m3`); a `torch.` prefix is dropped."""
     kv_layout: str
@@ -169,13 +178,14 @@ class Layout:
                     raise ConfigError(
                         f"layout.{field.name}: expected a string, got {type(value).__name__}"
                     )
-                if not value and field.name != "revision":
+                if not value:
                     raise ConfigError(f"layout.{field.name}: must not be empty")
             elif isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(
                     f"layout.{field.name}: expected a positive integer, got {value!r}"
                 )
         object.__setattr__(self, "dtype", self.dtype.removeprefix("torch."))
+        object.__setattr__(self, "model_dtype", self.model_dtype.removeprefix("torch."))
 
     def canonical_json(self) -> bytes:
         """The canonical encoding the digest is computed from (sorted keys, no spaces, ASCII)."""

@@ -10,15 +10,26 @@ vLLM builds the spec from `kv_connector_extra_config` in the scheduler and in ev
 The scheduler gets a `KvtierManager` over a `PrimaryPool`; each worker a `KvtierWorker` over a
 copy engine (CUDA on GPUs, CPU on vLLM's CPU platform). Both map the same primary region,
 named after vLLM's engine id, so blocks never cross a pipe.
+
+Every role computes the namespace (`connectors.startup.namespace_layout`) from the engine's
+configuration and logs it, one line an operator can compare between processes and engines:
+`kvtier namespace <digest> (scheduler|worker rank N): <layout as JSON>`. kvtier's log records go
+to vLLM's log handler.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from typing import Any
 
 import vllm
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+)
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     OffloadingManager,
@@ -31,6 +42,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from connectors.startup import (
     check_block_hashing,
     check_vllm_version,
+    lasting_tiers,
     namespace_layout,
     read_config,
 )
@@ -67,13 +79,13 @@ class TieredOffloadingSpec(OffloadingSpec):
             )
         self.replicated_layout = config.replicated_layout
         self.kvtier = read_config(self.extra_config)
-        vllm_config = _current_vllm_config()
-        hash_algo = (
-            "sha256"
-            if vllm_config is None
-            else str(vllm_config.cache_config.prefix_caching_hash_algo)
+        _join_vllm_logging()
+        vllm_config, self.role = _engine_config()
+        check_block_hashing(
+            str(vllm_config.cache_config.prefix_caching_hash_algo),
+            os.environ.get("PYTHONHASHSEED"),
+            lasting_tiers(self.kvtier),
         )
-        check_block_hashing(hash_algo, os.environ.get("PYTHONHASHSEED"), lasting_tiers=[])
 
         shard_bytes = config.worker_kv_bytes_per_block * self.blocks_per_chunk
         workers = 1 if self.replicated_layout else config.parallel.world_size
@@ -95,11 +107,16 @@ class TieredOffloadingSpec(OffloadingSpec):
         self.region_layout = RegionLayout(num_slots, shard_bytes, workers)
         self.namespace = namespace_layout(config, vllm_config, self.blocks_per_chunk)
         log.info(
-            "kvtier: %d primary slots of %d bytes (%s eviction), namespace %s",
+            "kvtier: %d primary slots of %d bytes (%s eviction)",
             num_slots,
             stride,
             self.kvtier.primary.eviction,
+        )
+        log.info(
+            "kvtier namespace %s (%s): %s",
             self.namespace.namespace_hex(),
+            self.role,
+            self.namespace.canonical_json().decode(),
         )
 
     def _region(self) -> PrimaryRegion:
@@ -146,7 +163,46 @@ class TieredOffloadingSpec(OffloadingSpec):
         return KvtierWorker(engine, region)
 
 
-def _current_vllm_config() -> Any:
-    from vllm.config import get_current_vllm_config_or_none
+def _engine_config() -> tuple[VllmConfig, str]:
+    """The `VllmConfig` of the connector that is building this spec, and its role (`scheduler`
+    or `worker rank N`).
 
-    return get_current_vllm_config_or_none()
+    vLLM 0.32 hands a spec only its `OffloadingConfig`, which lacks what the namespace and the
+    hash check need (model revision and settings, KV heads, head size, the block-hash
+    algorithm). The `OffloadingConnector` that calls `create_spec` holds the engine's
+    `VllmConfig` (`KVConnectorBase_V1.__init__` has set it before), in both roles; no global
+    holds it in the scheduler (`get_current_vllm_config_or_none()` is None there). So it is
+    taken from the calling connector, and a spec built any other way is refused rather than
+    given a namespace that would differ from the workers'.
+    """
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, KVConnectorBase_V1):
+                vllm_config = owner._vllm_config
+                if owner.role == KVConnectorRole.SCHEDULER:
+                    return vllm_config, "scheduler"
+                return vllm_config, f"worker rank {vllm_config.parallel_config.rank}"
+            frame = frame.f_back
+    finally:
+        del frame
+    raise ConfigError(
+        "TieredOffloadingSpec must be built by vLLM's OffloadingConnector (kv_connector "
+        "'OffloadingConnector'): it takes the engine's configuration from it"
+    )
+
+
+def _join_vllm_logging() -> None:
+    """kvtier's records go where vLLM's go (its handlers and level), unless the application
+    configured kvtier's loggers itself: vLLM configures only its own logger tree, and the
+    namespace, tier and breaker messages would otherwise be dropped."""
+    engine = logging.getLogger("vllm")
+    for name in ("connectors", "tiering", "tiers"):
+        logger = logging.getLogger(name)
+        if logger.handlers or not engine.handlers:
+            continue
+        for handler in engine.handlers:
+            logger.addHandler(handler)
+        logger.setLevel(engine.level)
+        logger.propagate = False
