@@ -430,3 +430,22 @@ def test_every_tier_gets_the_secret(tmp_path: Path) -> None:
     finally:
         for _, tier in built:
             asyncio.run(tier.close())
+
+
+@pytest.mark.parametrize(
+    "tier",
+    [
+        '{name: r, type: redis, url: ["redis://:hunter2-secret@h/0"]}',
+        "{name: r, type: redis, password: 12345678901}",
+        "{name: r, type: s3, bucket: b, secret_key: [hunter2-secret]}",
+        "{name: r, type: s3, bucket: b, access_key: {a: hunter2-secret}}",
+    ],
+)
+def test_errors_about_a_secret_option_do_not_quote_it(tmp_path: Path, tier: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"tiers:\n  - {tier}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "hunter2-secret" not in message and "12345678901" not in message
+    assert "tiers[0]." in message and "***" in message

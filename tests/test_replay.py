@@ -214,3 +214,36 @@ class TestCommandLine:
             cwd=ROOT,
         )
         assert json.loads(out.stdout)["results"][0]["hit_rate"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"input_length": ' + "9" * 5000 + ', "hash_ids": []}', "not a trace line"),
+        ("[" * 100_000 + "]" * 100_000, "not a trace line"),
+    ],
+    ids=["an integer of 5,000 digits", "100,000 levels of nesting"],
+)
+def test_lines_json_cannot_hold_are_one_line_errors(
+    tmp_path: Path, line: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(TraceError, match=f"t.jsonl:1: {message}"):
+        load_trace(path)
+    assert main(["replay", str(path), "--capacity", "10"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_reading_a_trace_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device with no end and a gzip bomb are refused once past the bound, not read whole."""
+    import tiering.replay
+
+    monkeypatch.setattr(tiering.replay, "MAX_TRACE_BYTES", 1 << 20)
+    with pytest.raises(TraceError, match="larger than 1 MiB"):
+        load_trace("/dev/zero")
+    bomb = tmp_path / "bomb.jsonl.gz"
+    bomb.write_bytes(gzip.compress(bytes(64 << 20)))
+    with pytest.raises(TraceError, match="larger than 1 MiB"):
+        load_trace(bomb)

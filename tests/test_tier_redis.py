@@ -564,3 +564,33 @@ def test_an_empty_value_is_refused_and_deleted_a_missing_key_is_a_plain_miss(
             assert await tier.contains([key(1)]) == [False]  # refused objects are deleted
 
     asyncio.run(body())
+
+
+def test_foreign_names_in_a_shared_redis_are_skipped_and_counted(
+    redis_server: RedisServer, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Anyone who can write to a shared Redis can add a name under kvtier's prefix that no
+    kvtier wrote (not hex, not UTF-8): listings skip and count it, and `kvtier ls` and
+    `kvtier verify` go on to the real blocks instead of aborting."""
+    from tiering.cli import main
+
+    flush(redis_server.port)
+    prefix = f"kvtier:{NAMESPACE.hex()}:".encode()
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    client.set(prefix + b"zz-not-hex", b"x")
+    client.set(prefix + b"\xff\xfe", b"x")
+    client.close()
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url) as tier:
+            await tier.put(key(1), payload(4096, 1))
+            assert [k async for k in tier.keys()] == [key(1)]
+            assert tier.counters["foreign_names"] == 2
+
+    asyncio.run(body())
+    config = tmp_path / "c.yaml"
+    config.write_text(f"tiers:\n  - {{name: r, type: redis, url: '{redis_server.url}'}}\n")
+    assert main(["ls", "--config", str(config), "--tier", "r", "--json"]) == 0
+    assert main(["verify", "--config", str(config), "--tier", "r"]) == 0
+    out = capsys.readouterr().out
+    assert key(1).hex() in out and "1 ok" in out

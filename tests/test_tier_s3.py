@@ -5,6 +5,7 @@ ranged reads of packs, restarts, and a server that stops in the middle of a run.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
@@ -140,8 +141,8 @@ def test_crafted_packs_are_ignored_and_counted(s3_server: SeaweedS3) -> None:
             "huge-index": pack(b"{}", length=0xFFFFFFFF),
             "not-json": pack(b"{not json"),
             "bad-key": pack(b'{"zz":[0,10]}'),
-            "past-the-end": pack(('{"%s":[0,1000000]}' % key(9).hex()).encode()),
-            "not-a-list": pack(('{"%s":"0-10"}' % key(9).hex()).encode()),
+            "past-the-end": pack(json.dumps({key(9).hex(): [0, 1_000_000]}).encode()),
+            "not-a-list": pack(json.dumps({key(9).hex(): "0-10"}).encode()),
         }
         for name, blob in planted.items():
             client.put_object(Bucket=s3_server.bucket, Key=base + name, Body=blob)

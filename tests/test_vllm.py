@@ -10,17 +10,23 @@ worker, and produce exactly the tokens and logprobs of the run without offloadin
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import lz4.frame
 import pytest
 
 from connectors.venv import ensure_vllm_venv
 from connectors.vllm_run import run_scenario
+from tiering.format import decode_header
+from tiering.keys import BlockKey, key_from_hex
+from tiering.testing import craft
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -237,8 +243,9 @@ def test_restart_finds_the_prefix_on_disk(
     assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
 
 
-def file_tier(path: Path) -> list[dict[str, Any]]:
-    return [{"name": "nvme", "type": "file", "path": str(path), "min_free": 0, "write": "through"}]
+def file_tier(path: Path, direct: bool | None = None) -> list[dict[str, Any]]:
+    tier = {"name": "nvme", "type": "file", "path": str(path), "min_free": 0, "write": "through"}
+    return [tier if direct is None else {**tier, "direct": direct}]
 
 
 def test_the_same_weights_at_another_path_share_their_blocks(
@@ -349,3 +356,124 @@ def test_two_engines_share_a_prefix_through_redis(
     assert out["cached_tokens"] == PREFIX and result["metrics"]["tier_promotions"] == PREFIX // 32
     expected = baseline["outputs"][2]
     assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
+
+
+# -- no corrupt or foreign block is ever served -------------------------------------------------
+#
+# Between two engine runs, every object the first run left in its file tier is replaced by what
+# an attacker or a failing disk leaves: a self-consistent header over an empty payload (the hole
+# that once served stale slot bytes as a hit), a flipped payload bit, a compression bomb, long
+# and short objects, another block's object, and, with authenticated objects, a block with
+# valid checksums written by someone without the deployment's secret. The second engine finds
+# each on disk (when its tier scans the directory, or when a promotion reads it) and must refuse
+# each: its tokens and logprobs equal vLLM's alone, with nothing loaded from the tier.
+
+SECRET_VARIABLE = "KVTIER_TEST_OBJECT_SECRET"
+CASES = ("empty", "flipped bit", "lz4 bomb", "long", "short", "key of another block")
+
+
+def parts(path: Path, blob: bytes) -> tuple[BlockKey, bytes, Any]:
+    """The key, namespace and header of the object `blob` read from `path`."""
+    key = key_from_hex(path.name.removesuffix(".kv"))
+    namespace = bytes.fromhex(path.parent.parent.parent.name)
+    return key, namespace, decode_header(blob, key, namespace)
+
+
+def plant(path: Path, blob: bytes, case: str, donor_blob: bytes, donor: Path) -> None:
+    """Replace the object `blob` at `path` by the crafted object `case` (`donor_blob`: the
+    object of another block, at `donor`)."""
+    key, namespace, header = parts(path, blob)
+    size = header.raw_length
+    payload = blob[header.payload_offset : header.object_length]
+    if case == "empty":  # raw, stored 0, raw = block size, the checksum of nothing
+        crafted = craft(key, b"", namespace=namespace, raw=size, align=4096)
+    elif case == "flipped bit":
+        damaged = bytearray(blob)
+        damaged[header.payload_offset + 1234] ^= 0x10
+        crafted = bytes(damaged)
+    elif case == "lz4 bomb":
+        bomb = lz4.frame.compress(bytes(64 * size))
+        crafted = craft(key, bomb, namespace=namespace, codec="lz4", raw=size, align=4096)
+    elif case == "long":
+        crafted = blob + bytes(8192)
+    elif case == "short":
+        crafted = blob[: header.payload_offset + size // 2]
+    elif case == "key of another block":
+        crafted = donor_blob
+    elif case == "another block, valid checksums":
+        _, _, donor_header = parts(donor, donor_blob)
+        other = donor_blob[donor_header.payload_offset : donor_header.object_length]
+        assert other != payload
+        crafted = craft(key, other, namespace=namespace, align=4096)
+    else:
+        raise AssertionError(case)
+    path.write_bytes(crafted)
+
+
+def run_two_engines(
+    vllm_python: Path,
+    workdir: Path,
+    name: str,
+    cases: Sequence[str],
+    extra_config: dict[str, Any],
+    direct: bool | None = None,
+) -> dict[str, Any]:
+    """A first engine stores the prefix in a file tier; each object it left is replaced by a
+    crafted one (`cases` in turn); a second engine serves the prompt again. Its output."""
+    path = workdir / f"nvme-trust-{name}"
+    first, _, again = prompts()
+    config = with_tiers(workdir, file_tier(path, direct))
+    config["kvtier"].update(extra_config)
+    run_scenario(vllm_python, scenario(workdir, config, prompts=[first]), workdir)
+    files = sorted(path.rglob("*.kv"))
+    assert len(files) >= PREFIX // 32
+    originals = {f: f.read_bytes() for f in files}
+    for i, f in enumerate(files):  # every block the first run left
+        donor = files[(i + 1) % len(files)]
+        case = cases[i % len(cases)]
+        plant(f, originals[f], case, donor_blob=originals[donor], donor=donor)
+    result = run_scenario(vllm_python, scenario(workdir, config, prompts=[again]), workdir)
+    (out,) = result["outputs"]
+    return {**out, "metrics": result["metrics"]}
+
+
+@pytest.mark.parametrize(
+    ("cases", "direct"),
+    [(("empty",), False), (CASES, None)],
+    ids=["empty payloads, buffered I/O", "every kind, O_DIRECT where it can"],
+)
+def test_crafted_and_corrupt_objects_on_disk_are_never_served(
+    vllm_python: Path,
+    workdir: Path,
+    baseline: dict[str, Any],
+    cases: tuple[str, ...],
+    direct: bool | None,
+) -> None:
+    """Every block the first engine left on disk replaced by a crafted object: an empty
+    payload under a self-consistent header (through buffered reads, where it once came back
+    as a hit with the slot's stale bytes), then each kind in turn, those the second engine's
+    file tier refuses when it scans its directory (empty, long, short, another block's key)
+    and those refused when a promotion reads them (a flipped bit, a compression bomb)."""
+    name = "crafted-" + ("buffered" if direct is False else "direct")
+    out = run_two_engines(vllm_python, workdir, name, cases, {}, direct=direct)
+    expected = baseline["outputs"][2]
+    assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
+    assert out["cached_tokens"] == 0 and out["metrics"]["tier_promotions"] == 0
+
+
+def test_with_a_secret_a_strangers_block_is_never_served(
+    vllm_python: Path, workdir: Path, baseline: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Someone who can write to the tier but has no secret plants another block's payload
+    under a prefix block's key, with valid checksums. Without authenticated objects this is
+    served (the canary half: it shows the planted object changes the output), with them it is
+    a miss and the output is vLLM's own."""
+    expected = baseline["outputs"][2]
+    stranger = ("another block, valid checksums",)
+    served = run_two_engines(vllm_python, workdir, "no-secret", stranger, {})
+    assert (served["tokens"], served["logprobs"]) != (expected["tokens"], expected["logprobs"])
+    monkeypatch.setenv(SECRET_VARIABLE, hashlib.sha256(b"kvtier e2e").hexdigest())
+    auth = {"auth": {"secret": "${" + SECRET_VARIABLE + "}"}}
+    out = run_two_engines(vllm_python, workdir, "secret", stranger, auth)
+    assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])
+    assert out["cached_tokens"] == 0 and out["metrics"]["tier_promotions"] == 0

@@ -47,6 +47,7 @@ import yaml
 from tiering import safeyaml
 from tiering.errors import ConfigError
 from tiering.policies import get_policy_class
+from tiering.secrets import redact_text, secrets_in
 
 __all__ = [
     "MAX_SECONDS",
@@ -632,7 +633,10 @@ def _tier_options(type_name: str, options: dict[Any, Any], where: str) -> dict[s
                 f"{where}.{key}: unknown option of a {type_name} tier; expected one of "
                 f"{', '.join(sorted(set(fields) | _TIER_KEYS))}"
             )
-        read[key] = fields[key][0].read(value, f"{where}.{key}")
+        try:
+            read[key] = fields[key][0].read(value, f"{where}.{key}")
+        except ConfigError as e:  # the message quotes the value: never a password or key
+            raise ConfigError(redact_text(str(e), secrets_in(value, str(key)))) from None
     return read
 
 

@@ -44,6 +44,8 @@ __all__ = [
     "trace_keys",
 ]
 
+MAX_TRACE_BYTES = 1 << 30
+"""The largest trace read (uncompressed): the shipped one is 3 MiB."""
 BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry in the Mooncake traces."""
 
@@ -114,14 +116,18 @@ def load_trace(path: str | Path) -> Trace:
     naming the file and the line number."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_TRACE_BYTES + 1)  # a device (/dev/zero) has no end
     except OSError as e:
         raise TraceError(f"{path}: cannot read trace: {e.strerror or e}") from e
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as unpacked:
+                raw = unpacked.read(MAX_TRACE_BYTES + 1)  # a gzip bomb stops here
         except (OSError, EOFError) as e:
             raise TraceError(f"{path}: not a readable gzip file: {e}") from e
+    if len(raw) > MAX_TRACE_BYTES:
+        raise TraceError(f"{path}: larger than {MAX_TRACE_BYTES >> 20} MiB (uncompressed)")
     requests = []
     for lineno, line in enumerate(io.StringIO(raw.decode("utf-8", errors="replace")), 1):
         if line.strip():
@@ -137,6 +143,8 @@ def _parse_line(line: str, path: Path, lineno: int) -> TraceRequest:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise TraceError(f"{where}: not valid JSON: {e.msg} at column {e.colno}") from None
+    except (ValueError, RecursionError) as e:  # an integer of thousands of digits; deep nesting
+        raise TraceError(f"{where}: not a trace line: {str(e)[:80]}") from None
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     for name in ("input_length", "hash_ids"):
@@ -144,7 +152,9 @@ def _parse_line(line: str, path: Path, lineno: int) -> TraceRequest:
             raise TraceError(f"{where}: missing field {name!r}")
     length = obj["input_length"]
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise TraceError(f"{where}: input_length must be a non-negative integer, got {length!r}")
+        raise TraceError(
+            f"{where}: input_length must be a non-negative integer, got {repr(length)[:40]}"
+        )
     ids = obj["hash_ids"]
     if not isinstance(ids, list) or not all(
         isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids

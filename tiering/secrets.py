@@ -21,6 +21,7 @@ __all__ = [
     "redact_data",
     "redact_text",
     "redact_url",
+    "secrets_in",
     "url_secrets",
 ]
 
@@ -75,23 +76,33 @@ def url_secrets(url: str) -> list[str]:
     return [s for s in found if s]
 
 
+def secrets_in(data: Any, name: str = "") -> list[str]:
+    """The secrets plain data holds (as text): the value of every option named like a secret
+    (`name` for `data` itself), and every credential in a string (a URL's password)."""
+    found: list[str] = []
+
+    def collect(value: Any, name: str, secret: bool) -> None:
+        secret = secret or is_secret_name(name)  # all of a secret option's value is secret
+        if isinstance(value, dict):
+            for k, v in value.items():
+                collect(v, str(k), secret)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                collect(v, name, secret)
+        elif value is not None and secret:
+            found.append(str(value))
+        elif isinstance(value, str):
+            found.extend(url_secrets(value))
+
+    collect(data, name, False)
+    return found
+
+
 def redact_data(data: Any) -> Any:
     """Plain data (a config as dicts, lists and scalars) with its secrets masked: the value of
     every option named like a secret, and every credential in a string (a URL's password, or
     any secret of the first kind quoted elsewhere)."""
-    found: list[str] = []
-
-    def collect(value: Any, name: str) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                collect(v, str(k))
-        elif isinstance(value, list | tuple):
-            for v in value:
-                collect(v, name)
-        elif value is not None and is_secret_name(name):
-            found.append(str(value))
-        elif isinstance(value, str):
-            found.extend(url_secrets(value))
+    found = secrets_in(data)
 
     def mask(value: Any, name: str) -> Any:
         if isinstance(value, dict):
@@ -104,5 +115,4 @@ def redact_data(data: Any) -> Any:
             return redact_text(value, found)
         return value
 
-    collect(data, "")
     return mask(data, "")

@@ -39,7 +39,14 @@ from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol, TypeVar, cast, runtime_checkable
 
-from tiering.errors import ConfigError, CorruptObject, StateError, TierError, TierTimeout
+from tiering.errors import (
+    ConfigError,
+    CorruptObject,
+    KeyFormatError,
+    StateError,
+    TierError,
+    TierTimeout,
+)
 from tiering.format import (
     CHECKSUMS,
     CODECS,
@@ -237,6 +244,16 @@ class Tier(ABC):
     def header_room(self) -> int:
         """Bytes a stored object of this tier may take before its payload."""
         return max(HEADER_ROOM, self.align)
+
+    def listed_key(self, name: bytes | str) -> BlockKey | None:
+        """The key a stored name gives (a key's hex form, as kvtier writes names), or None,
+        counted under `foreign_names`, for a name no kvtier wrote: anyone who can write to a
+        shared store may put anything there, and one odd name must not stop a listing."""
+        try:
+            return key_from_hex(name.decode() if isinstance(name, bytes) else name)
+        except (KeyFormatError, UnicodeDecodeError):
+            self.counters["foreign_names"] += 1
+            return None
 
     def object_limit(self, block_bytes: int) -> int:
         """The largest stored object this tier can hold for a block of `block_bytes`: a header

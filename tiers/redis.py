@@ -27,7 +27,7 @@ from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 from tiering.config import parse_duration
 from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
 from tiering.format import Corrupt
-from tiering.keys import BlockKey, key_from_hex
+from tiering.keys import BlockKey
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
 from tiers.resp import RespConnection, RespError, RespPool, command, set_command
@@ -226,7 +226,9 @@ class RedisTier(Tier):
     async def _list(self) -> AsyncIterator[BlockKey]:
         with self._errors("SCAN"):
             async for name in self._client.scan_iter(match=self._prefix + b"*", count=1000):
-                yield key_from_hex(name[len(self._prefix) :].decode())
+                key = self.listed_key(name[len(self._prefix) :])
+                if key is not None:
+                    yield key
 
     async def _namespaces(self) -> list[bytes]:
         found: set[bytes] = set()

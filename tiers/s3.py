@@ -252,11 +252,7 @@ class S3Tier(Tier):
         (skipped and counted: anyone with write access may put anything in a bucket)."""
         if "/packs/" in name:
             return None
-        try:
-            return key_from_hex(name.rsplit("/", 1)[-1])
-        except KeyFormatError:
-            self.counters["foreign_names"] += 1
-            return None
+        return self.listed_key(name.rsplit("/", 1)[-1])
 
     async def _namespaces(self) -> list[bytes]:
         found = set()

@@ -28,7 +28,6 @@ from tiering.tier import Tier, as_key
 
 __all__ = ["add_parsers"]
 
-SECRET_WORDS = ("password", "secret", "token", "access_key", "credential")
 PLACEHOLDER = bytes(16)
 
 
