@@ -98,3 +98,30 @@ def test_tier_benchmark_compares_kernel_aio_with_the_thread_pool(tmp_path: Path)
     assert {tier for tier, _, _ in seen} == {"file/segments", "file/segments/threads"}
     assert all(row["put_ratio"] > 0 and row["get_ratio"] > 0 for row in rows)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_authenticated_objects_benchmark_runs(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "auth.py"),
+            "--tiers",
+            "memory,file",
+            "--sizes",
+            "64KiB",
+            "--megabytes",
+            "2",
+            "--repeat",
+            "1",
+            "--dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = json.loads(out.stdout)
+    assert [row["tier"] for row in rows] == ["memory", "file (segments)"]
+    assert all(row["put_ratio"] > 0 and row["get_ratio"] > 0 for row in rows)
+    assert list(tmp_path.iterdir()) == []  # its scratch directory is gone
