@@ -55,6 +55,32 @@ def test_a_cancelled_run_to_end_returns_after_its_call() -> None:
     asyncio.run(body())
 
 
+def test_run_to_end_waits_through_a_second_deadline() -> None:
+    """Two deadlines, one inside the other (a job's and a tier call's): the second
+    cancellation arrives while run_to_end waits for the thread, which still writes into the
+    caller's buffer (a primary slot the manager would hand to another block at once)."""
+    buffer = bytearray(4)
+
+    def slow_read() -> None:
+        time.sleep(0.3)
+        buffer[:] = b"late"
+
+    async def body() -> None:
+        threads = IOThreads(1, "t")
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.02):  # the job's deadline
+                async with asyncio.timeout(0.1):  # the tier call's, which comes later
+                    await threads.run_to_end(slow_read)
+        assert time.monotonic() - start >= 0.29
+        assert buffer == b"late"  # written before the caller learnt of its timeout
+        task = asyncio.current_task()
+        assert task is not None and task.cancelling() == 0  # no stray cancellation left
+        threads.shutdown()
+
+    asyncio.run(body())
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_a_forked_child_starts_its_own_workers() -> None:
     threads = IOThreads(1, "t")

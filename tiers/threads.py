@@ -49,7 +49,10 @@ class IOThreads:
 
     async def run_to_end(self, function: Callable[..., T], *args: Any) -> T:
         """Like `run`, but a cancelled caller returns only once the call has ended (it may be
-        using the caller's buffers); cheaper than `asyncio.shield` (no second future)."""
+        using the caller's buffers: a primary slot handed to another block meanwhile would be
+        overwritten); cheaper than `asyncio.shield` (no second future). Further cancellations
+        while it waits (a second deadline around the first) are absorbed: the caller's
+        cancellation is raised once the call has ended."""
         future = self.submit(function, *args)
         self._watched[future] = None
         try:
@@ -58,7 +61,11 @@ class IOThreads:
             if future.cancelled() and future in self._watched:  # the call still runs
                 waiter = future.get_loop().create_future()
                 self._watched[future] = waiter
-                await asyncio.wait([waiter])
+                while not waiter.done():
+                    try:
+                        await asyncio.wait([waiter])
+                    except asyncio.CancelledError:
+                        continue  # cancelled again: the thread still holds the buffers
             raise
         finally:
             self._watched.pop(future, None)
