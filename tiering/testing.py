@@ -376,6 +376,12 @@ class TierConformance:
             # the hole that served stale slot bytes as a hit: raw, stored 0, raw = block size
             "empty": ("length", craft(k, b"", raw=size, align=align)),
             "short": ("truncated", craft(k, data[: size // 2], stored=size, align=align)),
+            # cut at its payload offset, with the checksum of the caller's (zeroed) buffer:
+            # once taken for "header read, payload placed", the untouched buffer served
+            "header only": (
+                "truncated",
+                craft(k, b"", stored=size, raw=size, checksum_of=bytes(size), align=align),
+            ),
             "long": ("length", good + b"\0" * 4096),
             "huge claimed length": (
                 "length",
@@ -408,6 +414,7 @@ class TierConformance:
         [
             "empty",
             "short",
+            "header only",
             "long",
             "huge claimed length",
             "claimed block larger than any",

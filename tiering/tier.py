@@ -109,16 +109,19 @@ class ReadsInto(Protocol):
     without an intermediate copy.
 
     The implementation must: return None when there is no object; raise `Corrupt("length")`
-    for an object larger than `limit` without reading it; place the payload into `payload`
-    only when the object is laid out as a header followed by exactly `len(payload)` bytes (its
-    real size is the header's payload offset plus `len(payload)`, and the unverified header,
-    `tiering.format.peek_lengths`, says a stored length of `len(payload)`), and then return
-    exactly the first payload-offset bytes (the header); otherwise return the whole object
-    (at most `limit` bytes) and leave `payload` to the caller, who verifies and copies it. The
-    caller verifies everything else (header, lengths, checksum, MAC) and treats `payload` as
-    garbage unless it accepts the object."""
+    for an object larger than `limit` without reading it; otherwise return `(data, placed)`:
+    `placed` only when it read the payload into `payload`, which it may do only when the
+    object is laid out as a header followed by exactly `len(payload)` bytes (its real size is
+    the header's payload offset plus `len(payload)`, and the unverified header,
+    `tiering.format.peek_lengths`, says a stored length of `len(payload)`), `data` then being
+    exactly the first payload-offset bytes (the header); else `data` is the whole object (at
+    most `limit` bytes). The flag is what tells the two apart: an object cut at its payload
+    offset is as long as a header. The caller verifies everything else (header, lengths,
+    checksum, MAC) and treats `payload` as garbage unless it accepts the object."""
 
-    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> bytes | None: ...
+    async def _read_into(
+        self, key: BlockKey, payload: memoryview, limit: int
+    ) -> tuple[Buffer, bool] | None: ...
 
 
 def as_key(key: KeyLike) -> BlockKey:
@@ -285,15 +288,20 @@ class Tier(ABC):
             return False
         return await self._accept(block, blob, view)
 
-    async def _accept_into(self, block: BlockKey, raw: Buffer | None, view: memoryview) -> bool:
+    async def _accept_into(
+        self, block: BlockKey, got: tuple[Buffer, bool] | None, view: memoryview
+    ) -> bool:
         """Verify what a `_read_into` returned: a header with its payload already in `view`, or
         the whole object when the backend did not place the payload (`ReadsInto`)."""
-        if raw is None:
+        if got is None:
             return self._miss()
+        data, placed = got
+        if not placed:
+            return await self._accept(block, data, view)
         try:
-            header = decode_header(raw, block, self.namespace)
-            if len(raw) != header.payload_offset:  # the whole object: its payload was not placed
-                return await self._accept(block, raw, view)
+            header = decode_header(data, block, self.namespace)
+            if header.payload_offset != len(data):
+                raise Corrupt("length", "the payload was read from another offset than its own")
             if header.codec != "raw":
                 raise Corrupt("codec", f"expected a raw object, found {header.codec}")
             check_object(header, header.payload_offset + len(view), len(view))

@@ -200,11 +200,13 @@ class FileTier(Tier):
             self._touch(key)
         return blob
 
-    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> bytes | None:
-        header = await self._run(self._read_file_into, self._path(key), payload, limit)
-        if header is not None:
+    async def _read_into(
+        self, key: BlockKey, payload: memoryview, limit: int
+    ) -> tuple[Buffer, bool] | None:
+        got = await self._run(self._read_file_into, self._path(key), payload, limit)
+        if got is not None:
             self._touch(key)
-        return header
+        return got
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
         return await self._run(self._read_file_head, self._path(key), n)
@@ -280,8 +282,9 @@ class FileTier(Tier):
         answers: list[Any],
         touch: Callable[[int], None],
     ) -> list[bool | BaseException]:
-        """Each batch read's answer (a header, None, or an error) verified, counted and
-        refused where corrupt, as a single read's; `touch(i)` for each block found."""
+        """Each batch read's answer (what `_read_into` returns, or an error) verified,
+        counted and refused where corrupt, as a single read's; `touch(i)` for each block
+        found."""
         results: list[bool | BaseException] = []
         for i, (block, view, answer) in enumerate(zip(blocks, views, answers, strict=True)):
             if isinstance(answer, Corrupt):
@@ -458,7 +461,9 @@ class FileTier(Tier):
         finally:
             os.close(fd)
 
-    def _read_file_into(self, path: Path, payload: memoryview, limit: int) -> bytes | None:
+    def _read_file_into(
+        self, path: Path, payload: memoryview, limit: int
+    ) -> tuple[Buffer, bool] | None:
         """The header, the payload read straight into `payload` (buffered I/O) or through an
         aligned buffer (O_DIRECT), when the file is laid out as a header and exactly that
         payload; otherwise the whole file (`ReadsInto`)."""
@@ -473,16 +478,18 @@ class FileTier(Tier):
             offset = _placed_at(header, size, len(payload))
             if offset is None or offset > len(header):
                 data = os.pread(fd, size, 0)
-                return data[: _object_size(data, size)]
+                return data[: _object_size(data, size)], False
             if os.preadv(fd, [payload], offset) != len(payload):
                 raise Corrupt("truncated", f"{path} is shorter than its header says")
-            return header[:offset]
+            return header[:offset], True
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
         finally:
             os.close(fd)
 
-    def _read_direct_into(self, path: Path, payload: memoryview, limit: int) -> bytes | None:
+    def _read_direct_into(
+        self, path: Path, payload: memoryview, limit: int
+    ) -> tuple[Buffer, bool] | None:
         fd = self._open_for_read(path, True)
         if fd is None:
             return None
@@ -495,14 +502,14 @@ class FileTier(Tier):
                 if n < size:
                     raise Corrupt("truncated", f"{path} is shorter than its header says")
                 if _placed_at(header, size, len(payload)) == BLOCK:
-                    return bytes(header)
+                    return bytes(header), True
             buffer = self._aligned(max(-(-size // BLOCK) * BLOCK, BLOCK))
             n = min(os.preadv(fd, [buffer], 0), size)
             offset = _placed_at(buffer[:n], size, len(payload))
             if offset is None or n < size:  # the whole object (short, if the file is)
-                return bytes(buffer[: min(n, _object_size(buffer[:n], size))])
+                return bytes(buffer[: min(n, _object_size(buffer[:n], size))]), False
             payload[:] = buffer[offset : offset + len(payload)]
-            return bytes(buffer[:offset])
+            return bytes(buffer[:offset]), True
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
         finally:

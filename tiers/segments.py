@@ -312,23 +312,25 @@ class SegmentFileTier(FileTier):
             self._touch_segment(where.segment)
         return blob
 
-    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> bytes | None:
+    async def _read_into(
+        self, key: BlockKey, payload: memoryview, limit: int
+    ) -> tuple[Buffer, bool] | None:
         where = self._placed(key, limit)
         if where is None:
             return None
         if self._laid_out(where, payload):
             done = await self._by_aio(PREADV, [[(where, payload)]])
             if done[0] is not None:
-                answer: bytes | BaseException | None = done[0][0]
+                answer: tuple[Buffer, bool] | BaseException | None = done[0][0]
                 if isinstance(answer, BaseException):
                     raise answer
                 if answer is not None:
                     self._touch_segment(where.segment)
                 return answer
-        header = await self._on(where.segment, self._read_object_into, where, payload)
-        if header is not None:
+        got = await self._on(where.segment, self._read_object_into, where, payload)
+        if got is not None:
             self._touch_segment(where.segment)
-        return header
+        return got
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
         where = self._where.get(key)
@@ -776,9 +778,10 @@ class SegmentFileTier(FileTier):
             return
         segment.preallocated = True
 
-    def _read_object_into(self, where: _Where, payload: memoryview) -> bytes | None:
-        """The header, the payload read straight into `payload` when the object is laid out
-        as a block of that size; otherwise the whole object (placed upstairs)."""
+    def _read_object_into(self, where: _Where, payload: memoryview) -> tuple[Buffer, bool] | None:
+        """(header, True) with the payload read straight into `payload` when the object is
+        laid out as a 4 KiB header and a block of that size; otherwise (the whole object,
+        False), as `ReadsInto` says."""
         if where.length == BLOCK + len(payload) and (not self.direct or _aligned(payload)):
             header = self._aligned(BLOCK)
             try:
@@ -787,13 +790,13 @@ class SegmentFileTier(FileTier):
                 raise self._unavailable("read", where, e) from e
             if bytes(header[: len(_TOMBSTONE)]) == _TOMBSTONE:
                 return None  # deleted while this read was on its way
-            lengths = peek_lengths(header)
-            if lengths is not None and (lengths[0] != BLOCK or lengths[1] != len(payload)):
-                return bytes(header)  # not laid out as we read it: refused upstairs
             if n < where.length:
                 raise Corrupt("truncated", f"{where.segment.path} ends inside an object")
-            return bytes(header)
-        return self._read_object(where)
+            if peek_lengths(header) == (BLOCK, len(payload)):
+                return bytes(header), True
+            # not laid out as we read it (what was read into `payload` is garbage): as it is
+        blob = self._read_object(where)
+        return None if blob is None else (blob, False)
 
     def _read_object_head(self, where: _Where, n: int) -> bytes | None:
         want = min(n, where.length)
@@ -905,8 +908,8 @@ def _read_answers(
     run: Sequence[tuple[_Where, memoryview]], headers: Sequence[memoryview], n: int
 ) -> list[Any]:
     """Each object's answer to a read of `run` (objects back to back, their 4 KiB headers read
-    into `headers`, `n` bytes read in all): its header (checked upstairs), None for a tombstone,
-    or `Corrupt` where the file ended inside it."""
+    into `headers`, `n` bytes read in all): (its header, True) as `ReadsInto` says, checked
+    upstairs; None for a tombstone; `Corrupt` where the file ended inside it."""
     first = run[0][0]
     answers: list[Any] = []
     for (where, _), page in zip(run, headers, strict=True):
@@ -916,7 +919,7 @@ def _read_answers(
         elif n < where.offset - first.offset + where.length:
             answers.append(Corrupt("truncated", f"{where.segment.path} ends inside an object"))
         else:
-            answers.append(header)
+            answers.append((header, True))
     return answers
 
 
