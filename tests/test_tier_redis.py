@@ -16,7 +16,7 @@ import redis
 from tests.servers import RedisClusterServers, RedisServer
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
-from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
+from tiering.testing import NAMESPACE, MakeTier, TierConformance, craft, key, payload
 from tiering.tier import Tier
 from tiers.baselines import tier_rates
 from tiers.redis import RedisTier
@@ -594,3 +594,35 @@ def test_foreign_names_in_a_shared_redis_are_skipped_and_counted(
     assert main(["verify", "--config", str(config), "--tier", "r"]) == 0
     out = capsys.readouterr().out
     assert key(1).hex() in out and "1 ok" in out
+
+
+# -- objects an attacker plants ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["resp", "redis-py"])
+def test_a_header_only_object_is_a_truncated_miss_not_the_untouched_buffer(
+    redis_server: RedisServer, fast_path: bool
+) -> None:
+    """An object cut at its payload offset, whose header claims a raw block of the buffer's
+    size with the checksum of what the buffer already holds (zeros): its header is not a
+    placed payload, and the untouched buffer is never served as a hit."""
+    flush(redis_server.port)
+    size = 4096
+    blob = craft(key(1), b"", stored=size, raw=size, checksum_of=bytes(size))
+
+    async def body() -> None:
+        tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
+        async with tier:
+            await tier.raw_set(key(1), blob)
+            assert await tier.get(key(1), bytearray(size)) is False
+            assert await tier.raw_get(key(1)) is None  # refused and deleted
+            await tier.raw_set(key(1), blob)
+            await tier.put(key(2), payload(size, 2))
+            buffers = [bytearray(size), bytearray(size)]
+            found = await tier.get_many([(key(1), buffers[0]), (key(2), buffers[1])])
+            assert found == [False, True]
+            assert bytes(buffers[1]) == payload(size, 2)
+            assert tier.counters["corrupt.truncated"] == 2 and tier.counters["hits"] == 1
+            assert await tier.raw_get(key(1)) is None
+
+    asyncio.run(body())

@@ -35,6 +35,8 @@ from tiers.resp import RespConnection, RespError, RespPool, command, set_command
 __all__ = ["RedisTier"]
 
 T = TypeVar("T")
+Fetched = tuple[Buffer, bool] | None | BaseException
+"""One GET of a batch: `ReadsInto`'s answer, or the error in its place (`Corrupt`: refused)."""
 
 URL_QUERY = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
     "password",
@@ -176,13 +178,16 @@ class RedisTier(Tier):
                 return _empty(await pipe.exists(name).strlen(name).execute())
             return _within(head, limit)
 
-    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> Buffer | None:
+    async def _read_into(
+        self, key: BlockKey, payload: memoryview, limit: int
+    ) -> tuple[Buffer, bool] | None:
         """The object's header, its payload read straight into `payload` (see `ReadsInto`)."""
         if self._fast is None:
-            return await self._read(key, limit)  # the whole object: verified by `_accept`
+            blob = await self._read(key, limit)  # the whole object: verified by `_accept`
+            return None if blob is None else (blob, False)
         request = [command(b"GET", self._name(key))]
 
-        async def get(conn: RespConnection) -> bytes | None:
+        async def get(conn: RespConnection) -> tuple[bytes, bool] | None:
             await conn.send(request)
             return await conn.value_into(payload, limit)
 
@@ -275,7 +280,8 @@ class RedisTier(Tier):
 
         limits = [self.object_limit(len(view)) for view in views]
 
-        async def fetch() -> list[Any]:
+        async def fetch() -> list[Fetched]:
+            """Each object as `_read_into` answers it (never placed), or the error in its place."""
             names = [self._name(block) for block in blocks]
             with self._errors("GET (pipelined)"):
                 pipe = self._client.pipeline(transaction=False)
@@ -290,10 +296,10 @@ class RedisTier(Tier):
                     replies = await pipe.execute()
                     for n, i in enumerate(empty):
                         heads[i] = _empty(replies[2 * n : 2 * n + 2])
-            blobs: list[Any] = []
+            blobs: list[Fetched] = []
             for head, limit in zip(heads, limits, strict=True):
                 try:
-                    blobs.append(head if not head else _within(head, limit))
+                    blobs.append(None if head is None else (_within(head, limit), False))
                 except Corrupt as e:
                     blobs.append(e)
             return blobs
@@ -303,7 +309,7 @@ class RedisTier(Tier):
         except TierError as e:
             return [e] * len(items)
         return [
-            await self._settle(block, blob, view, False)
+            await self._settle(block, blob, view)
             for block, blob, view in zip(blocks, blobs, views, strict=True)
         ]
 
@@ -341,37 +347,36 @@ class RedisTier(Tier):
         """Pipelines of GETs (`PIPELINE_BYTES` of values each, on as many connections at
         once), each value read into its buffer; a pipeline that fails fails its blocks only."""
         spans = _spans([len(view) for view in views], PIPELINE_BYTES)
-        heads: list[Any] = []
+        heads: list[Fetched] = []
         for got in await _each(self._fetch_pipeline(blocks[s], views[s]) for s in spans):
             heads += got
         return [
-            await self._settle(block, head, view, True)
+            await self._settle(block, head, view)
             for block, head, view in zip(blocks, heads, views, strict=True)
         ]
 
     async def _settle(
-        self, block: BlockKey, got: Any, view: memoryview, placed: bool
+        self, block: BlockKey, got: Fetched, view: memoryview
     ) -> bool | BaseException:
         """One item of a batch as `get` would answer it: an oversized object refused, an
-        error returned in its place, an object verified (`placed`: by `_read_into`'s rules)."""
+        error returned in its place, an object verified as `_read_into`'s answer (its flag
+        says whether the payload is already in `view`)."""
         if isinstance(got, Corrupt):
             await self._refuse(block, got)
             return False
         if isinstance(got, BaseException):
             return got
-        if placed:
-            return await self._accept_into(block, got, view)
-        return await self._accept(block, got, view)
+        return await self._accept_into(block, got, view)
 
     async def _fetch_pipeline(
         self, blocks: list[BlockKey], views: list[memoryview]
-    ) -> list[bytes | None | BaseException]:
+    ) -> list[Fetched]:
         """One pipeline of GETs, each value read into its view. A value far too large for its
         block leaves the connection out of step (`DRAIN`): the GETs after it are sent again on
         another connection, so each block still gets its own answer."""
         assert self._fast is not None
         fast = self._fast
-        got: list[bytes | None | BaseException] = []
+        got: list[Fetched] = []
 
         async def exchange(conn: RespConnection) -> None:
             start = len(got)  # a retry, or the rest after a connection given up, goes on

@@ -273,10 +273,13 @@ class RespConnection:
         await self._crlf()
         return bytes(data)
 
-    async def value_into(self, payload: memoryview, limit: int, drain: int = 0) -> bytes | None:
-        """A stored object: its header, with its payload read straight into `payload` when the
-        header says the payload is exactly that long; otherwise the whole object (the caller's
-        checks refuse it). None: no such key.
+    async def value_into(
+        self, payload: memoryview, limit: int, drain: int = 0
+    ) -> tuple[bytes, bool] | None:
+        """A stored object as `tiering.tier.ReadsInto` answers it: `(header, True)` when its
+        payload was read straight into `payload` (the header says the payload is exactly that
+        long and the value is exactly header and payload), otherwise `(whole object, False)`
+        (the caller's checks refuse it). None: no such key.
 
         An object longer than `limit` bytes raises `Corrupt("length")` without being read into
         memory: dropped through the connection's buffer when it is at most `drain` bytes (a
@@ -297,11 +300,11 @@ class RespConnection:
                 payload[:already] = head[offset:]
                 await self.read_into(payload[already:])
                 await self._crlf()
-                return bytes(head[:offset])
+                return bytes(head[:offset]), True
         rest = bytearray(n - len(head))
         await self.read_into(memoryview(rest))
         await self._crlf()
-        return bytes(head + rest)
+        return bytes(head + rest), False
 
 
 class RespPool:
