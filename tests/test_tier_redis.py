@@ -4,6 +4,7 @@ three-node Redis Cluster, all through the conformance suite; then TTL and a serv
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -16,8 +17,9 @@ import redis
 from tests.servers import RedisClusterServers, RedisServer
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
+from tiering.runtime import fault_of
 from tiering.testing import NAMESPACE, MakeTier, TierConformance, craft, key, payload
-from tiering.tier import Tier
+from tiering.tier import Tier, TierStat
 from tiers.baselines import tier_rates
 from tiers.redis import RedisTier
 
@@ -596,7 +598,7 @@ def test_foreign_names_in_a_shared_redis_are_skipped_and_counted(
     assert key(1).hex() in out and "1 ok" in out
 
 
-# -- objects an attacker plants ------------------------------------------------------------------
+# -- objects an attacker plants (header only, a key of another type) ------------------------------
 
 
 @pytest.mark.parametrize("fast_path", [True, False], ids=["resp", "redis-py"])
@@ -626,3 +628,97 @@ def test_a_header_only_object_is_a_truncated_miss_not_the_untouched_buffer(
             assert await tier.raw_get(key(1)) is None
 
     asyncio.run(body())
+
+
+def plant_list(port: int, k: BlockKey) -> None:
+    """A Redis list where the string of block `k` belongs (`DEL` then `RPUSH`)."""
+    client = redis.Redis(host="127.0.0.1", port=port)
+    name = f"kvtier:{NAMESPACE.hex()}:{k.hex()}"
+    client.delete(name)
+    client.rpush(name, b"not", b"a block")
+    client.close()
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["resp", "redis-py"])
+def test_a_key_that_is_not_a_string_is_a_corrupt_miss_for_its_block_alone(
+    redis_server: RedisServer, fast_path: bool
+) -> None:
+    """A list planted under a block's key (WRONGTYPE to GET, GETRANGE and STRLEN): that block
+    is a `magic` corrupt miss and is deleted, every other block of the batch arrives (on the fast
+    path, read after the error reply on the same connection), the batch is no fault for the
+    breaker, and `stat` still answers."""
+    flush(redis_server.port)
+    size = 4096
+    bad = (0, 5)  # the first of a batch: the fast path failed every item after it
+
+    async def body() -> None:
+        tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
+        async with tier:
+            await tier.put_many([(key(i), payload(size, i)) for i in range(8)])
+            for i in bad:
+                plant_list(redis_server.port, key(i))
+            pooled = set(map(id, tier._fast._idle)) if tier._fast is not None else set()
+            buffers = [bytearray(size) for _ in range(8)]
+            found = await tier.get_many([(key(i), b) for i, b in enumerate(buffers)])
+            assert found == [i not in bad for i in range(8)]
+            assert all(bytes(buffers[i]) == payload(size, i) for i in range(8) if i not in bad)
+            assert fault_of(found) is None
+            assert tier.counters["corrupt.magic"] == 2 and tier.counters["errors"] == 0
+            assert await tier.contains([key(i) for i in bad]) == [False, False]  # deleted
+            plant_list(redis_server.port, key(0))
+            assert await tier.get(key(0), bytearray(size)) is False
+            assert tier.counters["corrupt.magic"] == 3 and tier.counters["errors"] == 0
+            assert await tier.contains([key(0)]) == [False]
+            if tier._fast is not None:  # in step after the error replies: no new connection
+                assert set(map(id, tier._fast._idle)) == pooled
+            plant_list(redis_server.port, key(0))
+            with pytest.raises(CorruptObject, match="magic: not a string value: WRONGTYPE"):
+                await tier.read_object(key(0))
+            with pytest.raises(CorruptObject, match="magic"):
+                await tier.read_head(key(0))
+            one = await tier.raw_get(key(1))
+            assert one is not None
+            # six blocks, and the list at key(0) (of no bytes): key(5) was deleted
+            assert await tier.stat() == TierStat(7, 6 * len(one), None)
+            assert await tier.get_bytes(key(1), size) == payload(size, 1)
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["resp", "redis-py"])
+def test_operators_commands_report_a_key_that_is_not_a_string(
+    redis_server: RedisServer, fast_path: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvtier stats` and `ls` answer, `verify` names the planted list as a bad block (and
+    deletes it with `--repair`) instead of failing with an error."""
+    from tiering.cli import main
+
+    flush(redis_server.port)
+
+    async def body() -> None:
+        tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
+        async with tier:
+            await tier.put_many([(key(i), payload(4096, i)) for i in range(3)])
+
+    asyncio.run(body())
+    plant_list(redis_server.port, key(1))
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"tiers:\n  - {{name: r, type: redis, url: '{redis_server.url}', "
+        f"fast_path: {str(fast_path).lower()}}}\n"
+    )
+    where = ["--config", str(config), "--tier", "r"]
+    capsys.readouterr()
+    assert main(["stats", *where, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["objects"] == 3  # the list among them, of no bytes
+    assert main(["ls", *where]) == 0
+    assert "magic: not a string value" in capsys.readouterr().out
+    assert main(["verify", *where]) == 1  # a bad block found, as for any damaged object
+    captured = capsys.readouterr()
+    assert "3 blocks: 2 ok, 1 bad" in captured.out and f"{key(1).hex()}: magic" in captured.out
+    assert "error" not in captured.err
+    assert main(["verify", "--repair", *where]) == 0
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    assert client.exists(f"kvtier:{NAMESPACE.hex()}:{key(1).hex()}") == 0
+    client.close()

@@ -10,13 +10,18 @@ intermediate copy and a SET sends header and payload from where they lie (redis-
 value two or three times on the way). TLS and Cluster go through redis-py (`redis.asyncio`,
 which packs large values faster than hiredis's packer: shared/services.md), as do the other
 commands. Connection errors become `TierUnavailable`; the tier's deadline bounds every call.
+
+Anyone who can write to the server can put another type under a block's key (a list, say):
+reads of its value answer WRONGTYPE, which is that object's fault, not the tier's (a `magic`
+corrupt miss, refused and deleted like any foreign object). Pipelines read their replies one by
+one, so an error reply fails its own command only and the others' values arrive.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -30,7 +35,7 @@ from tiering.format import Corrupt
 from tiering.keys import BlockKey
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
-from tiers.resp import RespConnection, RespError, RespPool, command, set_command
+from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
 
 __all__ = ["RedisTier"]
 
@@ -161,21 +166,64 @@ class RedisTier(Tier):
         except (redis_errors.RedisError, RespError) as e:
             raise TierError(self._scrub(f"tier {self.name!r}: {what} failed: {e}")) from e
 
+    @contextlib.contextmanager
+    def _one_value(self, what: str) -> Iterator[None]:
+        """`_errors` around a read of one key's value, where a key of another type is that
+        object's fault (`_not_a_string`). Batches decide reply by reply instead: raised out of
+        a pipeline, a `Corrupt` would be taken for every block's and refuse them all."""
+        with self._errors(what):
+            try:
+                yield
+            except (redis_errors.ResponseError, ReplyError) as e:
+                if _wrong_type(e):
+                    raise _not_a_string(e) from e
+                raise
+
+    def _error_reply(self, error: BaseException, what: str) -> TierError:
+        """What the server's error reply to one command means: a `magic` corrupt miss of that
+        key when it holds another type (`_wrong_type`), else a `TierError`."""
+        if _wrong_type(error):
+            return _not_a_string(error)
+        return TierError(self._scrub(f"tier {self.name!r}: {what} failed: {error}"))
+
+    def _failed_item(self, error: BaseException, what: str) -> TierError:
+        """`_error_reply` for one command of a batch, returned in its place: counted here as a
+        tier error (nothing raises it through `_call`) unless it is the object's fault."""
+        failed = self._error_reply(error, what)
+        if not isinstance(failed, Corrupt):
+            self.counters["errors"] += 1
+        return failed
+
+    async def _fast_get(self, key: BlockKey, read: Callable[[RespConnection], Awaitable[T]]) -> T:
+        """GET on the fast path, its value read by `read`. An error reply is raised once the
+        connection is back in the pool (it is still in step); a value too long for its block
+        leaves the connection `broken`, and the pool drops it."""
+        assert self._fast is not None
+        request = [command(b"GET", self._name(key))]
+
+        async def get(conn: RespConnection) -> T | ReplyError:
+            await conn.send(request)
+            try:
+                return await read(conn)
+            except ReplyError as e:
+                return e
+
+        with self._one_value("GET"):
+            got = await self._fast.run(get)
+            if isinstance(got, ReplyError):
+                raise got
+            return got
+
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
-        with self._errors("GET"):
-            if self._fast is not None:
-                request = [command(b"GET", self._name(key))]
-
-                async def get(conn: RespConnection) -> bytes | None:
-                    await conn.send(request)
-                    return await conn.value(limit)  # too long: the pool drops the connection
-
-                return await self._fast.run(get)
+        if self._fast is not None:
+            return await self._fast_get(key, lambda conn: conn.value(limit))
+        with self._one_value("GET"):
             name = self._name(key)
             head: bytes = await self._client.getrange(name, 0, limit)
             if not head:
                 pipe = self._client.pipeline(transaction=False)
-                return _empty(await pipe.exists(name).strlen(name).execute())
+                replies = await pipe.exists(name).strlen(name).execute(raise_on_error=False)
+                return _empty(_replies(replies))
             return _within(head, limit)
 
     async def _read_into(
@@ -185,23 +233,21 @@ class RedisTier(Tier):
         if self._fast is None:
             blob = await self._read(key, limit)  # the whole object: verified by `_accept`
             return None if blob is None else (blob, False)
-        request = [command(b"GET", self._name(key))]
-
-        async def get(conn: RespConnection) -> tuple[bytes, bool] | None:
-            await conn.send(request)
-            return await conn.value_into(payload, limit)
-
-        with self._errors("GET"):
-            return await self._fast.run(get)
+        return await self._fast_get(key, lambda conn: conn.value_into(payload, limit))
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
-        with self._errors("GETRANGE"):
+        """Header and real size; a key that holds no string raises `Corrupt("magic")`."""
+        with self._one_value("GETRANGE"):
             name = self._name(key)
             pipe = self._client.pipeline(transaction=False)
             pipe.exists(name)
             pipe.strlen(name)
             pipe.getrange(name, 0, max(n, 1) - 1)  # an inclusive end; -1 would mean all of it
-            exists, size, head = await pipe.execute()
+            replies = await pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply  # as the server worded it (no pipeline prefix): `_one_value`
+            exists, size, head = replies
         return (head, size) if exists else None
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
@@ -253,8 +299,14 @@ class RedisTier(Tier):
             pipe = self._client.pipeline(transaction=False)
             for name in names:
                 pipe.strlen(name)
-            sizes = await pipe.execute() if names else []
-        return TierStat(len(names), sum(sizes), self.capacity)
+            sizes = _replies(await pipe.execute(raise_on_error=False)) if names else []
+            used = 0  # a key that holds no string (WRONGTYPE) counts as an object of no bytes
+            for size in sizes:
+                if isinstance(size, int):
+                    used += size
+                elif not _wrong_type(size):
+                    raise size
+        return TierStat(len(names), used, self.capacity)
 
     async def _close(self) -> None:
         if self._fast is not None:
@@ -283,21 +335,25 @@ class RedisTier(Tier):
         async def fetch() -> list[Fetched]:
             """Each object as `_read_into` answers it (never placed), or the error in its place."""
             names = [self._name(block) for block in blocks]
-            with self._errors("GET (pipelined)"):
+            what = "GET (pipelined)"
+            with self._errors(what):
                 pipe = self._client.pipeline(transaction=False)
                 for name, limit in zip(names, limits, strict=True):
                     pipe.getrange(name, 0, limit)
-                heads = await pipe.execute()
-                empty = [i for i, head in enumerate(heads) if not head]
+                heads = _replies(await pipe.execute(raise_on_error=False))
+                empty = [i for i, head in enumerate(heads) if head == b""]
                 if empty:
                     pipe = self._client.pipeline(transaction=False)
                     for i in empty:
                         pipe.exists(names[i]).strlen(names[i])
-                    replies = await pipe.execute()
+                    replies = _replies(await pipe.execute(raise_on_error=False))
                     for n, i in enumerate(empty):
                         heads[i] = _empty(replies[2 * n : 2 * n + 2])
             blobs: list[Fetched] = []
             for head, limit in zip(heads, limits, strict=True):
+                if isinstance(head, Exception):
+                    blobs.append(self._failed_item(head, what))
+                    continue
                 try:
                     blobs.append(None if head is None else (_within(head, limit), False))
                 except Corrupt as e:
@@ -358,9 +414,9 @@ class RedisTier(Tier):
     async def _settle(
         self, block: BlockKey, got: Fetched, view: memoryview
     ) -> bool | BaseException:
-        """One item of a batch as `get` would answer it: an oversized object refused, an
-        error returned in its place, an object verified as `_read_into`'s answer (its flag
-        says whether the payload is already in `view`)."""
+        """One item of a batch as `get` would answer it: an object refused unread (too large,
+        not a string), an error returned in its place, an object verified as `_read_into`'s
+        answer (its flag says whether the payload is already in `view`)."""
         if isinstance(got, Corrupt):
             await self._refuse(block, got)
             return False
@@ -371,12 +427,14 @@ class RedisTier(Tier):
     async def _fetch_pipeline(
         self, blocks: list[BlockKey], views: list[memoryview]
     ) -> list[Fetched]:
-        """One pipeline of GETs, each value read into its view. A value far too large for its
-        block leaves the connection out of step (`DRAIN`): the GETs after it are sent again on
-        another connection, so each block still gets its own answer."""
+        """One pipeline of GETs, each value read into its view. An error reply (WRONGTYPE)
+        answers its own GET only: the replies after it are the next GETs'. A value far too
+        large for its block leaves the connection out of step (`DRAIN`): the GETs after it are
+        sent again on another connection, so each block still gets its own answer."""
         assert self._fast is not None
         fast = self._fast
         got: list[Fetched] = []
+        what = "GET (pipelined)"
 
         async def exchange(conn: RespConnection) -> None:
             start = len(got)  # a retry, or the rest after a connection given up, goes on
@@ -384,13 +442,15 @@ class RedisTier(Tier):
             for view in views[start:]:
                 try:
                     got.append(await conn.value_into(view, self.object_limit(len(view)), DRAIN))
+                except ReplyError as e:
+                    got.append(self._failed_item(e, what))
                 except Corrupt as e:
                     got.append(e)
                     if conn.broken:
                         return
 
         async def fetch() -> None:
-            with self._errors("GET (pipelined)"):
+            with self._errors(what):
                 while len(got) < len(blocks):
                     await fast.run(exchange)
 
@@ -436,8 +496,8 @@ class RedisTier(Tier):
                 try:
                     await conn.reply()
                     outcomes.append(None)
-                except RespError as e:  # the stream stays in step after an error reply
-                    outcomes.append(TierError(f"tier {self.name!r}: SET failed: {e}"))
+                except ReplyError as e:  # the stream stays in step after an error reply
+                    outcomes.append(self._error_reply(e, "SET"))
             return outcomes
 
         async def store() -> list[None | BaseException]:
@@ -458,10 +518,32 @@ class RedisTier(Tier):
         return value
 
 
+def _wrong_type(error: BaseException) -> bool:
+    """Whether an error reply says that the key holds another type than a string: WRONGTYPE,
+    which only a command on one key's value (GET, GETRANGE, STRLEN) answers. Other error
+    replies (LOADING, NOPERM, ...) are the server's state, not the object's: tier errors."""
+    is_reply = isinstance(error, redis_errors.ResponseError | ReplyError)
+    return is_reply and str(error).startswith("WRONGTYPE")
+
+
+def _not_a_string(error: BaseException) -> Corrupt:
+    return Corrupt("magic", f"not a string value: {error}")
+
+
+def _replies(results: list[Any]) -> list[Any]:
+    """The replies of a redis-py pipeline run with `raise_on_error=False`, each command's error
+    reply in its place; any other failure raised, as without that flag (a Cluster pipeline puts
+    a node's connection error in the list too)."""
+    for result in results:
+        if isinstance(result, Exception) and not isinstance(result, redis_errors.ResponseError):
+            raise result
+    return results
+
+
 def _empty(replies: Sequence[Any]) -> bytes | None:
     """After an empty GETRANGE, EXISTS and STRLEN tell a missing key (None) from an empty value
-    (b"", a corrupt object: refused and deleted); a value that appeared in between is a miss,
-    not an object to delete."""
+    (b"", a corrupt object: refused and deleted); a value that appeared in between (or another
+    type: STRLEN's error reply) is a miss, not an object to delete."""
     exists, size = replies
     return b"" if exists and size == 0 else None
 

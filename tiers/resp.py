@@ -17,7 +17,15 @@ from typing import TypeVar
 
 from tiering.format import Corrupt, peek_lengths
 
-__all__ = ["HandshakeError", "RespConnection", "RespError", "RespPool", "command", "set_command"]
+__all__ = [
+    "HandshakeError",
+    "ReplyError",
+    "RespConnection",
+    "RespError",
+    "RespPool",
+    "command",
+    "set_command",
+]
 
 Buffer = bytes | memoryview
 T = TypeVar("T")
@@ -31,6 +39,12 @@ REPLY_MAX = 1 << 20
 
 class RespError(Exception):
     """The server answered with an error reply, or broke the protocol."""
+
+
+class ReplyError(RespError):
+    """The server answered one command with an error reply (`WRONGTYPE` to a GET of a key that
+    holds a list, say): a whole reply, so the stream is still in step and the next reply is the
+    next command's. Any other `RespError` leaves the connection's place in the stream unknown."""
 
 
 class HandshakeError(RespError, ConnectionError):
@@ -215,7 +229,7 @@ class RespConnection:
     async def _bulk_length(self) -> int:
         line = await self.readline()
         if line[:1] == b"-":
-            raise RespError(line[1:].decode(errors="replace"))
+            raise ReplyError(line[1:].decode(errors="replace"))
         if line[:1] != b"$":
             raise RespError(f"expected a bulk reply, got {line[:40]!r}")
         return int(line[1:])
@@ -230,7 +244,7 @@ class RespConnection:
             n -= taken
 
     async def reply(self) -> bytes | int | None:
-        """A simple, integer or small bulk reply; an error reply raises `RespError`."""
+        """A simple, integer or small bulk reply; an error reply raises `ReplyError`."""
         line = await self.readline()
         kind, rest = line[:1], line[1:]
         if kind == b"+":
@@ -238,7 +252,7 @@ class RespConnection:
         if kind == b":":
             return int(rest)
         if kind == b"-":
-            raise RespError(rest.decode(errors="replace"))
+            raise ReplyError(rest.decode(errors="replace"))
         if kind == b"$":
             n = int(rest)
             if n > REPLY_MAX:
@@ -249,7 +263,8 @@ class RespConnection:
 
     async def value(self, limit: int, drain: int = 0) -> bytes | None:
         """A bulk reply as bytes (None: no such key); one longer than `limit` bytes raises
-        `Corrupt("length")` unread (see `value_into` for `drain`)."""
+        `Corrupt("length")` unread (see `value_into` for `drain`), an error reply (a key that
+        holds no string) `ReplyError`."""
         n = await self._bulk_length()
         if n > limit:
             await self._refuse(n, limit, drain)
@@ -279,7 +294,7 @@ class RespConnection:
         """A stored object as `tiering.tier.ReadsInto` answers it: `(header, True)` when its
         payload was read straight into `payload` (the header says the payload is exactly that
         long and the value is exactly header and payload), otherwise `(whole object, False)`
-        (the caller's checks refuse it). None: no such key.
+        (the caller's checks refuse it). None: no such key. An error reply raises `ReplyError`.
 
         An object longer than `limit` bytes raises `Corrupt("length")` without being read into
         memory: dropped through the connection's buffer when it is at most `drain` bytes (a
