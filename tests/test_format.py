@@ -165,3 +165,17 @@ def test_macs() -> None:
     plain_header, _ = encode(KEY, NS, b"abcdef")
     with pytest.raises(CorruptObject, match="auth"):
         verify_payload(decode_header(plain_header, KEY, NS), payload, secret)
+
+
+def test_a_zstd_payload_is_one_frame_and_nothing_after_it() -> None:
+    import zstandard
+
+    from tiering.format import compress, decompress
+
+    block = b"kv" * 2048
+    frame = compress("zstd", block)
+    skippable = (0x184D2A50).to_bytes(4, "little") + (8).to_bytes(4, "little") + b"8 bytes!"
+    for extra in (b"GARBAGE!", zstandard.ZstdCompressor().compress(b"x"), skippable):
+        with pytest.raises(CorruptObject):
+            decompress("zstd", frame + extra, len(block))
+    assert decompress("zstd", frame, len(block)) == block

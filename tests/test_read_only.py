@@ -224,3 +224,22 @@ def test_operators_on_a_64_gib_sparse_file_report_it_and_go_on(
     assert {row["key"] for row in listing} >= {key(i).hex() for i in (0, 4, 5)}
     assert inspected["object_bytes"] == 64 << 30 and "length" in inspected["problem"]
     assert report["ok"] == 3 and (key(9).hex() in str(report["bad"]))
+
+
+def test_verify_reports_an_object_it_cannot_read_and_goes_on() -> None:
+    """One object's read failing (a deadline on a large object, an odd reply) is reported
+    against that object; the rest are still checked (verify stopped at the first)."""
+    from tiering.operations import verify
+    from tiering.wrappers import FaultyTier
+    from tiers.memory import MemoryTier
+
+    async def body() -> None:
+        inner = MemoryTier(namespace=NAMESPACE)
+        for i in range(3):
+            await inner.put(key(i), payload(SIZE, i))
+        slow = FaultyTier(inner, delay=1.0, delay_seconds=0.2, timeout=0.05, seed=1)
+        report = await verify(slow)
+        assert report.checked == 3 and report.ok == 0
+        assert [reason.split(":")[0] for _, reason in report.bad] == ["error"] * 3
+
+    asyncio.run(body())

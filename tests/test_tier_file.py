@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tiering.errors import TierFull
+from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
 from tiering.tier import Tier
@@ -552,3 +552,154 @@ tiers:
     bad = text.replace("layout: segments", "layout: logs")
     with pytest.raises(ConfigError, match="layout: expected one of files, segments"):
         build_tiers(parse_config(yaml.safe_load(bad), {}), NAMESPACE)
+
+
+# -- what an attacker with write access to the directory can put there --------------------------
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+def test_a_fifo_in_place_of_an_object_is_a_corrupt_miss_not_a_hang(
+    tmp_path: Path, direct: bool
+) -> None:
+    """A FIFO blocks whoever opens it for reading (a pool thread, for ever); a device reads
+    without end. Each is refused as not an object, and removed, at once."""
+
+    async def body() -> None:
+        async with FileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=0, direct=direct, timeout=2
+        ) as tier:
+            await tier.put(key(2), payload(4096, 2))
+            fifo = tier.raw_path(key(1))
+            os.mkfifo(fifo)
+            start = asyncio.get_running_loop().time()
+            assert await tier.get(key(1), bytearray(4096)) is False
+            assert tier.counters["corrupt.magic"] == 1 and not fifo.exists()
+            os.mkfifo(fifo)
+            found = await tier.get_many([(key(1), bytearray(4096)), (key(2), bytearray(4096))])
+            assert found == [False, True] and tier.counters["corrupt.magic"] == 2
+            os.mkfifo(fifo)
+            with pytest.raises(CorruptObject, match="not a regular file"):
+                await tier.read_head(key(1))
+            assert asyncio.get_running_loop().time() - start < 1.5
+            assert tier.counters["errors"] == 0  # the object's fault, not the tier's
+
+    asyncio.run(body())
+
+
+def test_read_only_commands_and_a_restart_pass_fifos_by(tmp_path: Path) -> None:
+    """FIFOs named like an object and like a segment file: kvtier stats, ls and inspect and a
+    tier's start-up scan (an engine's start) go on instead of hanging."""
+    import subprocess
+    import sys
+
+    async def body() -> None:
+        async with FileTier(namespace=NAMESPACE, path=tmp_path / "f", min_free=0) as tier:
+            await tier.put(key(2), payload(4096, 2))
+            os.mkfifo(tier.raw_path(key(2)).with_name(key(1).hex() + ".kv"))
+        os.makedirs(tmp_path / "s" / NAMESPACE.hex())
+        os.mkfifo(tmp_path / "s" / NAMESPACE.hex() / "00000007.kvs")
+        for read_only in (True, False):
+            segments = FileTier(
+                namespace=NAMESPACE, path=tmp_path / "s", layout="segments", read_only=read_only
+            )
+            assert segments.damaged and segments.damaged[0][1] == "magic"
+            await segments.close()
+
+    asyncio.run(body())
+    config = tmp_path / "c.yaml"
+    config.write_text(f"tiers:\n  - {{name: f, type: file, path: '{tmp_path / 'f'}'}}\n")
+    for args in (["stats"], ["ls", "--tier", "f"], ["inspect", "--tier", "f", key(1).hex()]):
+        done = subprocess.run(
+            [sys.executable, "-m", "tiering.cli", args[0], "--config", str(config), *args[1:]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode in (0, 1) and "Traceback" not in done.stderr, (args, done.stderr)
+
+
+def test_the_segment_scan_verifies_at_most_the_files_size_a_chunk_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """Headers at every 4 KiB of a sparse segment file, each claiming a payload of the whole
+    file with a wrong checksum: the scan of the newest segments (which checks payloads) read
+    each claim whole, 1 GiB of memory and a second per header; now one chunked pass."""
+    import time
+    import tracemalloc
+
+    from tiering.testing import craft
+
+    claim = 256 << 20
+    root = tmp_path / NAMESPACE.hex()
+    root.mkdir()
+    with open(root / "00000000.kvs", "wb") as f:
+        for i in range(8):
+            head = craft(key(i), b"", stored=claim, raw=claim, checksum_of=b"x", align=4096)
+            f.seek(i * 4096)
+            f.write(head[:4096])
+        f.truncate(claim + (64 << 10))
+    tracemalloc.start()
+    start = time.monotonic()
+    try:
+        tier = FileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=0, layout="segments", read_only=True
+        )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    seconds = time.monotonic() - start
+    asyncio.run(tier.close())
+    assert peak < 16 << 20, peak
+    assert [reason for _, reason, _ in tier.damaged] == ["checksum"]
+    assert seconds < 10, seconds
+
+
+def test_an_object_outside_its_keys_directory_is_not_indexed(tmp_path: Path) -> None:
+    """A valid object for a key with a 1-byte hash (no fan-out directory can name it), or any
+    object in another directory than its key's: the scan leaves it out, so eviction, ls and
+    verify never meet a key they cannot place."""
+    from tiering.format import encode
+    from tiering.keys import make_key
+
+    async def body() -> None:
+        async with FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as tier:
+            for i in range(4):
+                await tier.put(key(i), payload(8192, i))
+            elsewhere = tier.raw_path(key(0)).parent.parent / (key(5).hex() + ".kv")
+        short = make_key(b"\x01")
+        header, body_ = encode(short, NAMESPACE, payload(8192, 9), align=4096)
+        (tmp_path / NAMESPACE.hex() / (short.hex() + ".kv")).write_bytes(header + bytes(body_))
+        header, body_ = encode(key(5), NAMESPACE, payload(8192, 5), align=4096)
+        elsewhere.write_bytes(header + bytes(body_))
+        async with FileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=0, capacity=4 * 12288
+        ) as again:
+            assert sorted(reason for _, reason, _ in again.damaged) == ["key", "key"]
+            for i in (10, 11):  # evicts: every victim has a place
+                await again.put(key(i), payload(8192, i))
+            assert (await again.stat()).objects == 4
+
+    asyncio.run(body())
+
+
+def test_a_huge_sparse_segment_is_scanned_in_moments(tmp_path: Path) -> None:
+    """A segment file stretched to 64 GiB of holes after its objects: the scan skips holes
+    without reading them (reading 64 GiB of zeros took minutes)."""
+    import time
+
+    async def body() -> None:
+        async with FileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=0, layout="segments", segment_size="1MiB"
+        ) as tier:
+            await tier.put(key(1), payload(8192, 1))
+        (segment,) = (tmp_path / NAMESPACE.hex()).glob("*.kvs")
+        with open(segment, "r+b") as f:
+            f.truncate(64 << 30)
+        start = time.monotonic()
+        async with FileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=0, layout="segments", read_only=True
+        ) as again:
+            assert await again.get_bytes(key(1), 8192) == payload(8192, 1)
+        assert time.monotonic() - start < 5
+
+    asyncio.run(body())

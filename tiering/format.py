@@ -58,6 +58,7 @@ from tiering.keys import FORMAT_VERSION, NAMESPACE_BYTES, BlockKey
 __all__ = [
     "CHECKSUMS",
     "CODECS",
+    "Checksum",
     "HEADER_MIN",
     "MAC_BYTES",
     "MAGIC",
@@ -160,6 +161,28 @@ def checksum(kind: str, data: bytes | memoryview) -> int:
     raise ConfigError(f"checksum: expected one of {', '.join(CHECKSUMS)}, got {kind!r}")
 
 
+class Checksum:
+    """A payload checksum computed over chunks (`checksum` of their concatenation)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._xxh3 = xxhash.xxh3_64() if kind == "xxh3" else None
+        self._crc = 0
+        if kind != "xxh3":
+            checksum(kind, b"")  # the kind is known and its package installed
+
+    def update(self, data: bytes | memoryview) -> None:
+        if self._xxh3 is not None:
+            self._xxh3.update(data)
+        else:
+            import crc32c
+
+            self._crc = int(crc32c.crc32c(data, self._crc))
+
+    def value(self) -> int:
+        return int(self._xxh3.intdigest()) if self._xxh3 is not None else self._crc
+
+
 def compress(codec: str, data: bytes | memoryview) -> bytes | memoryview:
     if codec == "raw":
         return data
@@ -207,7 +230,9 @@ def decompress(codec: str, data: bytes | memoryview, raw_length: int) -> bytes |
                 raise Corrupt(
                     "length", f"zstd frame of {size} bytes (-1: unknown), header says {raw_length}"
                 )
-            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=raw_length)
+            out = zstandard.ZstdDecompressor().decompress(
+                data, max_output_size=raw_length, allow_extra_data=False
+            )  # one frame and nothing after it, as kvtier writes it
             whole = True
     except ImportError as e:
         raise MissingDependencyError(f"reading {codec} objects needs its package") from e

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiering.errors import ConfigError, CorruptObject, StateError, TierError
+from tiering.errors import ConfigError, CorruptObject, StateError, TierError, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.tier import ObjectInfo, Tier
 
@@ -186,6 +186,10 @@ async def verify(
             if repair:
                 await tier.delete(info.key)
                 report.repaired += 1
+        except TierUnavailable:
+            raise  # the tier is down: there is nothing to verify
+        except TierError as e:  # this object's read failed (a deadline, an odd reply): go on
+            report.bad.append((info.key.hex(), f"error: {e}"))
         if progress is not None:
             progress(report.checked)
     return report

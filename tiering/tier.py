@@ -407,12 +407,11 @@ class Tier(ABC):
         """The namespaces that have objects in this tier (for operators)."""
         return await self._call(self._namespaces())
 
-    async def read_object(self, key: KeyLike) -> bytes | None:
+    async def read_object(self, key: KeyLike) -> Buffer | None:
         """The stored object of `key` as it is (header and payload), unverified: for
         operators' tools that inspect or move objects. An object larger than any block may be
         (`tiering.format.MAX_BLOCK_BYTES`) raises `Corrupt("length")` unread."""
-        blob = await self._call(self._read(as_key(key), self.object_limit(MAX_BLOCK_BYTES)))
-        return None if blob is None else bytes(blob)
+        return await self._call(self._read(as_key(key), self.object_limit(MAX_BLOCK_BYTES)))
 
     async def read_head(self, key: KeyLike) -> tuple[bytes, int] | None:
         """The first `header_room` bytes of the stored object of `key` (its header) and the

@@ -21,6 +21,7 @@ import itertools
 import logging
 import mmap
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 BLOCK = 4096
+_KEPT_BUFFER = 64 << 20
+"""The largest bounce buffer a pool thread keeps for its next call."""
 LAYOUTS = ("files", "segments")
 _SUFFIX = ".kv"
 _said_buffered: set[str] = set()
@@ -149,12 +152,14 @@ class FileTier(Tier):
                     continue
                 if not path.name.endswith(_SUFFIX):
                     continue
-                stat = path.stat()
+                st = path.stat()
                 key = key_from_hex(path.name[: -len(_SUFFIX)])
+                if path != self._path(key):  # elsewhere than its key's place: never read
+                    raise Corrupt("key", f"{path.name} lies outside its key's directory")
                 with open(path, "rb") as f:
                     raw = f.read(BLOCK)
                 header = decode_header(raw, key, self.namespace)
-                check_object(header, _object_size(raw, stat.st_size))
+                check_object(header, _object_size(raw, st.st_size))
             except (Corrupt, ValueError) as e:
                 reason = getattr(e, "reason", "key")
                 self._damaged_at_start(str(path.relative_to(self.base)), reason, str(e))
@@ -164,7 +169,7 @@ class FileTier(Tier):
             except OSError as e:  # gone meanwhile (another writer), or unreadable: not indexed
                 log.warning("tier %r: cannot read %s at start: %s", self.name, path, e)
                 continue
-            found.append((stat.st_mtime, key, header.object_length))
+            found.append((st.st_mtime, key, header.object_length))
         for _, key, size in sorted(found, key=lambda item: item[0]):
             self._index[key] = size
             self._bytes += size
@@ -416,12 +421,26 @@ class FileTier(Tier):
         return os.O_DIRECT if self.direct else 0
 
     def _open_for_read(self, path: Path, direct: bool) -> int | None:
+        """A descriptor of the regular file at `path` (None: none there). Anything else put
+        in its place (a FIFO, which would block the thread forever; a device; a directory) is
+        `Corrupt`: opened without blocking, and refused before a byte is read."""
         try:
-            return os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (os.O_DIRECT if direct else 0))
         except FileNotFoundError:
             return None
         except OSError as e:
+            if not _regular(path):  # a FIFO or device refuses O_DIRECT: the object's fault
+                raise Corrupt("magic", f"{path} is not a regular file") from None
             raise TierUnavailable(f"tier {self.name!r}: cannot open {path}: {e.strerror}") from e
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError as e:
+            os.close(fd)
+            raise TierUnavailable(f"tier {self.name!r}: cannot stat {path}: {e.strerror}") from e
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise Corrupt("magic", f"{path} is not a regular file")
+        return fd
 
     def _size(self, fd: int, path: Path, limit: int) -> int:
         """The file's size, checked against `limit` (and the padding O_DIRECT writes add to
@@ -440,10 +459,13 @@ class FileTier(Tier):
             if not self.direct:
                 data = os.pread(fd, size, 0)
                 return data[: _object_size(data, size)]
-            buffer = self._aligned(max(-(-size // BLOCK) * BLOCK, BLOCK))
+            rounded = max(-(-size // BLOCK) * BLOCK, BLOCK)
+            buffer = self._aligned(rounded)
             n = min(os.preadv(fd, [buffer], 0), size)
-            # copied: the bounce buffer is reused by this thread's next call
-            return bytes(buffer[: min(n, _object_size(buffer[:n], size))])
+            whole = buffer[: min(n, _object_size(buffer[:n], size))]
+            # a kept bounce buffer is reused by this thread's next call: copied; a large one
+            # is this call's own (an operator's read of a large block: no second copy)
+            return whole if rounded > _KEPT_BUFFER else bytes(whole)
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
         finally:
@@ -516,8 +538,8 @@ class FileTier(Tier):
             os.close(fd)
 
     def _check_free(self, size: int) -> None:
-        stat = os.statvfs(self.base)
-        free = stat.f_bavail * stat.f_frsize
+        fs = os.statvfs(self.base)
+        free = fs.f_bavail * fs.f_frsize
         if free - size < self.min_free:
             raise TierFull(
                 f"tier {self.name!r}: {free} bytes free on {self.root}; a put of {size} would "
@@ -577,6 +599,8 @@ class FileTier(Tier):
     def _aligned(self, size: int) -> memoryview:
         """This thread's page-aligned buffer, `size` bytes of it (grown as needed, reused:
         a fresh mapping per call costs a page fault per 4 KiB)."""
+        if size > _KEPT_BUFFER:  # an operator's read of a large block: not kept afterwards
+            return memoryview(mmap.mmap(-1, size))[:size]
         mapping: mmap.mmap | None = getattr(self._buffers, "mapping", None)
         if mapping is None or len(mapping) < size:
             mapping = mmap.mmap(-1, max(size, 1 << 20))
@@ -606,6 +630,14 @@ def _placed_at(header: Buffer, size: int, length: int) -> int | None:
     if lengths is None or lengths[1] != length or _object_size(header, size) != lengths[0] + length:
         return None
     return lengths[0]
+
+
+def _regular(path: Path) -> bool:
+    """Whether `path` is a regular file (or gone: an ordinary miss, not a planted oddity)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return True
 
 
 def _abandoned(path: Path) -> bool:
@@ -644,8 +676,10 @@ def _direct_readable(root: Path, objects: str) -> bool:
     """Whether the objects under `root` (the glob `objects`) can be read with O_DIRECT, found
     without writing: by reading the first block of one of them so (none: buffered)."""
     for path in root.glob(objects) if root.is_dir() else ():
+        if not path.is_file():  # a FIFO would block the open
+            continue
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_DIRECT)
         except OSError:
             return False
         try:

@@ -46,11 +46,12 @@ from tiering.config import parse_size
 from tiering.errors import ConfigError, TierError, TierFull, TierTimeout, TierUnavailable
 from tiering.format import (
     HEADER_MIN,
+    Checksum,
     Corrupt,
+    Header,
     decode_header,
     peek_key,
     peek_lengths,
-    verify_payload,
 )
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
@@ -141,7 +142,11 @@ class SegmentFileTier(FileTier):
             return
         found: list[tuple[int, Path]] = []
         for path in self.root.iterdir():
-            if path.name.endswith(_SUFFIX) and path.name[: -len(_SUFFIX)].isdigit():
+            name = path.name
+            if name.endswith(_SUFFIX) and name[: -len(_SUFFIX)].isdigit():
+                if not path.is_file():  # a FIFO in its place would block the scan for ever
+                    self._damaged_at_start(str(path.relative_to(self.base)), "magic", "not a file")
+                    continue
                 found.append((int(path.name[: -len(_SUFFIX)]), path))
         found.sort()
         newest = {seq for seq, _ in found[-2:]}
@@ -185,10 +190,14 @@ class SegmentFileTier(FileTier):
         self._writer_lock = fd
 
     def _scan(self, segment: _Segment, *, verify: bool) -> None:
-        """Index the objects of one segment file, in file order."""
+        """Index the objects of one segment file, in file order. With `verify`, payloads are
+        checked too, a chunk at a time and at most the file's size in all (headers that claim
+        the whole file, one after another, cost one pass, not one each); what is left
+        unchecked is checked by the reads, as every read is."""
         with open(segment.path, "rb", buffering=0) as f:
             fd = f.fileno()
             end = os.fstat(fd).st_size
+            budget = end if verify else 0
             segment.size = segment.counted = -(-end // BLOCK) * BLOCK
             self._bytes += segment.size
             offset = 0
@@ -208,9 +217,9 @@ class SegmentFileTier(FileTier):
                     length = header.object_length
                     if offset + length > end:
                         raise Corrupt("truncated", f"object of {length} bytes at {offset}")
-                    if verify:
-                        payload = os.pread(fd, header.stored_length, offset + header.payload_offset)
-                        verify_payload(header, payload)
+                    if header.stored_length <= budget:
+                        budget -= header.stored_length
+                        _verify_in_place(fd, header, offset + header.payload_offset)
                 except Corrupt as e:
                     if key is not None:  # a header that named a key: worth a word
                         where = f"{segment.path.relative_to(self.base)} at {offset}"
@@ -923,10 +932,34 @@ def _read_answers(
     return answers
 
 
+def _verify_in_place(fd: int, header: Header, at: int) -> None:
+    """Check the checksum of the payload `header` describes, at `at` in `fd`, reading it a
+    chunk at a time (a header may claim up to 1 GiB)."""
+    digest = Checksum(header.checksum_kind)
+    left = header.stored_length
+    while left:
+        chunk = os.pread(fd, min(left, _ZERO_CHUNK), at)
+        if not chunk:
+            raise Corrupt("truncated", "the segment ends inside a payload")
+        digest.update(chunk)
+        at += len(chunk)
+        left -= len(chunk)
+    if digest.value() != header.payload_checksum:
+        raise Corrupt("checksum", "payload checksum mismatch")
+
+
 def _past_zeros(fd: int, offset: int, end: int) -> int:
     """The first block-aligned offset at or after `offset` whose block is not all zeros (or
-    `end`)."""
+    `end`). Holes are skipped without reading them (`SEEK_DATA`): a sparse file of any size
+    costs a system call, not a read of its zeros."""
     while offset < end:
+        try:
+            data = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError:  # no data after `offset` (ENXIO), or no SEEK_DATA here: read on
+            data = end if _no_data_after(fd, offset) else offset
+        if data > offset:
+            offset = min(end, data // BLOCK * BLOCK)
+            continue
         chunk = os.pread(fd, _ZERO_CHUNK, offset)
         if not chunk:
             return end
@@ -938,6 +971,16 @@ def _past_zeros(fd: int, offset: int, end: int) -> int:
 
 
 _ZERO_CHUNK = 1 << 20
+
+
+def _no_data_after(fd: int, offset: int) -> bool:
+    """Whether `SEEK_DATA` from `offset` said there is no data after it (ENXIO), rather than
+    that the file system cannot tell (EINVAL and the like)."""
+    try:
+        os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as e:
+        return e.errno == errno.ENXIO
+    return False
 
 
 def _close_and_unlink(fd: int | None, path: Path) -> None:

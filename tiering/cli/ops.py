@@ -20,7 +20,7 @@ from typing import Any
 from tiering.cli import args as argtypes
 from tiering.cli.progress import Progress
 from tiering.config import Config, TierConfig, load_config, parse_duration
-from tiering.errors import ConfigError, CorruptObject
+from tiering.errors import ConfigError, CorruptObject, TierError, TierUnavailable
 from tiering.format import MAX_BLOCK_BYTES, check_object
 from tiering.keys import BlockKey
 from tiering.operations import default_journal, migrate, purge, read_block, verify
@@ -336,6 +336,11 @@ def run_inspect(args: argparse.Namespace) -> int:
                 except CorruptObject as e:
                     fields["verified"] = False
                     fields["problem"] = str(e)
+                except TierUnavailable:
+                    raise
+                except TierError as e:  # a deadline on a large object, an odd reply
+                    fields["verified"] = False
+                    fields["problem"] = f"cannot be read: {e}"
         return fields
 
     fields = asyncio.run(gather())
