@@ -156,3 +156,151 @@ def test_crafted_packs_are_ignored_and_counted(s3_server: SeaweedS3) -> None:
             assert {k async for k in again.keys()} == {key(i) for i in range(4)}
 
     asyncio.run(body())
+
+
+def _plant(server: SeaweedS3, prefix: str, packs: dict[str, bytes]) -> None:
+    client: Any = server.client()
+    base = f"{prefix}{NAMESPACE.hex()}/packs/"
+    for name, blob in packs.items():
+        client.put_object(Bucket=server.bucket, Key=base + name, Body=blob)
+
+
+def _pack(index: bytes, body: bytes = b"") -> bytes:
+    return len(index).to_bytes(4, "big") + index + body
+
+
+def test_a_deeply_nested_pack_index_is_refused_and_the_other_packs_still_load(
+    s3_server: SeaweedS3,
+) -> None:
+    """An index of 100,000 nested `[` (and one that passes for an object but nests 3,000
+    lists deep) would make the JSON parser recurse: both are refused and counted, nothing
+    escapes `get`, and the real packs listed after them still serve their blocks."""
+    prefix = f"nest-{uuid.uuid4().hex[:8]}/"
+
+    async def body() -> None:
+        async with s3_tier(s3_server, prefix, blocks_per_object=2) as tier:
+            await tier.put_many([(key(i), payload(3000, i)) for i in range(6)])
+        _plant(  # "0-" sorts before every pack name kvtier writes (hex)
+            s3_server,
+            prefix,
+            {
+                "0-brackets": _pack(b"[" * 100_000),
+                "0-deep": _pack(b'{"' + key(9).hex().encode() + b'":' + b"[" * 3000),
+            },
+        )
+        async with s3_tier(s3_server, prefix, blocks_per_object=2) as again:
+            for i in range(6):
+                assert await again.get_bytes(key(i), 3000) == payload(3000, i)
+            assert again.counters["packs_refused"] == 2
+            assert {k async for k in again.keys()} == {key(i) for i in range(6)}
+
+    asyncio.run(body())
+
+
+def test_pack_indexes_with_too_many_entries_are_refused_in_bounded_memory(
+    s3_server: SeaweedS3,
+) -> None:
+    """A 14.5 MiB index of 800,000 `[0,0]` entries is refused from its length alone, and one
+    small enough but with more entries than a pack holds (blocks_per_object is at most 4096)
+    is refused before it is parsed: the first get's traced memory stays small."""
+    from tiering.testing import PEAK_BYTES, peak_memory
+
+    prefix = f"wide-{uuid.uuid4().hex[:8]}/"
+
+    async def body() -> None:
+        async with s3_tier(s3_server, prefix, blocks_per_object=2) as tier:
+            await tier.put_many([(key(i), payload(3000, i)) for i in range(4)])
+        huge = "{" + ",".join(f'"{i:010x}":[0,0]' for i in range(800_000)) + "}"
+        wide = {key(1000 + i).hex(): [0, 0] for i in range(5000)}
+        _plant(
+            s3_server,
+            prefix,
+            {"0-huge": _pack(huge.encode()), "0-wide": _pack(json.dumps(wide).encode())},
+        )
+        del huge
+        async with s3_tier(s3_server, prefix, blocks_per_object=2) as again:
+            found, peak = await peak_memory(again.get_bytes(key(1), 3000))
+            assert found == payload(3000, 1)
+            assert peak < PEAK_BYTES, peak
+            assert again.counters["packs_refused"] == 2
+            assert await again.get_bytes(key(1000), 3000) is None
+            assert {k async for k in again.keys()} == {key(i) for i in range(4)}
+
+    asyncio.run(body())
+
+
+def test_the_blocks_indexed_from_packs_are_bounded_in_all(
+    s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """However many valid-looking packs are planted, the tier indexes at most `MAX_PACKED`
+    blocks and packs from the bucket; the packs beyond are refused, counted, and logged once."""
+    import tiers.s3
+
+    prefix = f"many-{uuid.uuid4().hex[:8]}/"
+    monkeypatch.setattr(tiers.s3, "MAX_PACKED", 100, raising=False)
+
+    async def body() -> None:
+        _plant(
+            s3_server,
+            prefix,
+            {
+                f"0-{p:02d}": _pack(
+                    json.dumps({key(100 * p + i).hex(): [0, 0] for i in range(9)}).encode()
+                )
+                for p in range(20)  # 10 entries each (9 blocks and the pack): 200 in all
+            },
+        )
+        async with s3_tier(s3_server, prefix, blocks_per_object=2) as tier:
+            await tier.refresh_packs()
+            held = {k async for k in tier.keys()}
+            assert 0 < len(held) <= 90 and len(held) % 9 == 0
+            assert tier.counters["packs_refused"] == 20 - len(held) // 9
+            await tier.refresh_packs()  # a reload reads only packs it does not hold yet
+            assert {k async for k in tier.keys()} == held
+
+    with caplog.at_level("WARNING", logger="tiers.s3"):
+        asyncio.run(body())
+    assert sum("MAX_PACKED" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_packs_load_outside_the_callers_deadline(
+    s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With many packs and a short deadline the first gets after a restart may time out
+    while the pack indexes load, but the load goes on in the background and, once it has
+    completed, every packed block is found (the packs listed over several pages)."""
+    import tiers.s3
+
+    monkeypatch.setattr(tiers.s3, "PACK_PAGE", 25, raising=False)
+    prefix = f"slow-{uuid.uuid4().hex[:8]}/"
+    count = 240  # 120 packs of 2
+
+    async def body() -> None:
+        async with s3_tier(s3_server, prefix, blocks_per_object=2) as tier:
+            await tier.put_many([(key(i), payload(1000, i)) for i in range(count)])
+        async with s3_tier(s3_server, prefix, blocks_per_object=2, timeout=0.2) as again:
+            timeouts = 0
+            deadline = time.monotonic() + 15
+            for i in range(count):
+                while True:
+                    try:
+                        got = await again.get_bytes(key(i), 1000)
+                        break
+                    except TierTimeout:
+                        timeouts += 1
+                        assert time.monotonic() < deadline, "the packs never loaded"
+                        await asyncio.sleep(0.05)
+                assert got == payload(1000, i), i
+            assert again.counters["packs_refused"] == 0
+        # Closed while the load runs: the close stops it, and a get waiting for it learns
+        # that the tier is unavailable (it was not cancelled itself).
+        closing = s3_tier(s3_server, prefix, blocks_per_object=2, timeout=None)
+        waiting = asyncio.ensure_future(closing.get_bytes(key(count - 1), 1000))
+        await asyncio.sleep(0)
+        assert closing._loading is not None and not closing._loading.done()
+        await closing.close()
+        assert closing._loading is None
+        with pytest.raises(TierUnavailable, match="closed while loading packs"):
+            await waiting
+
+    asyncio.run(body())

@@ -8,10 +8,17 @@ bounded thread pool; retries use botocore's standard mode. Objects above
 With `blocks_per_object` > 1, puts are gathered and written `blocks_per_object` at a time as one
 *pack* (`<prefix><namespace hex>/packs/<id>`): a 4-byte index length, a JSON index of
 `key hex -> [offset, length]`, then the objects back to back. A hit reads only its byte range
-(ranged GET). The tier's index of packs is rebuilt from the packs' own indexes when the tier
-starts (and by `refresh_packs`), so packs survive restarts; blocks not yet packed are held in
-memory and written out at `close`. Deleting a packed block forgets it in this process; the pack
-object itself goes when all its blocks are deleted.
+(ranged GET). The tier's index of packs is rebuilt from the packs' own indexes, so packs
+survive restarts: the first call starts one background load of every pack's index, which no
+caller's deadline cancels (a call waits for it under its own deadline; a failed load is started
+again by the next call), and `refresh_packs` reads the packs written since. Blocks not yet packed
+are held in memory and written out at `close`. Deleting a packed block forgets it in this
+process; the pack object itself goes when all its blocks are deleted.
+
+Anyone who can write to the bucket can plant a pack, so what a pack's index costs is bounded:
+`MAX_PACK_INDEX` bytes, `MAX_PACK_ENTRIES` entries, and `MAX_PACKED` blocks and packs indexed
+from the bucket in all. A pack beyond a bound, or whose index is not what kvtier writes, is
+ignored and counted (`packs_refused`).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import boto3
@@ -47,8 +54,24 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
-MAX_PACK_INDEX = 16 << 20
-"""Bytes a pack's index may claim (a pack of 8 blocks has ~800): a larger claim is refused."""
+MAX_PACK_ENTRIES = 4096
+"""Entries a pack's index may hold: the most `blocks_per_object` allows."""
+MAX_PACK_INDEX = 1 << 20
+"""Bytes a pack's index may claim: an entry kvtier writes takes at most ~170 bytes (a key of
+68 bytes in hex, two offsets), so `MAX_PACK_ENTRIES` of them fit. A larger claim is refused
+unread."""
+MAX_PACKED = 2_000_000
+"""Blocks and packs the tier indexes from the bucket's packs, in all (one entry costs ~300 bytes
+of memory): the packs beyond are refused. Packs this process writes count towards it but are
+never refused."""
+PACK_HEAD = 16 << 10
+"""Bytes read from the start of a pack to find its index: one GET for any pack of up to ~100
+blocks, a second for a larger index."""
+PACK_LOADS = 8
+"""Pack indexes read at once (through the tier's thread pool) while loading."""
+PACK_PAGE = 1000
+"""Pack names listed at a time while loading (S3's largest page): the listing of a bucket full
+of planted packs is never held whole."""
 
 
 class S3Tier(Tier):
@@ -83,8 +106,11 @@ class S3Tier(Tier):
         super().__init__(**options)
         if not bucket:
             raise ConfigError(f"tier {self.name!r}: bucket must not be empty")
-        if blocks_per_object < 1:
-            raise ConfigError(f"tier {self.name!r}: blocks_per_object must be at least 1")
+        if not 1 <= blocks_per_object <= MAX_PACK_ENTRIES:
+            raise ConfigError(
+                f"tier {self.name!r}: blocks_per_object must be 1-{MAX_PACK_ENTRIES},"
+                f" got {blocks_per_object}"
+            )
         self.bucket = bucket
         self.prefix = prefix
         self.blocks_per_object = blocks_per_object
@@ -114,6 +140,8 @@ class S3Tier(Tier):
         self._pending: dict[BlockKey, bytes] = {}
         self._pack_members: dict[str, set[BlockKey]] = {}
         self._packs_loaded = blocks_per_object == 1
+        self._loading: asyncio.Task[None] | None = None
+        self._bound_logged = False
 
     # -- naming and errors ---------------------------------------------------------------------
 
@@ -176,7 +204,8 @@ class S3Tier(Tier):
         if self.blocks_per_object == 1:
             await self._run(self._put, self._name(key), blob)
             return
-        await self._load_packs()
+        # No wait for the packs to load: a block packed before the load ends keeps its new
+        # place (the load never overrides a key it finds indexed), and puts are not held up.
         with self._lock:
             self._pending[key] = blob
             batch = None
@@ -280,6 +309,11 @@ class S3Tier(Tier):
         )
 
     async def _close(self) -> None:
+        loading, self._loading = self._loading, None
+        if loading is not None and not loading.done():
+            loading.cancel()  # its pool calls already queued end at the shutdown below
+            if loading.get_loop() is asyncio.get_running_loop():
+                await asyncio.wait([loading])
         try:
             with self._lock:
                 batch, self._pending = self._pending, {}
@@ -319,34 +353,131 @@ class S3Tier(Tier):
                 members.add(block)
 
     async def _load_packs(self) -> None:
+        """Wait, under the caller's deadline, for the one background load of the packs'
+        indexes, starting it when none runs (the first call, or the last load failed)."""
         if self._packs_loaded:
             return
-        self._packs_loaded = True
-        await self.refresh_packs()
+        loading = self._loading
+        if (
+            loading is None
+            or loading.done()  # it failed: start it again
+            or loading.get_loop() is not asyncio.get_running_loop()  # left on a closed loop
+        ):
+            loading = self._loading = asyncio.ensure_future(self._load_all())
+            loading.add_done_callback(_retrieve)
+        try:
+            await asyncio.shield(loading)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if loading.cancelled() and task is not None and not task.cancelling():
+                # `close` stopped the load: this caller was not cancelled, so it must not
+                # see a cancellation
+                raise TierUnavailable(f"tier {self.name!r}: closed while loading packs") from None
+            raise
+
+    async def _load_all(self) -> None:
+        try:
+            await self.refresh_packs()
+        except TierError as e:
+            log.warning(
+                "tier %r: loading pack indexes failed (%s); retried at the next call", self.name, e
+            )
+            raise
 
     async def refresh_packs(self) -> None:
-        """Read the index of every pack in the bucket (packs written by other processes, or
-        before a restart). A pack whose index is not what kvtier writes (too large, not JSON,
-        entries that are not a key and a range inside the pack) is ignored and counted."""
-        for name, size in await self._run(self._list_objects, f"{self._base}packs/"):
-            raw = await self._run(self._get_range, name, 0, 4)
-            if raw is None or len(raw) < 4:
+        """Read the index of every pack in the bucket not indexed yet (packs written by other
+        processes, or before a restart), `PACK_LOADS` at a time, a page of the listing at a
+        time. A pack whose index is not what kvtier writes (too large, too many entries, not a
+        flat JSON object, entries that are not a key and a range inside the pack), or beyond
+        `MAX_PACKED`, is ignored and counted (at each refresh that meets it); one bad pack
+        never stops the others. A pack the server cannot serve now (`TierUnavailable`,
+        `TierTimeout`) fails the whole refresh: the next one reads the packs still missing."""
+        token: str | None = None
+        while True:
+            page, token = await self._run(self._list_page, f"{self._base}packs/", token)
+            with self._lock:
+                todo = iter([(n, size) for n, size in page if n not in self._pack_members])
+            workers = [asyncio.ensure_future(self._index_packs(todo)) for _ in range(PACK_LOADS)]
+            try:
+                await asyncio.gather(*workers)
+            finally:
+                for worker in workers:  # after a failure, the others stop too
+                    worker.cancel()
+            if token is None:
+                self._packs_loaded = True
+                return
+
+    async def _index_packs(self, todo: Iterator[tuple[str, int]]) -> None:
+        for name, size in todo:
+            with self._lock:
+                full = len(self._packed) + len(self._pack_members) >= MAX_PACKED
+            if full:
+                self._refuse_beyond_bound(name)
                 continue
-            length = int.from_bytes(raw, "big")
-            entries = None
-            if 4 + length <= min(size, 4 + MAX_PACK_INDEX):
-                head = await self._run(self._get_range, name, 4, length)
-                entries = _pack_entries(head or b"", size - 4 - length)
-            if entries is None:
+            try:
+                read = await self._read_pack_index(name, size)
+            except (TierUnavailable, TierTimeout):
+                raise
+            except TierError as e:  # this object, not the server (a planted SSE-C object...)
+                log.warning("tier %r: pack %s cannot be read (%s); ignored", self.name, name, e)
+                self.counters["packs_refused"] += 1
+                continue
+            if isinstance(read, _Gone):  # deleted since it was listed
+                continue
+            if read is None:
                 self.counters["packs_refused"] += 1
                 log.warning("tier %r: pack %s has an unreadable index; ignored", self.name, name)
                 continue
+            start, entries = read
             with self._lock:
-                members = self._pack_members.setdefault(name, set())
-                for block, offset, object_size in entries:
-                    if block not in self._packed:
-                        self._packed[block] = (name, 4 + length + offset, object_size)
-                        members.add(block)
+                if name in self._pack_members:  # indexed meanwhile, by another refresh
+                    continue
+                full = len(self._packed) + len(self._pack_members) + 1 + len(entries) > MAX_PACKED
+                if not full:
+                    members = self._pack_members.setdefault(name, set())
+                    for block, offset, object_size in entries:
+                        if block not in self._packed:
+                            self._packed[block] = (name, start + offset, object_size)
+                            members.add(block)
+            if full:
+                self._refuse_beyond_bound(name)
+
+    def _refuse_beyond_bound(self, name: str) -> None:
+        self.counters["packs_refused"] += 1
+        if not self._bound_logged:
+            self._bound_logged = True
+            log.warning(
+                "tier %r: %d blocks and packs indexed from the bucket's packs (MAX_PACKED);"
+                " pack %s and any more are ignored, counted in packs_refused",
+                self.name,
+                MAX_PACKED,
+                name,
+            )
+
+    async def _read_pack_index(
+        self, name: str, size: int
+    ) -> tuple[int, list[tuple[BlockKey, int, int]]] | None | _Gone:
+        """(where the pack's objects start, its entries); None when the index is not one
+        kvtier writes, `_GONE` when the pack no longer exists. Reads `PACK_HEAD` bytes, and
+        then at most `MAX_PACK_INDEX` for an index that does not fit in them."""
+        first = await self._run(self._get_range, name, 0, min(size, PACK_HEAD))
+        if first is None:
+            return _GONE
+        if len(first) < 4:
+            return None
+        length = int.from_bytes(first[:4], "big")
+        if length > MAX_PACK_INDEX or 4 + length > size:
+            return None
+        head = first[4 : 4 + length]
+        if len(head) < length:
+            rest = await self._run(self._get_range, name, 4, length)
+            if rest is None:
+                return _GONE
+            head = rest
+        if len(head) != length:
+            return None
+        entries = _pack_entries(head, size - 4 - length)
+        return None if entries is None else (4 + length, entries)
 
     # -- boto3, in the pool ----------------------------------------------------------------------
 
@@ -441,6 +572,19 @@ class S3Tier(Tier):
     def _delete_object(self, name: str) -> None:
         self._client.delete_object(Bucket=self.bucket, Key=name)
 
+    def _list_page(
+        self, prefix: str, token: str | None
+    ) -> tuple[list[tuple[str, int]], str | None]:
+        """One page of the names under `prefix` (`PACK_PAGE` at most) and the token of the
+        next."""
+        options = {"ContinuationToken": token} if token else {}
+        page = self._client.list_objects_v2(
+            Bucket=self.bucket, Prefix=prefix, MaxKeys=PACK_PAGE, **options
+        )
+        found = [(item["Key"], int(item["Size"])) for item in page.get("Contents", [])]
+        more = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        return found, more
+
     def _list_objects(self, prefix: str) -> list[tuple[str, int]]:
         return [(name, size) for name, size, _ in self._list_objects_meta(prefix)]
 
@@ -475,14 +619,32 @@ class S3Tier(Tier):
         return self._get(self._name(key), 1 << 40)
 
 
+class _Gone:
+    """A pack deleted between its listing and the read of its index."""
+
+
+_GONE = _Gone()
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """Mark a load's failure as seen: the callers that waited got it, and nobody else needs
+    asyncio's "exception was never retrieved" at garbage collection."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _pack_entries(head: bytes, room: int) -> list[tuple[BlockKey, int, int]] | None:
     """A pack index's entries (key, offset, length), each range inside the `room` bytes after
-    the index; None when it is not an index kvtier writes."""
+    the index; None when it is not an index kvtier writes: a flat JSON object of at most
+    `MAX_PACK_ENTRIES` entries, one list each (counted before parsing, so a wide index costs
+    no parse; a deep one makes the parser raise RecursionError)."""
+    if head.count(b"[") > MAX_PACK_ENTRIES:
+        return None
     try:
         index = json.loads(head)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
-    if not isinstance(index, dict):
+    if not isinstance(index, dict) or not index:
         return None
     entries = []
     for text, where in index.items():
