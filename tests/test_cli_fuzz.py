@@ -35,6 +35,14 @@ EXAMPLES = [
     yaml.safe_load(p.read_text()) for p in sorted((ROOT / "configs").glob("*.yaml"))
 ]  # the shipped configs, as starting points of the mutations
 ENV = {"REDIS_PASSWORD": "pw", "S3_ENDPOINT": "http://127.0.0.1:1", "KVTIER_DEMO_DIR": "/tmp/x"}
+"""What the shipped configs' `${...}` name: without it every mutation of them would stop at
+interpolation and the fuzzing would never reach the checks behind it."""
+
+
+@pytest.fixture(autouse=True)
+def _config_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
 
 
 def run_main(argv: list[str], stdin: str = "") -> tuple[int, str, str]:

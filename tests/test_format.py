@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tiering.errors import ConfigError, CorruptObject
-from tiering.format import HEADER_MIN, decode_header, encode, peek_lengths, verify_payload
+from tiering.format import (
+    FIXED_FIELDS,
+    HEADER_MIN,
+    decode_header,
+    encode,
+    peek_lengths,
+    verify_payload,
+)
 from tiering.keys import FORMAT_VERSION, make_key
 
 NS = bytes(range(16))
@@ -101,16 +108,14 @@ def test_a_block_that_does_not_compress_is_stored_raw() -> None:
     ],
 )
 def test_headers_that_lie_about_lengths(fields: dict[str, int], reason: str) -> None:
-    import struct
-
     import xxhash
 
     header, _ = encode(KEY, NS, bytes(4096))
-    values = list(struct.unpack_from("<8sHBBHI16sQQQQ", header))
+    values = list(FIXED_FIELDS.unpack_from(header))
     names = {"codec": 2, "offset": 5, "stored": 7, "raw": 8}
     for name, value in fields.items():
         values[names[name]] = value
-    fixed = struct.pack("<8sHBBHI16sQQQQ", *values)
+    fixed = FIXED_FIELDS.pack(*values)
     checked = xxhash.xxh3_64_intdigest(fixed[:58] + KEY).to_bytes(8, "little")
     with pytest.raises(CorruptObject) as info:
         decode_header(fixed[:58] + checked + KEY, KEY, NS)

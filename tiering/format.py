@@ -58,6 +58,7 @@ from tiering.keys import FORMAT_VERSION, NAMESPACE_BYTES, BlockKey
 __all__ = [
     "CHECKSUMS",
     "CODECS",
+    "FIXED_FIELDS",
     "Checksum",
     "HEADER_MIN",
     "MAC_BYTES",
@@ -78,8 +79,9 @@ __all__ = [
 ]
 
 MAGIC: Final = b"KVTIEROB"
-_FIXED = struct.Struct("<8sHBBHI16sQQQQ")
-HEADER_MIN: Final = _FIXED.size  # 66, before the key
+FIXED_FIELDS: Final = struct.Struct("<8sHBBHI16sQQQQ")
+"""The header's fixed fields (the table above), before the key."""
+HEADER_MIN: Final = FIXED_FIELDS.size  # 66
 CODECS: Final = ("raw", "lz4", "zstd")
 CHECKSUMS: Final = ("xxh3", "crc32c")
 MAC_BYTES: Final = 32
@@ -274,7 +276,7 @@ def encode(
     kind = CHECKSUMS.index(checksum_kind) | (_AUTHENTICATED if secret_key is not None else 0)
     offset = HEADER_MIN + len(key) + (MAC_BYTES if secret_key is not None else 0)
     offset = -(-offset // align) * align
-    fields = _FIXED.pack(
+    fields = FIXED_FIELDS.pack(
         MAGIC,
         FORMAT_VERSION,
         CODECS.index(codec),
@@ -313,7 +315,7 @@ def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespac
         raw_len,
         payload_sum,
         header_sum,
-    ) = _FIXED.unpack_from(raw)
+    ) = FIXED_FIELDS.unpack_from(raw)
     if magic != MAGIC:
         raise Corrupt("magic", "not a kvtier object")
     if version != FORMAT_VERSION:
@@ -382,7 +384,7 @@ def peek_lengths(raw: bytes | memoryview) -> tuple[int, int] | None:
     For backends that read the header first to place the payload; `decode_header` verifies."""
     if len(raw) < HEADER_MIN or bytes(raw[:8]) != MAGIC:
         return None
-    fields = _FIXED.unpack_from(raw)
+    fields = FIXED_FIELDS.unpack_from(raw)
     return int(fields[5]), int(fields[7])
 
 
@@ -391,7 +393,7 @@ def peek_key(raw: bytes | memoryview) -> BlockKey | None:
     that find objects without knowing their keys (a scan); `decode_header` verifies."""
     if len(raw) < HEADER_MIN or bytes(raw[:8]) != MAGIC:
         return None
-    key_len = int(_FIXED.unpack_from(raw)[4])
+    key_len = int(FIXED_FIELDS.unpack_from(raw)[4])
     if len(raw) < HEADER_MIN + key_len:
         return None
     return BlockKey(bytes(raw[HEADER_MIN : HEADER_MIN + key_len]))

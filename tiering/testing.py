@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import struct
 import tracemalloc
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -38,7 +37,7 @@ import pytest
 import xxhash
 
 from tiering.errors import CorruptObject, KeyFormatError, StateError, TierFull
-from tiering.format import CODECS, MAGIC, MAX_BLOCK_BYTES, checksum, encode, mac_key
+from tiering.format import CODECS, FIXED_FIELDS, MAGIC, MAX_BLOCK_BYTES, checksum, encode, mac_key
 from tiering.keys import FORMAT_VERSION, BlockKey, make_key
 from tiering.tier import Tier
 
@@ -67,7 +66,6 @@ LARGE_OBJECT = 32 << 20
 """Size of the oversized objects planted by the default `raw_put_large` (a stand-in for the
 2 GiB sparse file a file tier's hook plants)."""
 T = TypeVar("T")
-_FIXED = struct.Struct("<8sHBBHI16sQQQQ")
 
 
 def key(i: int, group: int = 0) -> BlockKey:
@@ -98,13 +96,14 @@ def craft(
 ) -> bytes:
     """An object whose header says what the arguments say, with valid header and payload
     checksums (what anyone can compute): `stored`/`raw` lengths default to the payload's,
-    `offset` to the aligned end of the header, the checksum to the payload's own."""
+    `offset` to the aligned end of the header, the checksum to the payload's own. Written apart
+    from `encode` on purpose: an attacker's object must not share the writer's bugs."""
     stored = len(payload) if stored is None else stored
     raw = stored if raw is None else raw
     kind = 0x80 if mac_secret is not None else 0
     header_end = 66 + len(k) + (32 if mac_secret is not None else 0)
     offset = -(-header_end // align) * align if offset is None else offset
-    fields = _FIXED.pack(
+    fields = FIXED_FIELDS.pack(
         MAGIC,
         FORMAT_VERSION,
         CODECS.index(codec),
