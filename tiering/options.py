@@ -267,11 +267,13 @@ def option(
     what: str | None = None,
     optional: bool = False,
     zero: bool = False,
+    repr: bool = True,
 ) -> Any:
     """A field of an options record (or of a configuration section): its `default` (none:
     `REQUIRED`), its one-line `help`, and how a value is read (see the module docstring). Its
     `Field` is completed from the annotation by `fields_of`. `default` is the value in the unit
-    the code takes (bytes, seconds); only immutable defaults (None, numbers, strings, tuples)."""
+    the code takes (bytes, seconds); only immutable defaults (None, numbers, strings, tuples).
+    `repr=False` keeps the value out of the record's repr (a secret)."""
     if isinstance(default, list | dict | set):
         raise TypeError(f"option default {default!r} is mutable: give a tuple or None")
     spec: dict[str, Any] = {"help": help, "optional": optional, "zero": zero, "default": default}
@@ -287,8 +289,8 @@ def option(
         spec["what"] = what
     metadata = {METADATA: spec}
     if default is REQUIRED:
-        return dataclasses.field(metadata=metadata)
-    return dataclasses.field(default=default, metadata=metadata)
+        return dataclasses.field(metadata=metadata, repr=repr)
+    return dataclasses.field(default=default, metadata=metadata, repr=repr)
 
 
 _BY_TYPE: Final[dict[type, str]] = {bool: "flag", int: "integer", float: "number", str: "text"}

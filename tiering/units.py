@@ -129,6 +129,8 @@ def format_size(size: int) -> str:
 
 def format_duration(seconds: float) -> str:
     """`seconds` as the largest unit that writes it exactly (`200ms`, `10s`, `1h`)."""
+    if seconds == 0:
+        return "0s"
     for unit in ("d", "h", "m", "s"):
         count = seconds / _SECONDS[unit]
         if seconds and count == int(count):
