@@ -70,7 +70,7 @@ METADATA: Final = "kvtier"
 
 
 class _Required:
-    """The default of an option that has none: the mapping must give it."""
+    """Any thread (a constant): the default of an option that has none."""
 
     def __repr__(self) -> str:
         return "REQUIRED"
@@ -81,10 +81,10 @@ REQUIRED: Final[Any] = _Required()
 
 @dataclass(frozen=True, slots=True)
 class Field:
-    """How one value is read (`read` returns it in the unit the code takes, or raises
-    `ConfigError` naming it), described (`describe`, `type_text`), documented (`help`,
-    `default_text`) and written in a JSON Schema (`schema`). See the module docstring for the
-    kinds."""
+    """Any thread (a frozen value): how one value is read (`read` returns it in the unit the
+    code takes, or raises `ConfigError` naming it), described (`describe`, `type_text`),
+    documented (`help`, `default_text`) and written in a JSON Schema (`schema`). See the module
+    docstring for the kinds."""
 
     kind: str
     low: float = 0
@@ -350,7 +350,7 @@ def read_fields(
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TierOptions:
-    """The options every secondary tier takes (any thread: a value). A tier's own record
+    """Any thread (a frozen value): the options every secondary tier takes. A tier's own record
     subclasses its parent tier's, as a frozen, keyword-only, slotted dataclass whose new fields
     are declared with `option`."""
 

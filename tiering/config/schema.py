@@ -64,7 +64,7 @@ def sections_of(cls: type[Any]) -> dict[str, tuple[type[Any], str]]:
 
 @dataclass(frozen=True, slots=True)
 class PrimaryConfig:
-    """The CPU primary tier."""
+    """Any thread (a frozen value): the `primary` section, the CPU primary tier."""
 
     capacity: int | None = option(
         None,
@@ -87,7 +87,8 @@ class PrimaryConfig:
 
 @dataclass(frozen=True, slots=True)
 class TierConfig:
-    """One secondary tier: how the manager uses it, and its backend's own options."""
+    """Any thread (a frozen value): one secondary tier of `tiers`, how the manager uses it and
+    its backend's own options."""
 
     name: str = option(low=1, help="The tier's name: 1-32 lowercase letters, digits, '-', '_'.")
     type: str = option(
@@ -119,6 +120,8 @@ class TierConfig:
 
 @dataclass(frozen=True, slots=True)
 class PromotionConfig:
+    """Any thread (a frozen value): the `promotion` section."""
+
     deadline: float = option(
         0.2, kind="duration", help="How long a promotion may take before it is abandoned (a miss)."
     )
@@ -138,6 +141,8 @@ class PromotionConfig:
 
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
+    """Any thread (a frozen value): the `faults.breaker` section."""
+
     failures: int = option(5, low=1, help="Consecutive failures that open a tier's breaker.")
     cooldown: float = option(
         10.0, kind="duration", help="How long an open breaker waits before it lets one probe in."
@@ -151,12 +156,16 @@ class BreakerConfig:
 
 @dataclass(frozen=True, slots=True)
 class FaultsConfig:
+    """Any thread (a frozen value): the `faults` section."""
+
     timeout: float = option(0.5, kind="duration", help="Deadline of every tier call.")
     breaker: BreakerConfig = section(BreakerConfig, help="Each tier's circuit breaker.")
 
 
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
+    """Any thread (a frozen value): the `metrics` section."""
+
     prometheus_port: int | None = option(
         None,
         high=65535,
@@ -174,6 +183,8 @@ class MetricsConfig:
 
 @dataclass(frozen=True, slots=True)
 class AuthConfig:
+    """Any thread (a frozen value): the `auth` section."""
+
     secret: bytes | None = option(
         None,
         kind="text",
@@ -187,6 +198,8 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True)
 class Config:
+    """Any thread (a frozen value): a whole configuration file."""
+
     version: int = option(
         SCHEMA_VERSION, help=f"The format of the file: {SCHEMA_VERSION} (the only one so far)."
     )
