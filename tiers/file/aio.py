@@ -1,8 +1,9 @@
 """Linux native asynchronous I/O (`io_submit`) for O_DIRECT reads and writes made from the event
 loop: a batch of blocks goes to the disk in one system call and the completions come back
 through an eventfd the loop watches, with no thread in between. A call through the tier's
-thread pool crosses to a worker and back, ~75 µs here against 190-340 µs for the 256 KiB
-transfer itself, and a batch waits for each of its workers to wake (BENCHMARKS.md).
+thread pool crosses to a worker and back, a cost of the order of the transfer itself, and a
+batch waits for each of its workers to wake (BENCHMARKS.md, "Secondary tiers against raw
+baselines").
 
 The segment layout of the file tier uses it where it can: Linux on x86-64 or arm64, O_DIRECT,
 page-aligned writable buffers. Every request carries `RWF_NOWAIT`: one that would block in its
