@@ -14,13 +14,14 @@ import logging
 import os
 from abc import abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from tiering.config import parse_size
 from tiering.errors import ConfigError, TierFull, TierTimeout
 from tiering.format import Corrupt
 from tiering.keys import BlockKey
+from tiering.options import TierOptions, fields_of, option
 from tiering.tier import Buffer, KeyLike, Tier, TierStat
 from tiers.file.direct import (
     BLOCK,
@@ -32,13 +33,39 @@ from tiers.file.direct import (
 )
 from tiers.threads import IOThreads
 
-__all__ = ["LAYOUTS", "FileTier"]
+__all__ = ["LAYOUTS", "FileOptions", "FileTier"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LAYOUTS = ("files", "segments")
 _said_buffered: set[str] = set()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FileOptions(TierOptions):
+    """The options of every layout of the file tier (any thread: a value); each layout's record
+    subclasses it."""
+
+    path: str = option(kind="path", what="a directory path", help="The directory of the tier.")
+    layout: str = option(
+        "files",
+        choices=LAYOUTS,
+        help="`files`: a file per block; `segments`: blocks appended to segment files.",
+    )
+    min_free: int = option(
+        1 << 30,
+        kind="size",
+        zero=True,
+        help="Puts fail (TierFull) rather than leave less free space on the disk.",
+    )
+    direct: bool | None = option(
+        None, help="Use O_DIRECT (null: when the file system supports it)."
+    )
+    fsync: bool = option(
+        False,
+        help="Flush each object and its directory before a put returns (survives power loss).",
+    )
 
 
 class FileTier(Tier):
@@ -54,10 +81,10 @@ class FileTier(Tier):
     """The index is this process's: blocks another process writes into the same directory
     meanwhile are found at the next start."""
 
+    Options: ClassVar[type[TierOptions]] = FileOptions
+    options: FileOptions
     layout: ClassVar[str] = ""
     """The `layout` option's value that chooses this class."""
-    layout_options: ClassVar[tuple[str, ...]] = ()
-    """The options this layout takes beyond those every layout takes."""
     _layouts: ClassVar[dict[str, type[FileTier]]] = {}
     _objects: ClassVar[str] = ""
     """Where a namespace directory's objects are (relative glob)."""
@@ -68,6 +95,7 @@ class FileTier(Tier):
     """Every key the tier holds (set by the layout)."""
 
     def __init_subclass__(cls, *, layout: str = "", **kwargs: Any) -> None:
+        """A layout's class names its layout: `class X(FileTier, layout="files")`."""
         super().__init_subclass__(**kwargs)
         if layout:
             assert layout in LAYOUTS and layout not in FileTier._layouts, layout
@@ -89,10 +117,12 @@ class FileTier(Tier):
 
     @classmethod
     def refuse_other_options(cls, options: Mapping[str, Any]) -> None:
-        """ConfigError for an option of another layout than this one."""
+        """ConfigError for an option of another layout than this one (rather than "unknown
+        option": it is known, to the other layout)."""
+        own = fields_of(cls.Options)
         for other in FileTier._layouts.values():
-            for name in other.layout_options:
-                if name in options and name not in cls.layout_options:
+            for name in fields_of(other.Options):
+                if name in options and name not in own:
                     raise ConfigError(
                         f"{name}: an option of layout {other.layout}, not of layout {cls.layout}"
                     )
@@ -100,20 +130,29 @@ class FileTier(Tier):
     def __init__(
         self,
         *,
-        path: str | os.PathLike[str],
-        min_free: int | str = "1GiB",
-        direct: bool | None = None,
-        fsync: bool = False,
-        layout: str | None = None,
+        namespace: bytes,
+        secret: bytes | None = None,
+        name: str | None = None,
         **options: Any,
     ) -> None:
-        """`min_free`: puts fail (`TierFull`) rather than leave less free space on the disk.
-        `direct`: use O_DIRECT (None: when the file system supports it). `fsync`: flush each
-        object and its directory before acknowledging the put (survives power loss, slower).
-        `layout`: `files` (a file per block, `tiers.file.files`) or `segments` (blocks appended
-        to segment files, `tiers.file.segments`); this class's own, when given."""
-        self.variant({**options, "layout": self.layout if layout is None else layout})
-        super().__init__(**options)
+        """`options`: the fields of the layout's record (`Options`); ConfigError for another
+        layout, or an option of another layout."""
+        self.variant(options)
+        opts = self.Options.of(options)
+        assert isinstance(opts, FileOptions)
+        self.options = opts
+        super().__init__(
+            namespace=namespace,
+            name=name,
+            secret=secret,
+            capacity=opts.capacity,
+            codec=opts.codec,
+            checksum=opts.checksum,
+            read_only=opts.read_only,
+            concurrency=opts.concurrency,
+            timeout=opts.timeout,
+        )
+        path = opts.path
         self.base = Path(path)
         self.root = self.base / self.namespace.hex()  # made on the first write
         if not self.read_only:  # a read-only tier creates, renames and deletes nothing
@@ -125,8 +164,9 @@ class FileTier(Tier):
                 ) from e
         elif self.base.exists() and not self.base.is_dir():
             raise ConfigError(f"tier {self.name!r}: path {path} is not a directory")
-        self.min_free = parse_size(min_free, "min_free") if min_free else 0
-        self.fsync = fsync
+        self.min_free = opts.min_free
+        self.fsync = opts.fsync
+        direct = opts.direct
         if direct is None:
             if self.read_only:
                 direct = direct_readable(self.root, self._objects)

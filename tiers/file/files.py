@@ -26,29 +26,39 @@ import stat
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tiering.errors import TierError, TierFull, TierUnavailable
 from tiering.format import Corrupt, check_object, decode_header, peek_lengths
 from tiering.keys import BlockKey, key_from_hex, key_path
+from tiering.options import TierOptions, option
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
-from tiers.file.base import FileTier, log
+from tiers.file.base import FileOptions, FileTier, log
 from tiers.file.direct import BLOCK, KEPT_BUFFER, is_aligned, round_up, unlink
 
-__all__ = ["BlockFileTier"]
+__all__ = ["BlockFileTier", "FilesOptions"]
 
 _SUFFIX = ".kv"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FilesOptions(FileOptions):
+    """The options of the `files` layout (any thread: a value): those of every layout."""
+
+    layout: str = option("files", choices=("files",), help="A file per block.")
 
 
 class BlockFileTier(FileTier, layout="files"):
     """Runtime thread (the event loop): the file tier with a file per block under `path`;
     file I/O in the pool's threads. The index is only touched on the loop thread."""
 
+    Options: ClassVar[type[TierOptions]] = FilesOptions
     _objects = "**/*" + _SUFFIX
 
     def __init__(self, **options: Any) -> None:
-        """The options of every layout (`FileTier`), and no more."""
+        """`options`: those of `FilesOptions`, as `FileTier` says."""
         super().__init__(**options)
         self._index: OrderedDict[BlockKey, int] = OrderedDict()
         self._bytes = 0

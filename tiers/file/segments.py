@@ -28,23 +28,24 @@ from __future__ import annotations
 import fcntl
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
-from tiering.config import parse_size
 from tiering.errors import ConfigError, TierError
 from tiering.format import Corrupt
 from tiering.keys import BlockKey
+from tiering.options import TierOptions, option
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
 from tiers.file.aio import PREADV, PWRITEV
-from tiers.file.base import FileTier, log
+from tiers.file.base import FileOptions, FileTier, log
 from tiers.file.direct import BLOCK
 from tiers.file.ledger import SUFFIX, Place, Segment, SegmentLedger, record_size
 from tiers.file.recovery import scan_segment
 from tiers.file.segment_aio import SegmentAio
 from tiers.file.segment_io import SegmentFiles, close_and_unlink
 
-__all__ = ["SegmentFileTier"]
+__all__ = ["SegmentFileTier", "SegmentOptions"]
 
 T = TypeVar("T")
 
@@ -54,26 +55,41 @@ _RUN_BYTES = 1 << 20
 (BENCHMARKS.md, "Secondary tiers against raw baselines")."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SegmentOptions(FileOptions):
+    """The options of the `segments` layout (any thread: a value)."""
+
+    layout: str = option("segments", choices=("segments",), help="Blocks in segment files.")
+    segment_size: int = option(
+        64 << 20,
+        kind="size",
+        help="The largest segment file (at least 4KiB; at most a sixteenth of `capacity`).",
+    )
+    aio: bool = option(
+        True,
+        help="With O_DIRECT, I/O by Linux kernel AIO from the event loop where the kernel and "
+        "file system allow, instead of through the thread pool.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.segment_size < BLOCK:
+            raise ConfigError(f"segment_size: at least 4KiB, got {self.segment_size}")
+
+
 class SegmentFileTier(FileTier, layout="segments"):
     """Runtime thread (the event loop): the file tier with blocks appended to segment files.
     The index and the segments' bookkeeping are only touched on the loop thread; file
     descriptors are opened by the pool's threads."""
 
-    layout_options = ("segment_size", "aio")
+    Options: ClassVar[type[TierOptions]] = SegmentOptions
+    options: SegmentOptions
     _objects = "*" + SUFFIX
     _removes_damaged = False  # a damaged record is dead space until its segment goes
 
-    def __init__(
-        self, *, segment_size: int | str = "64MiB", aio: bool = True, **options: Any
-    ) -> None:
-        """`segment_size`: the largest segment file (at most a sixteenth of `capacity`).
-        `aio`: with O_DIRECT, reads and writes go to the disk by Linux kernel AIO from the
-        event loop where the kernel and file system allow (`tiers.file.aio`), instead of
-        through the thread pool."""
-        size = parse_size(segment_size, "segment_size")
-        if size < BLOCK:
-            raise ConfigError(f"segment_size: at least 4KiB, got {segment_size!r}")
+    def __init__(self, **options: Any) -> None:
+        """`options`: those of `SegmentOptions`, as `FileTier` says."""
         super().__init__(**options)
+        size = self.options.segment_size
         if self.capacity is not None:
             size = max(BLOCK, min(size, self.capacity // 16 // BLOCK * BLOCK))
         self._ledger = SegmentLedger(self.root, size, self._remove_unused)
@@ -92,7 +108,7 @@ class SegmentFileTier(FileTier, layout="segments"):
         self._aio = SegmentAio(
             name=self.name,
             root=self.root,
-            enabled=aio,
+            enabled=self.options.aio,
             direct=self.direct,
             fsync=self.fsync,
             files=self._files,
