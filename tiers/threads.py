@@ -114,7 +114,7 @@ class IOThreads:
     def _add_thread(self) -> None:
         """Threads start on demand, not all at the first call: on a busy host starting a
         dozen threads at once made the first promotion of a restarted engine miss its
-        deadline (measured in `kvtier demo`)."""
+        deadline (seen in `kvtier demo`'s warm restart)."""
         with self._lock:
             if self._closed or len(self._threads) >= self.count:
                 return

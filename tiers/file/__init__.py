@@ -10,8 +10,16 @@ Both are `FileTier`s (`tiers.file.base`: the directory, O_DIRECT, the free-space
 pool); `FileTier.variant(options)` is the class the `layout` option names.
 """
 
-from tiers.file.base import LAYOUTS, FileTier
-from tiers.file.files import BlockFileTier
-from tiers.file.segments import SegmentFileTier
+from tiers.file.base import LAYOUTS, FileOptions, FileTier
+from tiers.file.files import BlockFileTier, FilesOptions
+from tiers.file.segments import SegmentFileTier, SegmentOptions
 
-__all__ = ["LAYOUTS", "BlockFileTier", "FileTier", "SegmentFileTier"]
+__all__ = [
+    "LAYOUTS",
+    "BlockFileTier",
+    "FileOptions",
+    "FileTier",
+    "FilesOptions",
+    "SegmentFileTier",
+    "SegmentOptions",
+]

@@ -43,6 +43,8 @@ _SYSCALLS = {"x86_64": (206, 207, 209, 208), "aarch64": (0, 1, 2, 4)}
 
 
 class _Iocb(ctypes.Structure):
+    """Any thread (a value): the kernel's `struct iocb`, one request."""
+
     _fields_ = [  # struct iocb, little-endian
         ("data", ctypes.c_uint64),
         ("key", ctypes.c_uint32),
@@ -60,6 +62,8 @@ class _Iocb(ctypes.Structure):
 
 
 class _Event(ctypes.Structure):
+    """Any thread (a value): the kernel's `struct io_event`, one completion."""
+
     _fields_ = [
         ("data", ctypes.c_uint64),
         ("obj", ctypes.c_uint64),
@@ -69,10 +73,14 @@ class _Event(ctypes.Structure):
 
 
 class _Iovec(ctypes.Structure):
+    """Any thread (a value): `struct iovec`, one buffer of a request."""
+
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
 class _Timespec(ctypes.Structure):
+    """Any thread (a value): `struct timespec`, the zero wait of a reap."""
+
     _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
 
 
@@ -81,8 +89,9 @@ Request = tuple[int, int, Sequence[memoryview], int]
 
 
 class KernelAio:
-    """One kernel AIO context with room for `depth` requests, its completions delivered on
-    one event loop at a time. Raises OSError where the kernel or platform has none."""
+    """Runtime thread (one event loop at a time, which gets the completions): a kernel AIO
+    context with room for `depth` requests. Raises OSError where the kernel or platform has
+    none."""
 
     def __init__(self, depth: int = 256) -> None:
         numbers = _SYSCALLS.get(platform.machine())

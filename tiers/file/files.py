@@ -165,7 +165,8 @@ class BlockFileTier(FileTier, layout="files"):
         self, items: Sequence[tuple[KeyLike, memoryview | bytearray]]
     ) -> list[bool | BaseException]:
         """Reads in at most `concurrency` groups, each group in one pool call (a hop between
-        threads costs more than reading a 256 KiB block here); verified on the loop."""
+        threads costs about as much as reading a 256 KiB block: BENCHMARKS.md, "Secondary tiers
+        against raw baselines"); verified on the loop."""
         if len(items) < 2 or self.codec != "raw":
             return await super().get_many(items)
         blocks = [as_key(k) for k, _ in items]
