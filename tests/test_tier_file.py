@@ -81,8 +81,8 @@ class TestSegmentFileTier(TierConformance):
 
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
         assert isinstance(tier, SegmentFileTier)
-        read_only = tier.read_only  # (a read-only tier opens files so)
-        tier.read_only = tier._files.read_only = False
+        read_only = tier.read_only
+        tier.read_only = tier._files.read_only = False  # (a read-only tier opens files so)
         try:
             await tier._write(key, [blob])  # the bytes as they are: no header made, none checked
         finally:
@@ -463,6 +463,8 @@ def test_unknown_layout_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="layout: expected one of files, segments"):
         FileTier.variant({"layout": "log"})
+    with pytest.raises(ConfigError, match="layout: expected one of files, segments"):
+        BlockFileTier(namespace=NAMESPACE, path=tmp_path, layout="log")
 
 
 def test_the_layout_option_chooses_the_class() -> None:
