@@ -1,4 +1,4 @@
-"""Kernel AIO (`tiers/aio.py`) and the segment layout's use of it: requests made from the event
+"""Kernel AIO (`tiers/file/aio.py`) and the segment layout's use of it: requests made from the event
 loop, results as values, buffers held until the kernel is done, and everything it cannot do
 redone in the pool's threads."""
 
@@ -15,9 +15,9 @@ import pytest
 
 from tiering.errors import TierFull, TierTimeout, TierUnavailable
 from tiering.testing import NAMESPACE, key, payload
-from tiers.aio import PREADV, PWRITEV, REDO, KernelAio
-from tiers.file import FileTier, _direct_supported
-from tiers.segments import SegmentFileTier
+from tiers.file import SegmentFileTier
+from tiers.file.aio import PREADV, PWRITEV, REDO, KernelAio
+from tiers.file.direct import direct_supported
 
 SIZE = 64 << 10
 
@@ -26,7 +26,7 @@ SIZE = 64 << 10
 def direct_dir(tmp_path: Path) -> Path:
     """A directory on a disk file system (kernel AIO is for O_DIRECT files; on tmpfs the tier
     would use buffered I/O and these tests would test nothing): said, not skipped."""
-    assert _direct_supported(tmp_path), f"{tmp_path} does not support O_DIRECT (tmpfs?)"
+    assert direct_supported(tmp_path), f"{tmp_path} does not support O_DIRECT (tmpfs?)"
     return tmp_path
 
 
@@ -39,9 +39,7 @@ def slot(fill: bytes | None = None, size: int = SIZE) -> memoryview:
 
 
 def segments(path: Path, **options: Any) -> SegmentFileTier:
-    tier = FileTier(namespace=NAMESPACE, path=path, layout="segments", min_free=0, **options)
-    assert isinstance(tier, SegmentFileTier)
-    return tier
+    return SegmentFileTier(namespace=NAMESPACE, path=path, min_free=0, **options)
 
 
 def test_kernel_aio_writes_and_reads_from_the_loop(direct_dir: Path) -> None:
@@ -130,7 +128,7 @@ def test_kernel_aio_serves_one_loop_at_a_time(direct_dir: Path) -> None:
 
     tier = segments(direct_dir, direct=True)
     asyncio.run(first(tier))
-    assert tier._aio is not None
+    assert tier._aio.context is not None
     asyncio.run(second(tier))
 
 
@@ -165,11 +163,11 @@ def test_segments_redo_in_threads_what_the_kernel_would_block_on(
             assert await tier.get(key(1), out[1])
             assert await tier.get_many([(key(i), out[i]) for i in (2, 3)]) == [True, True]
             assert [bytes(out[i]) for i in (1, 2, 3)] == [payload(SIZE, i) for i in (1, 2, 3)]
-            assert len(seen) == 4 and not tier._aio_off  # asked each time, still on
+            assert len(seen) == 4 and not tier._aio.off  # asked each time, still on
 
             _answer(monkeypatch, errno.EOPNOTSUPP, seen)  # the file system cannot: stop asking
             assert await tier.get(key(3), out[0]) and bytes(out[0]) == payload(SIZE, 3)
-            assert tier._aio_off and len(seen) == 5
+            assert tier._aio.off and len(seen) == 5
             assert await tier.get(key(2), out[0]) and len(seen) == 5
 
     asyncio.run(body())

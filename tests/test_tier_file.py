@@ -14,37 +14,41 @@ from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
 from tiering.tier import Tier
-from tiers.file import FileTier
-from tiers.segments import SegmentFileTier
+from tiers.file import BlockFileTier, FileTier, SegmentFileTier
 
 
 class TestFileTier(TierConformance):
+    """The `files` layout: a file per block."""
+
     @pytest.fixture(params=[True, False], ids=["direct", "buffered"])
     def make_tier(self, request: pytest.FixtureRequest, tmp_path: Path) -> MakeTier:
         def make(**options: Any) -> Tier:
-            return FileTier(
+            return BlockFileTier(
                 namespace=NAMESPACE, path=tmp_path, min_free=0, direct=request.param, **options
             )
 
         return make
 
+    @staticmethod
+    def path_of(tier: Tier, key: BlockKey) -> Path:
+        """Where the object of `key` lives (its file may not exist)."""
+        assert isinstance(tier, BlockFileTier)
+        return tier._path(key)
+
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
-        assert isinstance(tier, FileTier)
-        path = tier.raw_path(key)
+        path = self.path_of(tier, key)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(blob)
 
     async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
-        assert isinstance(tier, FileTier)
-        path = tier.raw_path(key)
+        path = self.path_of(tier, key)
         return path.read_bytes() if path.exists() else None
 
     large_object_bytes = 64 << 30
 
     async def raw_put_large(self, tier: Tier, key: BlockKey, head: bytes, size: int) -> None:
         """A sparse file of `size` bytes (64 GiB) that starts with `head`."""
-        assert isinstance(tier, FileTier)
-        path = tier.raw_path(key)
+        path = self.path_of(tier, key)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as f:
             f.write(head)
@@ -52,34 +56,40 @@ class TestFileTier(TierConformance):
 
 
 class TestSegmentFileTier(TierConformance):
-    """The segment layout: blocks appended to segment files."""
+    """The `segments` layout: blocks appended to segment files."""
 
     @pytest.fixture(params=[True, False], ids=["direct", "buffered"])
     def make_tier(self, request: pytest.FixtureRequest, tmp_path: Path) -> MakeTier:
         def make(**options: Any) -> Tier:
-            return FileTier(
+            return SegmentFileTier(
                 namespace=NAMESPACE,
                 path=tmp_path,
                 min_free=0,
                 direct=request.param,
-                layout="segments",
                 segment_size="1MiB",
                 **options,
             )
 
         return make
 
+    @staticmethod
+    def location(tier: Tier, key: BlockKey) -> tuple[Path, int, int] | None:
+        """(segment file, offset, object length) of `key`'s copy, or None."""
+        assert isinstance(tier, SegmentFileTier)
+        place = tier._index.get(key)
+        return None if place is None else (place.segment.path, place.offset, place.length)
+
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
         assert isinstance(tier, SegmentFileTier)
-        read_only, tier.read_only = tier.read_only, False  # (a read-only tier opens files so)
+        read_only = tier.read_only
+        tier.read_only = tier._files.read_only = False  # (a read-only tier opens files so)
         try:
             await tier._write(key, [blob])  # the bytes as they are: no header made, none checked
         finally:
-            tier.read_only = read_only
+            tier.read_only = tier._files.read_only = read_only
 
     async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
-        assert isinstance(tier, SegmentFileTier)
-        where = tier.raw_location(key)
+        where = self.location(tier, key)
         if where is None:
             return None
         path, offset, length = where
@@ -88,24 +98,28 @@ class TestSegmentFileTier(TierConformance):
             return f.read(length)
 
 
+path_of = TestFileTier.path_of
+location = TestSegmentFileTier.location
+
+
 def test_direct_io_is_used_where_supported(tmp_path: Path) -> None:
-    tier = FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0)
+    tier = BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0)
     assert tier.direct  # ext4 here; tmpfs would say no
     asyncio.run(tier.close())
 
 
 def test_restart_keeps_complete_blocks_and_drops_half_written_ones(tmp_path: Path) -> None:
     async def body() -> None:
-        async with FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as tier:
+        async with BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as tier:
             for i in range(5):
                 await tier.put(key(i), payload(50_000, i))
-            path = tier.raw_path(key(2))
+            path = path_of(tier, key(2))
         # A crash mid-write leaves a temporary file; a torn file under a real name (written
         # by something else) must not be served either.
         (path.parent / f".{path.name}.999.0.tmp").write_bytes(b"half")
-        torn = tier.raw_path(key(3))
+        torn = path_of(tier, key(3))
         torn.write_bytes(torn.read_bytes()[:20_000])
-        async with FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as again:
+        async with BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as again:
             assert (await again.stat()).objects == 4
             assert again.counters["corrupt.truncated"] == 1
             assert not list(tmp_path.rglob("*.tmp"))
@@ -118,11 +132,11 @@ def test_restart_keeps_complete_blocks_and_drops_half_written_ones(tmp_path: Pat
 
 def test_restart_keeps_recency_order_for_eviction(tmp_path: Path) -> None:
     async def body() -> None:
-        async with FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as tier:
+        async with BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as tier:
             for i in range(3):
                 await tier.put(key(i), payload(100_000, i))
-                os.utime(tier.raw_path(key(i)), (1000 + i, 1000 + i))
-        async with FileTier(
+                os.utime(path_of(tier, key(i)), (1000 + i, 1000 + i))
+        async with BlockFileTier(
             namespace=NAMESPACE, path=tmp_path, min_free=0, capacity=350_000
         ) as again:
             await again.put(key(9), payload(100_000, 9))
@@ -139,7 +153,9 @@ def test_restart_keeps_recency_order_for_eviction(tmp_path: Path) -> None:
 def test_full_disk_fails_softly(tmp_path: Path) -> None:
     async def body() -> None:
         free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
-        async with FileTier(namespace=NAMESPACE, path=tmp_path, min_free=free + (1 << 30)) as tier:
+        async with BlockFileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=free + (1 << 30)
+        ) as tier:
             with pytest.raises(TierFull, match="would leave less than min_free"):
                 await tier.put(key(1), b"x" * 4096)
             assert await tier.contains([key(1)]) == [False]
@@ -153,8 +169,8 @@ def test_namespaces_live_apart(tmp_path: Path) -> None:
     async def body() -> None:
         other = bytes(16)
         async with (
-            FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as ours,
-            FileTier(namespace=other, path=tmp_path, min_free=0) as theirs,
+            BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as ours,
+            BlockFileTier(namespace=other, path=tmp_path, min_free=0) as theirs,
         ):
             await ours.put(key(1), b"ours")
             assert await theirs.get_bytes(key(1), 4) is None
@@ -167,11 +183,13 @@ def test_direct_io_moves_page_aligned_slots_without_bounce_buffers(tmp_path: Pat
     import mmap
 
     async def body() -> None:
-        async with FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, direct=True) as tier:
+        async with BlockFileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=0, direct=True
+        ) as tier:
             source = memoryview(mmap.mmap(-1, 64 << 10))
             source[:] = payload(64 << 10, 5)
             await tier.put(key(1), source)
-            assert tier.raw_path(key(1)).stat().st_size == 4096 + (64 << 10)
+            assert path_of(tier, key(1)).stat().st_size == 4096 + (64 << 10)
             target = memoryview(mmap.mmap(-1, 64 << 10))
             assert await tier.get(key(1), target)
             assert bytes(target) == payload(64 << 10, 5)
@@ -192,7 +210,7 @@ def test_a_timed_out_read_lets_go_of_the_buffer_before_it_returns(
 
     from tiering.errors import TierTimeout
 
-    tier = FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, timeout=0.05)
+    tier = BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, timeout=0.05)
     asyncio.run(tier.put(key(1), payload(4096, 1)))
     read = tier._read_file_into
 
@@ -221,9 +239,7 @@ def test_a_timed_out_read_lets_go_of_the_buffer_before_it_returns(
 
 def segments(path: Path, **options: Any) -> SegmentFileTier:
     options.setdefault("min_free", 0)
-    tier = FileTier(namespace=NAMESPACE, path=path, layout="segments", **options)
-    assert isinstance(tier, SegmentFileTier)
-    return tier
+    return SegmentFileTier(namespace=NAMESPACE, path=path, **options)
 
 
 def test_segments_append_blocks_to_few_files(tmp_path: Path) -> None:
@@ -233,7 +249,7 @@ def test_segments_append_blocks_to_few_files(tmp_path: Path) -> None:
             files = sorted(tmp_path.rglob("*.kvs"))
             assert len(files) == 3  # 16 objects of 64 KiB (4 KiB header, padded) per 1 MiB
             assert not list(tmp_path.rglob("*.kv"))
-            assert [tier.raw_location(key(i))[1] for i in range(3)] == [0, 65536, 131072]  # type: ignore[index]
+            assert [location(tier, key(i))[1] for i in range(3)] == [0, 65536, 131072]  # type: ignore[index]
 
     asyncio.run(body())
 
@@ -245,9 +261,9 @@ def test_segments_restart_keeps_blocks_skips_holes_and_drops_torn_ones(tmp_path:
                 await tier.put(key(i), payload(100_000, i))
             await tier.put(key(1), payload(100_000, 11))  # overwritten: the later copy wins
             assert await tier.delete(key(4))  # deleted: a tombstone keeps it deleted
-            hole = tier.raw_location(key(2))
-            torn = tier.raw_location(key(7))  # in the newest segments: payloads are verified
-            last = tier.raw_location(key(1))
+            hole = location(tier, key(2))
+            torn = location(tier, key(7))  # in the newest segments: payloads are verified
+            last = location(tier, key(1))
         assert hole and torn and last
         with open(hole[0], "r+b") as f:  # a crash left a hole where an object was going
             f.seek(hole[1])
@@ -299,7 +315,7 @@ def test_segments_emptied_by_deletes_are_removed(tmp_path: Path) -> None:
             (left,) = tmp_path.rglob("*.kvs")  # the active one stays
             used = (await tier.stat()).bytes_used
             assert used == left.stat().st_size  # what it takes on disk: all of it preallocated
-            assert used == (128 << 10 if tier._preallocating else 104 << 10)
+            assert used == (128 << 10 if tier._ledger.preallocating else 104 << 10)
         assert left.stat().st_size == 104 << 10  # trimmed to its objects on close
 
     asyncio.run(body())
@@ -316,9 +332,9 @@ def test_segments_preallocated_tail_is_skipped_at_restart(tmp_path: Path) -> Non
             await tier.put(key(i), payload(100_000, i))
         (path,) = tmp_path.rglob("*.kvs")
         assert path.stat().st_size == 4 << 20  # preallocated (tmp_path supports it)
-        hole = tier.raw_location(key(1))
+        hole = location(tier, key(1))
         assert hole is not None
-        os.close(tier._fds.pop(0))  # a crash: no close, no trim; key(1)'s object never landed
+        os.close(tier._files.fds.pop(0))  # a crash: no close, no trim; key(1)'s object never landed
         os.close(tier._writer_lock)
         with open(path, "r+b") as f:
             f.seek(hole[1])
@@ -337,18 +353,18 @@ def test_segments_work_where_files_cannot_be_preallocated(
     every put and get works."""
     import errno
 
-    import tiers.segments
+    import tiers.file.segment_io
 
     def refuse(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
-    monkeypatch.setattr(tiers.segments.os, "posix_fallocate", refuse)
+    monkeypatch.setattr(tiers.file.segment_io.os, "posix_fallocate", refuse)
 
     async def body() -> None:
         async with segments(tmp_path, segment_size="4MiB") as tier:
             for i in range(3):
                 await tier.put(key(i), payload(100_000, i))
-            assert not tier._preallocating
+            assert not tier._ledger.preallocating
             (path,) = tmp_path.rglob("*.kvs")
             assert path.stat().st_size == 3 * (104 << 10)  # as written, not preallocated
             assert await tier.get_bytes(key(2), 100_000) == payload(100_000, 2)
@@ -378,7 +394,7 @@ def test_segments_a_failed_tombstone_does_not_fail_the_put(
     counted, not raised."""
     import errno
 
-    import tiers.segments
+    import tiers.file.segment_io
 
     real = os.pwritev
 
@@ -387,7 +403,7 @@ def test_segments_a_failed_tombstone_does_not_fail_the_put(
             raise OSError(errno.EIO, "Input/output error")
         return real(fd, buffers, offset)
 
-    monkeypatch.setattr(tiers.segments.os, "pwritev", pwritev)
+    monkeypatch.setattr(tiers.file.segment_io.os, "pwritev", pwritev)
 
     async def body() -> None:
         async with segments(tmp_path) as tier:
@@ -430,7 +446,7 @@ def test_segments_min_free_is_checked_when_space_is_taken(tmp_path: Path, aio: b
     async def body() -> None:
         async with segments(tmp_path, segment_size="1MiB", direct=True, aio=aio) as tier:
             await tier.put(key(0), slot(0))
-            assert tier._active is not None and tier._active.preallocated
+            assert tier._ledger.active is not None and tier._ledger.active.preallocated
             free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
             tier.min_free = free + (1 << 30)  # from now on the disk is short
             for i in range(1, 15):  # 15 records of 68 KiB fill the 1 MiB segment
@@ -446,7 +462,37 @@ def test_unknown_layout_is_refused(tmp_path: Path) -> None:
     from tiering.errors import ConfigError
 
     with pytest.raises(ConfigError, match="layout: expected one of files, segments"):
-        FileTier(namespace=NAMESPACE, path=tmp_path, layout="log")
+        FileTier.variant({"layout": "log"})
+    with pytest.raises(ConfigError, match="layout: expected one of files, segments"):
+        BlockFileTier(namespace=NAMESPACE, path=tmp_path, layout="log")
+
+
+def test_the_layout_option_chooses_the_class() -> None:
+    assert FileTier.variant({}) is BlockFileTier
+    assert FileTier.variant({"layout": "files", "min_free": "0"}) is BlockFileTier
+    assert FileTier.variant({"layout": "segments", "segment_size": "1MiB"}) is SegmentFileTier
+    assert SegmentFileTier.variant({}) is SegmentFileTier
+
+
+def test_each_layout_takes_only_its_own_options(tmp_path: Path) -> None:
+    """`segment_size` and `aio` with `layout: files` were once ignored without a word."""
+    from tiering.errors import ConfigError
+
+    for name, value in (("segment_size", "1MiB"), ("aio", False)):
+        message = f"{name}: an option of layout segments, not of layout files"
+        with pytest.raises(ConfigError, match=message):
+            FileTier.variant({"layout": "files", name: value})
+        with pytest.raises(ConfigError, match=message):
+            FileTier.variant({name: value})  # files is the default
+        with pytest.raises(ConfigError, match=message):
+            BlockFileTier(namespace=NAMESPACE, path=tmp_path, **{name: value})
+    with pytest.raises(ConfigError, match="layout: SegmentFileTier is layout segments"):
+        SegmentFileTier(namespace=NAMESPACE, path=tmp_path, layout="files")
+    with pytest.raises(ConfigError, match="segment_size: at least 4KiB"):
+        SegmentFileTier(namespace=NAMESPACE, path=tmp_path / "s", segment_size=1024)
+    assert not (tmp_path / "s").exists()  # refused before anything was made
+    with pytest.raises(ConfigError, match="path: missing"):
+        BlockFileTier(namespace=NAMESPACE)
 
 
 @pytest.mark.parametrize("aio", [True, False], ids=["kernel-aio", "threads"])
@@ -459,7 +505,7 @@ def test_segments_move_a_batch_in_one_system_call(
     fails alone."""
     import mmap
 
-    from tiers.aio import PWRITEV, KernelAio
+    from tiers.file.aio import PWRITEV, KernelAio
 
     calls: dict[str, int] = {"pwritev": 0, "preadv": 0, "aio": 0}
     for name in ("pwritev", "preadv"):
@@ -502,7 +548,7 @@ def test_segments_move_a_batch_in_one_system_call(
             assert all(bytes(targets[i]) == payload(64 << 10, i) for i in range(8))
 
             await tier.delete(key(2))
-            where = tier.raw_location(key(5))
+            where = location(tier, key(5))
             assert where is not None
             with open(where[0], "r+b") as f:  # a flipped byte in one payload
                 f.seek(where[1] + 4096 + 100)
@@ -565,11 +611,11 @@ def test_a_fifo_in_place_of_an_object_is_a_corrupt_miss_not_a_hang(
     without end. Each is refused as not an object, and removed, at once."""
 
     async def body() -> None:
-        async with FileTier(
+        async with BlockFileTier(
             namespace=NAMESPACE, path=tmp_path, min_free=0, direct=direct, timeout=2
         ) as tier:
             await tier.put(key(2), payload(4096, 2))
-            fifo = tier.raw_path(key(1))
+            fifo = path_of(tier, key(1))
             os.mkfifo(fifo)
             start = asyncio.get_running_loop().time()
             assert await tier.get(key(1), bytearray(4096)) is False
@@ -593,14 +639,14 @@ def test_read_only_commands_and_a_restart_pass_fifos_by(tmp_path: Path) -> None:
     import sys
 
     async def body() -> None:
-        async with FileTier(namespace=NAMESPACE, path=tmp_path / "f", min_free=0) as tier:
+        async with BlockFileTier(namespace=NAMESPACE, path=tmp_path / "f", min_free=0) as tier:
             await tier.put(key(2), payload(4096, 2))
-            os.mkfifo(tier.raw_path(key(2)).with_name(key(1).hex() + ".kv"))
+            os.mkfifo(path_of(tier, key(2)).with_name(key(1).hex() + ".kv"))
         os.makedirs(tmp_path / "s" / NAMESPACE.hex())
         os.mkfifo(tmp_path / "s" / NAMESPACE.hex() / "00000007.kvs")
         for read_only in (True, False):
-            segments = FileTier(
-                namespace=NAMESPACE, path=tmp_path / "s", layout="segments", read_only=read_only
+            segments = SegmentFileTier(
+                namespace=NAMESPACE, path=tmp_path / "s", read_only=read_only
             )
             assert segments.damaged and segments.damaged[0][1] == "magic"
             await segments.close()
@@ -641,9 +687,7 @@ def test_the_segment_scan_verifies_at_most_the_files_size_a_chunk_at_a_time(
     tracemalloc.start()
     start = time.monotonic()
     try:
-        tier = FileTier(
-            namespace=NAMESPACE, path=tmp_path, min_free=0, layout="segments", read_only=True
-        )
+        tier = SegmentFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, read_only=True)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -662,16 +706,16 @@ def test_an_object_outside_its_keys_directory_is_not_indexed(tmp_path: Path) -> 
     from tiering.keys import make_key
 
     async def body() -> None:
-        async with FileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as tier:
+        async with BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as tier:
             for i in range(4):
                 await tier.put(key(i), payload(8192, i))
-            elsewhere = tier.raw_path(key(0)).parent.parent / (key(5).hex() + ".kv")
+            elsewhere = path_of(tier, key(0)).parent.parent / (key(5).hex() + ".kv")
         short = make_key(b"\x01")
         header, body_ = encode(short, NAMESPACE, payload(8192, 9), align=4096)
         (tmp_path / NAMESPACE.hex() / (short.hex() + ".kv")).write_bytes(header + bytes(body_))
         header, body_ = encode(key(5), NAMESPACE, payload(8192, 5), align=4096)
         elsewhere.write_bytes(header + bytes(body_))
-        async with FileTier(
+        async with BlockFileTier(
             namespace=NAMESPACE, path=tmp_path, min_free=0, capacity=4 * 12288
         ) as again:
             assert sorted(reason for _, reason, _ in again.damaged) == ["key", "key"]
@@ -688,16 +732,16 @@ def test_a_huge_sparse_segment_is_scanned_in_moments(tmp_path: Path) -> None:
     import time
 
     async def body() -> None:
-        async with FileTier(
-            namespace=NAMESPACE, path=tmp_path, min_free=0, layout="segments", segment_size="1MiB"
+        async with SegmentFileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=0, segment_size="1MiB"
         ) as tier:
             await tier.put(key(1), payload(8192, 1))
         (segment,) = (tmp_path / NAMESPACE.hex()).glob("*.kvs")
         with open(segment, "r+b") as f:
             f.truncate(64 << 30)
         start = time.monotonic()
-        async with FileTier(
-            namespace=NAMESPACE, path=tmp_path, min_free=0, layout="segments", read_only=True
+        async with SegmentFileTier(
+            namespace=NAMESPACE, path=tmp_path, min_free=0, read_only=True
         ) as again:
             assert await again.get_bytes(key(1), 8192) == payload(8192, 1)
         assert time.monotonic() - start < 5

@@ -1,9 +1,10 @@
 """A bounded pool of threads for blocking tier I/O, cheaper per call than `run_in_executor`.
 
-`loop.run_in_executor(ThreadPoolExecutor)` costs ~110 µs per call on the 2-vCPU machines we
-measure on (a `concurrent.futures.Future`, its chaining to an asyncio future, the executor's
-queue and lock); a `SimpleQueue` to the workers and one `call_soon_threadsafe` back costs ~50 µs
-(BENCHMARKS.md). That is a fifth of a 256 KiB read from NVMe. Calls that end while the loop has
+`loop.run_in_executor(ThreadPoolExecutor)` pays per call for a `concurrent.futures.Future`, its
+chaining to an asyncio future, and the executor's queue and lock; a `SimpleQueue` to the workers
+and one `call_soon_threadsafe` back costs about half as much, a cost that matters beside a
+256 KiB read from NVMe (BENCHMARKS.md, "Secondary tiers against raw baselines", tier threads).
+Calls that end while the loop has
 not yet run the previous ones' results are handed over with them, in one wake-up.
 
 Workers start when calls need them (up to `count`), again in a forked child (a fork keeps no
@@ -26,7 +27,8 @@ _STOP = None
 
 
 class IOThreads:
-    """`await threads.run(function, *args)` runs `function(*args)` on one of `count` threads."""
+    """Runtime thread (the event loop) submits, `count` worker threads run: `await
+    threads.run(function, *args)` runs `function(*args)` on one of them."""
 
     def __init__(self, count: int, name: str) -> None:
         if count < 1:
@@ -112,7 +114,7 @@ class IOThreads:
     def _add_thread(self) -> None:
         """Threads start on demand, not all at the first call: on a busy host starting a
         dozen threads at once made the first promotion of a restarted engine miss its
-        deadline (measured in `kvtier demo`)."""
+        deadline (seen in `kvtier demo`'s warm restart)."""
         with self._lock:
             if self._closed or len(self._threads) >= self.count:
                 return

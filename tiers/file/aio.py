@@ -1,8 +1,9 @@
 """Linux native asynchronous I/O (`io_submit`) for O_DIRECT reads and writes made from the event
 loop: a batch of blocks goes to the disk in one system call and the completions come back
 through an eventfd the loop watches, with no thread in between. A call through the tier's
-thread pool crosses to a worker and back, ~75 µs here against 190-340 µs for the 256 KiB
-transfer itself, and a batch waits for each of its workers to wake (BENCHMARKS.md).
+thread pool crosses to a worker and back, a cost of the order of the transfer itself, and a
+batch waits for each of its workers to wake (BENCHMARKS.md, "Secondary tiers against raw
+baselines").
 
 The segment layout of the file tier uses it where it can: Linux on x86-64 or arm64, O_DIRECT,
 page-aligned writable buffers. Every request carries `RWF_NOWAIT`: one that would block in its
@@ -42,6 +43,8 @@ _SYSCALLS = {"x86_64": (206, 207, 209, 208), "aarch64": (0, 1, 2, 4)}
 
 
 class _Iocb(ctypes.Structure):
+    """Any thread (a value): the kernel's `struct iocb`, one request."""
+
     _fields_ = [  # struct iocb, little-endian
         ("data", ctypes.c_uint64),
         ("key", ctypes.c_uint32),
@@ -59,6 +62,8 @@ class _Iocb(ctypes.Structure):
 
 
 class _Event(ctypes.Structure):
+    """Any thread (a value): the kernel's `struct io_event`, one completion."""
+
     _fields_ = [
         ("data", ctypes.c_uint64),
         ("obj", ctypes.c_uint64),
@@ -68,10 +73,14 @@ class _Event(ctypes.Structure):
 
 
 class _Iovec(ctypes.Structure):
+    """Any thread (a value): `struct iovec`, one buffer of a request."""
+
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
 class _Timespec(ctypes.Structure):
+    """Any thread (a value): `struct timespec`, the zero wait of a reap."""
+
     _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
 
 
@@ -80,8 +89,9 @@ Request = tuple[int, int, Sequence[memoryview], int]
 
 
 class KernelAio:
-    """One kernel AIO context with room for `depth` requests, its completions delivered on
-    one event loop at a time. Raises OSError where the kernel or platform has none."""
+    """Runtime thread (one event loop at a time, which gets the completions): a kernel AIO
+    context with room for `depth` requests. Raises OSError where the kernel or platform has
+    none."""
 
     def __init__(self, depth: int = 256) -> None:
         numbers = _SYSCALLS.get(platform.machine())

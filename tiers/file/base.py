@@ -1,0 +1,345 @@
+"""What both layouts of the file tier share: the directory, O_DIRECT or buffered I/O, the
+free-space guard, the thread pool and the batch plumbing.
+
+A layout is a subclass that names itself (`class BlockFileTier(FileTier, layout="files")`);
+`FileTier.variant(options)` picks the class of the `layout` an options mapping asks for, and
+each layout accepts only its own options. The layouts keep their own index (`_index`: every
+key the tier holds, `knows` answers from it) and count their own bytes (`_bytes_used`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from tiering.errors import ConfigError, TierFull, TierTimeout
+from tiering.format import Corrupt
+from tiering.keys import BlockKey
+from tiering.options import TierOptions, fields_of, option
+from tiering.tier import Buffer, KeyLike, Tier, TierStat
+from tiers.file.direct import (
+    BLOCK,
+    BounceBuffers,
+    direct_readable,
+    direct_supported,
+    is_aligned,
+    round_up,
+)
+from tiers.threads import IOThreads
+
+__all__ = ["LAYOUTS", "FileOptions", "FileTier"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LAYOUTS = ("files", "segments")
+_said_buffered: set[str] = set()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FileOptions(TierOptions):
+    """The options of every layout of the file tier (any thread: a value); each layout's record
+    subclasses it."""
+
+    path: str = option(kind="path", what="a directory path", help="The directory of the tier.")
+    layout: str = option(
+        "files",
+        choices=LAYOUTS,
+        help="`files`: a file per block; `segments`: blocks appended to segment files.",
+    )
+    min_free: int = option(
+        1 << 30,
+        kind="size",
+        zero=True,
+        help="Puts fail (TierFull) rather than leave less free space on the disk.",
+    )
+    direct: bool | None = option(
+        None, help="Use O_DIRECT (null: when the file system supports it)."
+    )
+    fsync: bool = option(
+        False,
+        help="Flush each object and its directory before a put returns (survives power loss).",
+    )
+
+
+class FileTier(Tier):
+    """Runtime thread (the event loop): the base of the file tier's layouts; file I/O runs in
+    a pool of `concurrency` threads. The index is only touched on the loop thread."""
+
+    type_name = "file"
+    persistent = True
+    supports_listing = True
+    evicts = True
+    align = BLOCK
+    indexed = True
+    """The index is this process's: blocks another process writes into the same directory
+    meanwhile are found at the next start."""
+
+    Options: ClassVar[type[TierOptions]] = FileOptions
+    options: FileOptions
+    layout: ClassVar[str] = ""
+    """The `layout` option's value that chooses this class."""
+    _layouts: ClassVar[dict[str, type[FileTier]]] = {}
+    _objects: ClassVar[str] = ""
+    """Where a namespace directory's objects are (relative glob)."""
+    _removes_damaged: ClassVar[bool] = True
+    """A writable tier's start-up scan removes the damaged objects it finds."""
+
+    _index: Mapping[BlockKey, object]
+    """Every key the tier holds (set by the layout)."""
+
+    def __init_subclass__(cls, *, layout: str = "", **kwargs: Any) -> None:
+        """A layout's class names its layout: `class X(FileTier, layout="files")`."""
+        super().__init_subclass__(**kwargs)
+        if layout:
+            assert layout in LAYOUTS and layout not in FileTier._layouts, layout
+            cls.layout = layout
+            FileTier._layouts[layout] = cls
+
+    @classmethod
+    def variant(cls, options: Mapping[str, Any]) -> type[FileTier]:
+        """The class of the layout `options` asks for (`files` when it names none); ConfigError
+        for an unknown layout, or for an option of another layout than the one chosen."""
+        layout = options.get("layout", cls.layout or "files")
+        chosen = FileTier._layouts.get(layout) if isinstance(layout, str) else None
+        if chosen is None:
+            raise ConfigError(f"layout: expected one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if cls.layout and chosen is not cls:
+            raise ConfigError(f"layout: {cls.__name__} is layout {cls.layout}, got {layout!r}")
+        chosen.refuse_other_options(options)
+        return chosen
+
+    @classmethod
+    def refuse_other_options(cls, options: Mapping[str, Any]) -> None:
+        """ConfigError for an option of another layout than this one (rather than "unknown
+        option": it is known, to the other layout)."""
+        own = fields_of(cls.Options)
+        for other in FileTier._layouts.values():
+            for name in fields_of(other.Options):
+                if name in options and name not in own:
+                    raise ConfigError(
+                        f"{name}: an option of layout {other.layout}, not of layout {cls.layout}"
+                    )
+
+    def __init__(
+        self,
+        *,
+        namespace: bytes,
+        secret: bytes | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> None:
+        """`options`: the fields of the layout's record (`Options`); ConfigError for another
+        layout, or an option of another layout."""
+        self.variant(options)
+        opts = self.Options.of(options)
+        assert isinstance(opts, FileOptions)
+        self.options = opts
+        super().__init__(
+            namespace=namespace,
+            name=name,
+            secret=secret,
+            capacity=opts.capacity,
+            codec=opts.codec,
+            checksum=opts.checksum,
+            read_only=opts.read_only,
+            concurrency=opts.concurrency,
+            timeout=opts.timeout,
+        )
+        path = opts.path
+        self.base = Path(path)
+        self.root = self.base / self.namespace.hex()  # made on the first write
+        if not self.read_only:  # a read-only tier creates, renames and deletes nothing
+            try:
+                self.base.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ConfigError(
+                    f"tier {self.name!r}: path {path}: cannot create: {e.strerror}"
+                ) from e
+        elif self.base.exists() and not self.base.is_dir():
+            raise ConfigError(f"tier {self.name!r}: path {path} is not a directory")
+        self.min_free = opts.min_free
+        self.fsync = opts.fsync
+        direct = opts.direct
+        if direct is None:
+            if self.read_only:
+                direct = direct_readable(self.root, self._objects)
+            else:
+                direct = direct_supported(self.base)
+        self.direct = direct
+        if not self.direct and str(self.base) not in _said_buffered:
+            _said_buffered.add(str(self.base))
+            log.info(
+                "tier %r: %s does not support O_DIRECT; using buffered I/O", self.name, self.base
+            )
+        self._pool = IOThreads(self.concurrency, f"kvtier-{self.name}")
+        self._buffers = BounceBuffers()  # one aligned bounce buffer per pool thread
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def _damaged_at_start(self, where: str, reason: str, detail: str) -> None:
+        self.counters[f"corrupt.{reason}"] += 1
+        self.damaged.append((where, reason, not self.read_only and self._removes_damaged))
+        verb = "leaving" if self.read_only else "removing"
+        log.warning("tier %r: %s a damaged object at start, %s: %s", self.name, verb, where, detail)
+
+    # -- primitives both layouts answer from the index -------------------------------------------
+
+    @abstractmethod
+    def _bytes_used(self) -> int:
+        """Bytes the tier's objects take, as capacity counts them."""
+
+    def knows(self, key: BlockKey) -> bool:
+        return key in self._index
+
+    async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
+        return [key in self._index for key in keys]
+
+    async def _stat(self) -> TierStat:
+        return TierStat(len(self._index), self._bytes_used(), self.capacity)
+
+    async def _list(self) -> AsyncIterator[BlockKey]:
+        for key in list(self._index):
+            yield key
+
+    async def _namespaces(self) -> list[bytes]:
+        found: list[bytes] = []
+        if not self.base.is_dir():  # a read-only tier over a directory not made yet
+            return found
+        for entry in self.base.iterdir():
+            if entry.is_dir() and len(entry.name) == 32 and any(entry.glob(self._objects)):
+                try:
+                    found.append(bytes.fromhex(entry.name))
+                except ValueError:
+                    continue
+        return sorted(found)
+
+    async def _close(self) -> None:
+        self._pool.shutdown()
+
+    async def _run(self, function: Callable[..., T], *args: Any) -> T:
+        """`function` in the pool. Cancelled (a deadline), it still waits for the thread: the
+        thread reads into and writes from the caller's buffers (primary slots), which must not
+        be handed to anyone else while it runs. The caller's deadline comes late instead."""
+        return await self._pool.run_to_end(function, *args)
+
+    # -- batches --------------------------------------------------------------------------------
+
+    async def _finish_reads(
+        self,
+        blocks: list[BlockKey],
+        views: list[memoryview],
+        answers: list[Any],
+        touch: Callable[[int], None],
+    ) -> list[bool | BaseException]:
+        """Each batch read's answer (what `_read_into` returns, or an error) verified,
+        counted and treated as a miss where corrupt, as a single read's; `touch(i)` for each
+        block found."""
+        results: list[bool | BaseException] = []
+        for i, (block, view, answer) in enumerate(zip(blocks, views, answers, strict=True)):
+            if isinstance(answer, Corrupt):
+                await self._refuse(block, answer)
+                results.append(False)
+            elif isinstance(answer, BaseException):
+                self.counters["errors"] += 1
+                results.append(answer)
+            else:
+                if answer is not None:
+                    touch(i)
+                results.append(await self._accept_into(block, answer, view))
+        return results
+
+    async def _make_room(self, size: int, growth: int) -> None:
+        """Evict for an object of `size` that grows the tier by `growth` (with a capacity)."""
+        if self.capacity is None:
+            return
+        if size > self.capacity:
+            raise TierFull(f"tier {self.name!r}: an object of {size} bytes exceeds the capacity")
+        await self._evict_for(growth)
+
+    @abstractmethod
+    async def _evict_for(self, size: int) -> None:
+        """Evict until `size` more bytes fit in the capacity (there is one)."""
+
+    def _encode_batch(
+        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
+    ) -> tuple[list[tuple[BlockKey, tuple[Buffer, Buffer]]], list[int], list[Any], list[int]]:
+        """The objects of a batch of puts, their sizes, the results so far (objects larger than
+        the capacity fail alone) and the indexes of those to write."""
+        encoded = [self._encode(k, d) for k, d in items]
+        sizes = [sum(len(p) for p in parts) for _, parts in encoded]
+        results: list[None | BaseException] = [None] * len(items)
+        todo = []
+        for i, size in enumerate(sizes):
+            if self.capacity is not None and size > self.capacity:
+                results[i] = TierFull(
+                    f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
+                )
+            else:
+                todo.append(i)
+        return encoded, sizes, results, todo
+
+    async def _in_groups(
+        self, work: Callable[[list[Any]], list[Any]], jobs: list[Any]
+    ) -> list[Any]:
+        """`work` over `jobs` split into at most `concurrency` groups run at once in the pool,
+        each under the tier's deadline per job; a group that fails fails each of its jobs."""
+        n = min(self.concurrency, len(jobs))
+        groups = [jobs[i::n] for i in range(n)]  # interleaved: every group starts at the front
+
+        async def one(group: list[Any]) -> list[Any]:
+            try:
+                if self.timeout is None:
+                    return await self._run(work, group)
+                async with asyncio.timeout(self.timeout * len(group)):
+                    return await self._run(work, group)
+            except TimeoutError:
+                error = TierTimeout(f"tier {self.name!r}: no answer within the deadline")
+                return [error] * len(group)
+
+        answers: list[Any] = [None] * len(jobs)
+        for i, group_answers in enumerate(await asyncio.gather(*(one(g) for g in groups))):
+            answers[i::n] = group_answers
+        return answers
+
+    # -- file I/O, in the pool -------------------------------------------------------------------
+
+    def _flags(self) -> int:
+        return os.O_DIRECT if self.direct else 0
+
+    def _check_free(self, size: int) -> None:
+        fs = os.statvfs(self.base)
+        free = fs.f_bavail * fs.f_frsize
+        if free - size < self.min_free:
+            raise TierFull(
+                f"tier {self.name!r}: {free} bytes free on {self.root}; a put of {size} would "
+                f"leave less than min_free ({self.min_free})"
+            )
+
+    def _aligned_buffer(self, size: int) -> memoryview:
+        """This thread's page-aligned buffer, `size` bytes of it (`BounceBuffers`)."""
+        return self._buffers.get(size)
+
+    def _gather(self, parts: Sequence[Buffer], size: int) -> list[Buffer]:
+        """The buffers one write of an object sends: with O_DIRECT, page-aligned and whole
+        4 KiB blocks (a primary slot's payload goes as it is, behind an aligned copy of the
+        header; anything else through this thread's bounce buffer, zero-padded)."""
+        if not self.direct:
+            return [memoryview(p) for p in parts]
+        if len(parts) == 2 and len(parts[0]) == BLOCK and is_aligned(memoryview(parts[1])):
+            header = self._aligned_buffer(BLOCK)
+            header[:] = parts[0]
+            return [header, parts[1]]
+        buffer = self._aligned_buffer(round_up(size))
+        at = 0
+        for part in parts:
+            buffer[at : at + len(part)] = part
+            at += len(part)
+        buffer[at:] = bytes(len(buffer) - at)  # no stale bytes in the padding
+        return [buffer]
