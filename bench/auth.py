@@ -32,7 +32,7 @@ from tiering.testing import NAMESPACE  # noqa: E402
 from tiering.tier import Tier  # noqa: E402
 from tiering.units import parse_size  # noqa: E402
 from tiers.baselines import tier_rates  # noqa: E402
-from tiers.file import FileTier  # noqa: E402
+from tiers.file import SegmentFileTier  # noqa: E402
 from tiers.memory import MemoryTier  # noqa: E402
 from tiers.redis import RedisTier  # noqa: E402
 
@@ -85,11 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "file" in chosen:
 
             def make_file(**options: Any) -> Tier:
-                return FileTier(
+                return SegmentFileTier(
                     namespace=NAMESPACE,
                     path=work / "file",
                     min_free=0,
-                    layout="segments",
                     **options,
                 )
 

@@ -93,13 +93,12 @@ def bench_file(
                 rates = {}
                 for use_aio in variants if rep % 2 == 0 else variants[::-1]:
                     root = directory / f"file-tier-{rep}"
-                    tier = FileTier(
+                    tier = FileTier.variant({"layout": layout})(
                         namespace=NAMESPACE,
                         path=root,
                         min_free=0,
                         concurrency=jobs,
-                        layout=layout,
-                        aio=use_aio,
+                        **({"aio": use_aio} if layout == "segments" else {}),
                     )
                     rates[use_aio] = asyncio.run(_run_and_close(tier, size, count, jobs, batched))
                     shutil.rmtree(root, ignore_errors=True)

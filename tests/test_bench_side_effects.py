@@ -85,7 +85,7 @@ def test_a_file_bench_leaves_the_directory_as_it_was(
     root = tmp_path / "nvme"
     (root / "baseline").mkdir(parents=True)
     (root / "baseline" / "mine.txt").write_text("a user's file")
-    put_user_block(FileTier(namespace=NAMESPACE, path=root, min_free=0, layout=layout))
+    put_user_block(FileTier.variant({"layout": layout})(namespace=NAMESPACE, path=root, min_free=0))
     config = tmp_path / "tiers.yaml"
     config.write_text(
         "version: 1\nprimary: {capacity: 1GiB}\ntiers:\n"

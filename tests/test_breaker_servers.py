@@ -265,9 +265,9 @@ def test_a_dead_server_opens_the_breaker_on_checks(served: tuple[Engine, Any]) -
 
 
 def test_a_full_disk_refuses_writes_and_keeps_serving_promotions(tmp_path: Path) -> None:
-    from tiers.file import FileTier
+    from tiers.file import BlockFileTier
 
-    tier = FileTier(namespace=NAMESPACE, name="nvme", path=tmp_path / "nvme", min_free=0)
+    tier = BlockFileTier(namespace=NAMESPACE, name="nvme", path=tmp_path / "nvme", min_free=0)
     engine = Engine(tier)
     try:
         for i in range(8):

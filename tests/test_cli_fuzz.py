@@ -179,7 +179,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     import asyncio
 
     from tiering.testing import payload
-    from tiers.file import FileTier
+    from tiers.file import BlockFileTier
 
     root = tmp_path_factory.mktemp("fuzz")
     config = root / "tiers.yaml"
@@ -190,7 +190,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
 
     async def fill() -> None:
-        async with FileTier(namespace=NS, path=root / "a", min_free=0) as tier:
+        async with BlockFileTier(namespace=NS, path=root / "a", min_free=0) as tier:
             await tier.put_many([(make_key(bytes([i]) * 32), payload(4096, i)) for i in range(3)])
 
     asyncio.run(fill())

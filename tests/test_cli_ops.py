@@ -20,7 +20,7 @@ from tests.servers import RedisServer, SeaweedS3
 from tiering.cli import main
 from tiering.keys import BlockKey, make_key
 from tiering.testing import payload
-from tiers.file import FileTier
+from tiers.file import BlockFileTier, SegmentFileTier
 from tiers.redis import RedisTier
 from tiers.s3 import S3Tier
 
@@ -64,7 +64,7 @@ tiers:
 
 def fill(setup: dict[str, Any], n: int, name: str = "nvme") -> None:
     async def go() -> None:
-        async with FileTier(namespace=NS, path=setup["tmp"] / name, min_free=0) as tier:
+        async with BlockFileTier(namespace=NS, path=setup["tmp"] / name, min_free=0) as tier:
             await tier.put_many([(k(i), payload(SIZE, i)) for i in range(n)])
 
     asyncio.run(go())
@@ -120,7 +120,7 @@ def test_migrate_round_trip_is_bit_exact(
             source,
             summary,
         )
-    back = FileTier(namespace=NS, path=setup["tmp"] / "back", min_free=0)
+    back = BlockFileTier(namespace=NS, path=setup["tmp"] / "back", min_free=0)
     assert blocks(back, 30) == [payload(SIZE, i) for i in range(30)]
 
 
@@ -141,7 +141,10 @@ def test_move_deletes_the_source_only_after_a_verified_copy(
         "--json",
     )
     assert code == 0 and json.loads(out)["moved"] == 10
-    assert blocks(FileTier(namespace=NS, path=setup["tmp"] / "nvme", min_free=0), 10) == [None] * 10
+    assert (
+        blocks(BlockFileTier(namespace=NS, path=setup["tmp"] / "nvme", min_free=0), 10)
+        == [None] * 10
+    )
     assert blocks(RedisTier(namespace=NS, url=setup["redis"].url), 10) == [
         payload(SIZE, i) for i in range(10)
     ]
@@ -219,8 +222,8 @@ def test_verify_finds_planted_corruption_and_repair_removes_it(
     setup: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     fill(setup, 6)
-    tier = FileTier(namespace=NS, path=setup["tmp"] / "nvme", min_free=0)
-    damaged = tier.raw_path(k(2))
+    tier = BlockFileTier(namespace=NS, path=setup["tmp"] / "nvme", min_free=0)
+    damaged = tier._path(k(2))
     raw = bytearray(damaged.read_bytes())
     raw[-1] ^= 0xFF
     damaged.write_bytes(raw)
@@ -335,7 +338,7 @@ tiers:
     )
 
     async def live() -> None:
-        writer = FileTier(namespace=NS, path=root, min_free=0, layout="segments")
+        writer = SegmentFileTier(namespace=NS, path=root, min_free=0)
         async with writer:
             await writer.put_many([(k(i), payload(SIZE, i)) for i in range(3)])
             for command in (
@@ -373,7 +376,7 @@ def two_disks(tmp_path: Path) -> Path:
     )
 
     async def go() -> None:
-        async with FileTier(namespace=NS, path=tmp_path / "a", min_free=0) as tier:
+        async with BlockFileTier(namespace=NS, path=tmp_path / "a", min_free=0) as tier:
             await tier.put_many([(k(i), payload(SIZE, i)) for i in range(5)])
 
     asyncio.run(go())
@@ -400,7 +403,7 @@ def test_a_journal_path_that_is_not_a_journal_is_refused_untouched(
         assert code == 2 and out == "" and message in err, err
         assert err.count("\n") == 1
     assert notes.read_text() == "my notes\n"
-    assert blocks(FileTier(namespace=NS, path=tmp_path / "b", min_free=0), 5) == [None] * 5
+    assert blocks(BlockFileTier(namespace=NS, path=tmp_path / "b", min_free=0), 5) == [None] * 5
 
 
 def test_a_journal_names_its_migration_and_another_one_is_refused(
@@ -482,7 +485,7 @@ def test_show_masks_the_auth_secret_and_every_tier_gets_it(
     assert code == 0 and "authenticated objects" in out
 
     async def plant() -> None:  # a block written without the secret: a stranger's
-        async with FileTier(namespace=NS, path=tmp_path / "a", min_free=0) as tier:
+        async with BlockFileTier(namespace=NS, path=tmp_path / "a", min_free=0) as tier:
             await tier.put(k(1), payload(SIZE, 1))
 
     asyncio.run(plant())

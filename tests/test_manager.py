@@ -602,12 +602,10 @@ def test_the_segment_layout_with_kernel_aio_serves_the_runtime(cleanup: Any, tmp
     for byte, after a restart of the tier too."""
     import mmap
 
-    from tiers.file import FileTier
+    from tiers.file import SegmentFileTier
 
-    def harness() -> tuple[Harness, FileTier]:
-        tier = FileTier(
-            namespace=NAMESPACE, path=tmp_path, layout="segments", min_free=0, direct=True
-        )
+    def harness() -> tuple[Harness, SegmentFileTier]:
+        tier = SegmentFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, direct=True)
         h = Harness([(TierConfig(name="nvme", type="file", write="back"), tier)], reserve=3)
         region = mmap.mmap(-1, 8 * BLOCK)  # page-aligned slots
         h.memory = np.frombuffer(region, dtype=np.uint8).reshape(8, BLOCK)

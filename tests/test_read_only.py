@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ROOT
 from tiering.cli import main
 from tiering.testing import NAMESPACE, key, payload
-from tiers.file import FileTier
+from tiers.file import BlockFileTier, FileTier
 
 SIZE = 8192
 
@@ -49,7 +49,9 @@ def populate(path: Path, layout: str) -> list[str]:
     """Good blocks, and damaged objects of each kind a scan meets; their descriptions."""
 
     async def body() -> None:
-        async with FileTier(namespace=NAMESPACE, path=path, min_free=0, layout=layout) as tier:
+        async with FileTier.variant({"layout": layout})(
+            namespace=NAMESPACE, path=path, min_free=0
+        ) as tier:
             await tier.put_many([(key(i), payload(SIZE, i)) for i in range(6)])
 
     asyncio.run(body())
@@ -131,11 +133,11 @@ def test_stats_on_a_missing_directory_creates_nothing(tmp_path: Path) -> None:
 _WRITER = """
 import asyncio, sys
 from tiering.testing import NAMESPACE, key, payload
-from tiers.file import FileTier
+from tiers.file import BlockFileTier, FileTier
 
 async def main() -> None:
     failed = 0
-    async with FileTier(namespace=NAMESPACE, path=sys.argv[1], min_free=0) as tier:
+    async with BlockFileTier(namespace=NAMESPACE, path=sys.argv[1], min_free=0) as tier:
         for i in range(int(sys.argv[2])):
             try:
                 await tier.put(key(i), payload(1 << 20, i % 4))
@@ -177,7 +179,9 @@ def test_a_live_writer_loses_no_put_beside_a_stats_loop(
     assert out.strip().splitlines()[-1] == "failed 0", out
 
     async def count() -> int:
-        async with FileTier(namespace=NAMESPACE, path=path, min_free=0, read_only=True) as tier:
+        async with BlockFileTier(
+            namespace=NAMESPACE, path=path, min_free=0, read_only=True
+        ) as tier:
             return (await tier.stat()).objects
 
     assert asyncio.run(count()) == n
@@ -196,9 +200,9 @@ def test_operators_on_a_64_gib_sparse_file_report_it_and_go_on(
     populate(path, "files")
 
     async def plant() -> Path:
-        async with FileTier(namespace=NAMESPACE, path=path, min_free=0) as tier:
+        async with BlockFileTier(namespace=NAMESPACE, path=path, min_free=0) as tier:
             await tier.put(key(9), payload(32 << 10, 9))
-            return tier.raw_path(key(9))
+            return tier._path(key(9))
 
     huge = asyncio.run(plant())
     with open(huge, "r+b") as f:
