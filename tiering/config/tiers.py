@@ -61,7 +61,7 @@ def variants(cls: type) -> list[tuple[type, str, tuple[str, ...]]]:
     default one (selected by `{}`) comes first. Found by asking `variant` for every value of
     every choice option."""
     default = variant_of(cls, {})
-    choices = {name: f.names() for name, f in option_fields(default).items() if f.kind == "choice"}
+    choices = {name: f.names() for name, f in option_fields(cls).items() if f.kind == "choice"}
     for name, values in choices.items():
         picked: dict[type, list[str]] = {}
         for value in values:
