@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from kvtier.replay import replay_tiered  # noqa: E402
+from kvtier.trace import load_trace  # noqa: E402
 from tiering.config import parse_config  # noqa: E402
-from tiering.replay import load_trace, replay_tiered  # noqa: E402
 
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz"
 

@@ -1,5 +1,7 @@
+"""`python -m kvtier`: the `kvtier` command."""
+
 import sys
 
-from tiering.cli import main
+from kvtier.cli import main
 
 sys.exit(main())

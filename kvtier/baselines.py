@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tiering.errors import StateError
-from tiering.testing import key, payload
+from tiering.testing.data import key, payload
 from tiering.tier import Tier
 
 __all__ = [

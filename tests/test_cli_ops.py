@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 
+from kvtier.cli import main
+from kvtier.servers import RedisServer, SeaweedS3
 from tests.conftest import ROOT
-from tests.servers import RedisServer, SeaweedS3
-from tiering.cli import main
 from tiering.keys import BlockKey, make_key
 from tiering.testing import payload
 from tiers.file import FileTier
@@ -171,7 +171,7 @@ def test_a_killed_migration_resumes_without_copying_again(setup: dict[str, Any])
     command = [
         sys.executable,
         "-m",
-        "tiering.cli",
+        "kvtier",
         "migrate",
         "--config",
         str(setup["config"]),
