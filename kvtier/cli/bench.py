@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvtier import baselines
 from kvtier.cli import args as argtypes
 from kvtier.cli.common import TIER, add_command, emit, make_tier, table, tier_config
 from kvtier.operations import purge
@@ -40,6 +39,8 @@ def add_parsers(commands: Any) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from kvtier import baselines  # subprocess and boto3 helpers: only this command needs them
+
     config = load_config(args.config)
     cfg = tier_config(config, args.tier)
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
@@ -121,6 +122,8 @@ def raw_baseline(
     """The same bytes moved without kvtier, on the tier's own disk or server, in the bench's
     scratch space (`scratch`: the tier options `kvtier.baselines.scratch_space` gave). Raises
     `NoBaseline` where it cannot be measured."""
+    from kvtier import baselines
+
     options = cfg.options
     if cfg.type == "file":
         write, read, tool = baselines.raw_disk(Path(scratch["path"]), size, count, clients)
