@@ -15,7 +15,7 @@ does inside prepare_load / prepare_store.
 
     python bench/manager.py [--capacity 6553] [--repeat 5] [--json]
 
-vLLM comes from its own virtual environment (connectors/venv.py, created on first use); the
+vLLM comes from its own virtual environment (kvtier/venv.py, created on first use); the
 script re-executes itself with that environment's python when vLLM is not importable here.
 """
 
@@ -39,9 +39,9 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from kvtier.trace import load_trace, trace_keys  # noqa: E402
 from tiering.keys import BlockKey  # noqa: E402
 from tiering.primary import LookupResult, PrimaryPool  # noqa: E402
-from tiering.replay import load_trace, trace_keys  # noqa: E402
 
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz"
 
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if not args.no_vllm and not _vllm_importable():
-        from connectors.venv import ensure_vllm_venv
+        from kvtier.venv import ensure_vllm_venv
 
         python = ensure_vllm_venv()
         os.execv(str(python), [str(python), __file__, *sys.argv[1:]])

@@ -10,7 +10,7 @@ written to and read from the tiers, checked on the way back):
   the "two tiers configured" case for the cost comparison.
 
 Each replay pauses after every step for the model's step, which streams 16 MiB through the
-caches (tiering/replay.py, `ENGINE_SWEEP_BYTES`), in every setup. With `--repeat N` the setups
+caches (kvtier/replay.py, `ENGINE_SWEEP_BYTES`), in every setup. With `--repeat N` the setups
 run N times each in rotated order; timings are medians and the cost ratio is the median of each
 round's ratio to the primary alone's run of the same round.
 
@@ -33,8 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from kvtier.replay import replay_tiered  # noqa: E402
+from kvtier.trace import load_trace  # noqa: E402
 from tiering.config import parse_config  # noqa: E402
-from tiering.replay import load_trace, replay_tiered  # noqa: E402
 
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz"
 

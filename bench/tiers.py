@@ -36,10 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.servers import RedisServer, SeaweedS3  # noqa: E402
-from tiering.testing import NAMESPACE, key, payload  # noqa: E402
-from tiering.tier import Tier  # noqa: E402
-from tiers.baselines import (  # noqa: E402
+from kvtier.baselines import (  # noqa: E402
     REDIS_KEYSPACE,
     gib_s,
     plain_boto3,
@@ -49,6 +46,9 @@ from tiers.baselines import (  # noqa: E402
     tier_rates,
     timed,
 )
+from kvtier.servers import RedisServer, SeaweedS3  # noqa: E402
+from tiering.testing import NAMESPACE, key, payload  # noqa: E402
+from tiering.tier import Tier  # noqa: E402
 from tiers.file import FileTier  # noqa: E402
 from tiers.redis import RedisTier  # noqa: E402
 from tiers.s3 import S3Tier  # noqa: E402

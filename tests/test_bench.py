@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 
 def test_manager_benchmark_runs(tmp_path: Path, mooncake_trace: Path) -> None:
-    from tiering.replay import load_trace
+    from kvtier.trace import load_trace
 
     trace = tmp_path / "head.jsonl"
     trace.write_text(

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-import tiers.baselines
-from tests.servers import RedisServer, SeaweedS3
-from tiering.cli import main
+import kvtier.baselines
+from kvtier.cli import main
+from kvtier.servers import RedisServer, SeaweedS3
 from tiering.testing import NAMESPACE, key, payload
 from tiering.tier import Tier
 from tiers.file import FileTier
@@ -47,7 +47,7 @@ def outcome(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     """`fails`: the bench fails mid-way, its puts done and its gets not (the harness's second
     timed phase raises): what it wrote must go all the same."""
     if request.param == "fails":
-        real = tiers.baselines.timed
+        real = kvtier.baselines.timed
         calls = 0
 
         async def failing(calls_: Any, in_flight: int) -> float:
@@ -57,7 +57,7 @@ def outcome(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
                 raise KeyboardInterrupt  # a user's Ctrl-C, the hardest to clean up after
             return await real(calls_, in_flight)
 
-        monkeypatch.setattr(tiers.baselines, "timed", failing)
+        monkeypatch.setattr(kvtier.baselines, "timed", failing)
     return str(request.param)
 
 

@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.servers import RedisServer, SeaweedS3
+from kvtier.replay import replay_tiered
+from kvtier.servers import RedisServer, SeaweedS3
+from kvtier.trace import TraceRequest
 from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
 from tiering.keys import BlockKey, make_key
 from tiering.manager import TieringOffloadingManager
 from tiering.primary import LookupResult, PrimaryPool
-from tiering.replay import TraceRequest, replay_tiered
 from tiering.runtime import Job, Runtime
 from tiering.testing import NAMESPACE
 from tiering.tier import Tier

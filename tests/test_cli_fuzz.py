@@ -1,8 +1,8 @@
 """No input reaches the user as a traceback: `kvtier` on mutated configs and arbitrary
 arguments exits 0, 1 or 2 (2 for bad input) with a one-line reason (issue 15, item 11).
 
-In process (`tiering.cli.main`) under Hypothesis, plus the reported cases as real
-`python -m tiering.cli` processes. "internal error" is the last-resort message for an
+In process (`kvtier.cli.main`) under Hypothesis, plus the reported cases as real
+`python -m kvtier` processes. "internal error" is the last-resort message for an
 exception kvtier did not expect: a fuzz case that reaches it has found a bug.
 """
 
@@ -23,8 +23,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtier.cli import main
 from tests.conftest import ROOT
-from tiering.cli import main
 from tiering.keys import make_key
 
 FUZZ = settings(
@@ -306,7 +306,7 @@ def test_reported_inputs_in_a_real_process(case: str, tmp_path: Path) -> None:
     text, argv, message = SUBPROCESS_CASES[case]
     config = tmp_path / "kvtier.yaml"
     config.write_bytes(text)
-    command = [sys.executable, "-m", "tiering.cli", argv[0], "--config", str(config), *argv[1:]]
+    command = [sys.executable, "-m", "kvtier", argv[0], "--config", str(config), *argv[1:]]
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
     )
@@ -330,7 +330,7 @@ def test_reported_arguments_in_a_real_process(argv: list[str], workspace: dict[s
         for a in argv
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "tiering.cli", *argv],
+        [sys.executable, "-m", "kvtier", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -345,7 +345,7 @@ def test_purge_at_the_end_of_input_in_a_real_process(workspace: dict[str, Path])
         [
             sys.executable,
             "-m",
-            "tiering.cli",
+            "kvtier",
             "purge",
             "--config",
             str(workspace["config"]),

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.servers import RedisServer, SeaweedS3
+from kvtier.servers import RedisServer, SeaweedS3
 from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
 from tiering.keys import BlockKey, make_key
 from tiering.manager import TieringOffloadingManager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from tiering.cli.progress import Progress
+from kvtier.cli.progress import Progress
 
 
 class Terminal(io.StringIO):

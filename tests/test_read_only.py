@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.cli import main
 from tests.conftest import ROOT
-from tiering.cli import main
 from tiering.testing import NAMESPACE, key, payload
 from tiers.file import BlockFileTier, FileTier
 
@@ -233,7 +233,7 @@ def test_operators_on_a_64_gib_sparse_file_report_it_and_go_on(
 def test_verify_reports_an_object_it_cannot_read_and_goes_on() -> None:
     """One object's read failing (a deadline on a large object, an odd reply) is reported
     against that object; the rest are still checked (verify stopped at the first)."""
-    from tiering.operations import verify
+    from kvtier.operations import verify
     from tiering.wrappers import FaultyTier
     from tiers.memory import MemoryTier
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.cli import main
+from kvtier.replay import replay
+from kvtier.trace import TraceRequest, load_trace
 from tests.conftest import ROOT, SHARED_TRACES, SHIPPED_TRACES
-from tiering.cli import main
 from tiering.errors import TraceError
-from tiering.replay import TraceRequest, load_trace, replay
 
 CAPACITIES = (1638, 3276, 6553, 13107, 26214)
 TOLERANCE = {"lru": 0.3, "arc": 1.0}  # points, as the foundation issue sets them
@@ -199,7 +200,7 @@ class TestCommandLine:
             [
                 sys.executable,
                 "-m",
-                "tiering.cli",
+                "kvtier",
                 "replay",
                 str(self.small_trace(tmp_path)),
                 "--capacity",
@@ -238,9 +239,9 @@ def test_lines_json_cannot_hold_are_one_line_errors(
 
 def test_reading_a_trace_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A device with no end and a gzip bomb are refused once past the bound, not read whole."""
-    import tiering.replay
+    import kvtier.trace
 
-    monkeypatch.setattr(tiering.replay, "MAX_TRACE_BYTES", 1 << 20)
+    monkeypatch.setattr(kvtier.trace, "MAX_TRACE_BYTES", 1 << 20)
     with pytest.raises(TraceError, match="larger than 1 MiB"):
         load_trace("/dev/zero")
     bomb = tmp_path / "bomb.jsonl.gz"

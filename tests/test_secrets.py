@@ -16,8 +16,8 @@ from urllib.parse import quote
 import pytest
 import redis
 
+from kvtier.servers import RedisServer
 from tests.conftest import ROOT
-from tests.servers import RedisServer
 from tiering.errors import ConfigError, TierUnavailable
 from tiering.secrets import MASK, redact_data, redact_text, redact_url, url_secrets
 from tiering.testing import NAMESPACE, key, payload
@@ -129,7 +129,7 @@ def test_a_bad_url_is_refused_at_once_without_quoting_its_password(
 
 
 def kvtier(config: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "tiering.cli", args[0], "--config", str(config), *args[1:]]
+    command = [sys.executable, "-m", "kvtier", args[0], "--config", str(config), *args[1:]]
     return subprocess.run(
         command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False
     )

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import redis
 
-from connectors.vllm_run import run_scenario
-from tests.servers import RedisServer
+from kvtier.scenario import run_scenario
+from kvtier.servers import RedisServer
 from tests.test_vllm import (  # noqa: F401 - fixtures
     prompts,
     scenario,

@@ -656,7 +656,7 @@ def test_read_only_commands_and_a_restart_pass_fifos_by(tmp_path: Path) -> None:
     config.write_text(f"tiers:\n  - {{name: f, type: file, path: '{tmp_path / 'f'}'}}\n")
     for args in (["stats"], ["ls", "--tier", "f"], ["inspect", "--tier", "f", key(1).hex()]):
         done = subprocess.run(
-            [sys.executable, "-m", "tiering.cli", args[0], "--config", str(config), *args[1:]],
+            [sys.executable, "-m", "kvtier", args[0], "--config", str(config), *args[1:]],
             capture_output=True,
             text=True,
             timeout=60,

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import redis
 
-from tests.servers import RedisClusterServers, RedisServer
+from kvtier.baselines import tier_rates
+from kvtier.servers import RedisClusterServers, RedisServer
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.runtime import fault_of
 from tiering.testing import NAMESPACE, MakeTier, TierConformance, craft, key, payload
 from tiering.tier import Tier, TierStat
-from tiers.baselines import tier_rates
 from tiers.redis import RedisTier
 
 pytestmark = pytest.mark.redis
@@ -574,7 +574,7 @@ def test_foreign_names_in_a_shared_redis_are_skipped_and_counted(
     """Anyone who can write to a shared Redis can add a name under kvtier's prefix that no
     kvtier wrote (not hex, not UTF-8): listings skip and count it, and `kvtier ls` and
     `kvtier verify` go on to the real blocks instead of aborting."""
-    from tiering.cli import main
+    from kvtier.cli import main
 
     flush(redis_server.port)
     prefix = f"kvtier:{NAMESPACE.hex()}:".encode()
@@ -691,7 +691,7 @@ def test_operators_commands_report_a_key_that_is_not_a_string(
 ) -> None:
     """`kvtier stats` and `ls` answer, `verify` names the planted list as a bad block (and
     deletes it with `--repair`) instead of failing with an error."""
-    from tiering.cli import main
+    from kvtier.cli import main
 
     flush(redis_server.port)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import SeaweedS3
+from kvtier.servers import SeaweedS3
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload

@@ -22,8 +22,8 @@ from typing import Any
 import lz4.frame
 import pytest
 
-from connectors.venv import ensure_vllm_venv
-from connectors.vllm_run import run_scenario
+from kvtier.scenario import run_scenario
+from kvtier.venv import ensure_vllm_venv
 from tiering.format import decode_header
 from tiering.keys import BlockKey, key_from_hex
 from tiering.testing import craft
@@ -183,7 +183,7 @@ def test_demo_serves_chat_turns_from_kvtier_and_from_disk_after_a_restart(
 ) -> None:
     import json
 
-    from tiering.cli import main
+    from kvtier.cli import main
 
     assert main(["demo", "--compare", "--json", "--conversations", "3", "--turns", "3"]) == 0
     report = json.loads(capsys.readouterr().out)

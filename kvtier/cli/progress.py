@@ -10,7 +10,8 @@ __all__ = ["Progress"]
 
 
 class Progress:
-    """Draws `label [#####.....] done/total` at most ten times a second. Main thread only.
+    """The `kvtier` process's main thread: draws `label [#####.....] done/total` at most ten
+    times a second.
 
     Disabled (every call a no-op) unless the stream is a terminal, so logs and pipes stay clean.
     """

@@ -14,13 +14,25 @@ import os
 import random
 import tempfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from connectors.venv import ensure_vllm_venv
-from connectors.vllm_run import run_scenario
+from kvtier.scenario import run_scenario
+from kvtier.venv import ensure_vllm_venv
 
-__all__ = ["DemoResult", "chat_workload", "run_demo"]
+__all__ = ["DEFAULT_CONFIG", "DemoResult", "chat_workload", "default_config", "run_demo"]
+
+
+def default_config() -> Path:
+    """The demo's config, package data of kvtier (so an installed kvtier finds it too; the
+    example configs/demo.yaml of a checkout is the same file, a test checks)."""
+    # kvtier is installed as files (never zipped: it ships a compiled helper), so the resource
+    # is a real path that vLLM's process can open by name.
+    return Path(str(resources.files("kvtier") / "configs" / "demo.yaml"))
+
+
+DEFAULT_CONFIG = default_config()
 
 ENGINE_BLOCKS = 24  # 768 tokens of engine KV cache: about one and a half conversations
 

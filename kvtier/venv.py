@@ -1,10 +1,11 @@
 """The virtual environment that vLLM runs in, created on first use.
 
 vLLM brings ~140 packages and replaces process-wide torch settings when it runs in-process, so
-kvtier keeps it in its own virtual environment and drives it through a subprocess (tests, the
-benchmark against vLLM's own manager, and later `kvtier demo`).
+kvtier keeps it in its own virtual environment and drives it through a subprocess
+(`kvtier.scenario`: `kvtier demo`, the end-to-end tests, the benchmark against vLLM's own
+manager).
 
-    python -m connectors.venv          # create it if needed, print its python
+    python -m kvtier.venv          # create it if needed, print its python
 
 The location is `$KVTIER_VLLM_VENV`, or `~/.cache/kvtier/vllm-<version>`. A `.kvtier-ready`
 marker is written last, so an interrupted install is redone instead of half-used.

@@ -1,8 +1,9 @@
 """Drive a real vLLM 0.32 engine on the CPU, with or without kvtier, through a list of prompts.
 
 Runs inside the vLLM virtual environment as a script, never imported by kvtier itself:
-`python -m connectors.vllm_run SCENARIO.json` prints `KVTIER-RESULT {json}` as its last line.
-`kvtier demo` and the end-to-end tests use it; `run_scenario` is how they call it.
+`python -m connectors.vllm.run SCENARIO.json RESULT.json` writes the result to RESULT.json.
+`kvtier demo` and the end-to-end tests use it; `kvtier.scenario.run_scenario` is how they call
+it (and documents the scenario's keys).
 
 The model is a tiny Llama written locally with realistic random weights (embeddings ~N(0,1),
 projections ~N(0, 1/fan_in)), so outputs depend on the context and a wrong KV load changes
@@ -192,54 +193,8 @@ _METRICS = {
 """vLLM metrics the scenario reports: (name, source label) -> result key, summed."""
 
 
-def run_scenario(
-    python: Path, scenario: dict[str, Any], workdir: Path, timeout: float = 900
-) -> dict[str, Any]:
-    """Run `scenario` with the vLLM environment's `python` in a subprocess; its result, with
-    the engine's output (vLLM's and kvtier's log lines) under `log`.
-
-    Scenario keys besides the prompts: `model_dir` (written there unless it holds the model of
-    `model_seed`, default `MODEL_SEED`), `engine_blocks`, `max_model_len`, `max_tokens`, `extra`
-    (`kv_connector_extra_config`; None: no offloading), `prefix_caching_hash_algo`, `env`
-    (variables for the engine; a null value removes one). `uniproc` (default True) keeps
-    scheduler and worker in one process; False is vLLM's default deployment, scheduler and
-    worker in separate processes.
-    """
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    path = workdir / f"scenario-{os.getpid()}-{time.monotonic_ns()}.json"
-    path.write_text(json.dumps(scenario))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_HOST_IP": "127.0.0.1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if scenario.get("uniproc", True) else "1",
-    }
-    for name, value in scenario.get("env", {}).items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = str(value)
-    proc = subprocess.run(
-        [str(python), "-m", "connectors.vllm_run", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        timeout=timeout,
-    )
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(_MARK):
-            return {**json.loads(line[len(_MARK) :]), "log": proc.stdout + proc.stderr}
-    tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-40:])
-    raise RuntimeError(f"vLLM run failed (exit {proc.returncode}):\n{tail}")
-
-
-_MARK = "KVTIER-RESULT "
-
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    print(_MARK + json.dumps(run(json.loads(Path(sys.argv[1]).read_text()))))
+    result = run(json.loads(Path(sys.argv[1]).read_text()))
+    Path(sys.argv[2]).write_text(json.dumps(result))

@@ -6,6 +6,9 @@ Each baseline works in scratch space of its own, uniquely named, and removes it 
 failed or not: a directory it creates (never one that was there), Redis keys under a prefix of
 its own (never redis-benchmark's default `key:*`, which may be a user's), S3 objects under a
 prefix of its own. No secret goes on a child's command line (see `redis_benchmark`).
+
+One module of about 400 lines: the three baselines share the scratch-space rules and the timing
+(`timed`, `gib_s`), and each is short.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tiering.errors import StateError
-from tiering.testing import key, payload
+from tiering.testing.data import key, payload
 from tiering.tier import Tier
 
 __all__ = [

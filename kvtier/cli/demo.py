@@ -8,23 +8,20 @@ import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tiering.cli import args as argtypes
+from kvtier.cli import args as argtypes
+from kvtier.cli.common import JSON
+from kvtier.demo import DEFAULT_CONFIG, DemoResult, run_demo
 from tiering.config import load_config
 
-if TYPE_CHECKING:
-    from connectors.demo import DemoResult
-
 __all__ = ["add_parser", "run"]
-
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
 def add_parser(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "demo",
+        parents=[JSON],
         help="run a real vLLM engine with kvtier on a multi-turn chat workload",
         description=(
             "Run vLLM 0.32 (CPU build, in its own virtual environment, prepared on first use) "
@@ -33,14 +30,23 @@ def add_parser(commands: Any) -> None:
         ),
     )
     parser.add_argument(
-        "--config", type=argtypes.path, default=DEFAULT_CONFIG, help="kvtier YAML file"
+        "--config",
+        type=argtypes.path,
+        default=DEFAULT_CONFIG,
+        help="kvtier YAML file (default: the demo's own, a file tier in a temporary directory)",
     )
-    parser.add_argument("--conversations", type=argtypes.count(1, 100), default=4)
-    parser.add_argument("--turns", type=argtypes.count(1, 100), default=4)
+    parser.add_argument(
+        "--conversations",
+        type=argtypes.count(1, 100),
+        default=4,
+        help="chats sharing a system prompt (default 4)",
+    )
+    parser.add_argument(
+        "--turns", type=argtypes.count(1, 100), default=4, help="turns of each chat (default 4)"
+    )
     parser.add_argument(
         "--compare", action="store_true", help="also run without kvtier, and compare"
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(run=run)
 
 
@@ -48,8 +54,6 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="kvtier-demo-nvme-") as disk:
         os.environ.setdefault("KVTIER_DEMO_DIR", disk)  # the demo config's file tier
         load_config(args.config)  # a bad file fails here, before minutes of engine start-up
-        from connectors.demo import run_demo
-
         results = run_demo(args.config, args.conversations, args.turns, args.compare)
     if args.json:
         report = {name: asdict(r) for name, r in results.items()}

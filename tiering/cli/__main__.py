@@ -1,5 +1,0 @@
-import sys
-
-from tiering.cli import main
-
-sys.exit(main())
