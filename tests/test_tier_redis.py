@@ -18,7 +18,8 @@ from tests.servers import RedisClusterServers, RedisServer
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.runtime import fault_of
-from tiering.testing import NAMESPACE, MakeTier, TierConformance, craft, key, payload
+from tiering.testing import NAMESPACE, craft, key, payload
+from tiering.testing.tier import MakeTier, TierConformance
 from tiering.tier import Tier, TierStat
 from tiers.baselines import tier_rates
 from tiers.redis import RedisTier

@@ -15,7 +15,8 @@ import pytest
 from tests.servers import SeaweedS3
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
-from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
+from tiering.testing import NAMESPACE, key, payload
+from tiering.testing.tier import MakeTier, TierConformance
 from tiering.tier import Tier
 from tiers.s3 import S3Tier
 

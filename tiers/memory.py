@@ -68,15 +68,6 @@ class MemoryTier(Tier):
         for key in list(self._objects):
             yield key
 
-    def raw_put(self, key: BlockKey, blob: bytes) -> None:
-        """Store object bytes as they are, bypassing encoding (white-box tests)."""
-        self._delete_now(key)
-        self._objects[key] = blob
-        self._bytes += len(blob)
-
-    def raw_get(self, key: BlockKey) -> bytes | None:
-        return self._objects.get(key)
-
     def _delete_now(self, key: BlockKey) -> bool:
         blob = self._objects.pop(key, None)
         if blob is None:

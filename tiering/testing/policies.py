@@ -1,6 +1,6 @@
 """The eviction-policy contract as a pytest mixin, shipped for authors of custom policies.
 
-    from tiering.policies.testing import PolicyContract
+    from tiering.testing.policies import PolicyContract
 
     class TestMyPolicy(PolicyContract):
         @pytest.fixture
