@@ -23,7 +23,7 @@ every call runs under the tier's deadline on the runtime's event loop thread; no
 returns is trusted: every object is verified here before a byte of it reaches a caller's block.
 
 What a backend must do: never read or allocate more than `limit` bytes for one object (a store
-holding a larger one answers `Corrupt("length")` without reading it: a crafted 2 GiB object
+holding a larger one answers `CorruptObject("length")` without reading it: a crafted 2 GiB object
 costs a stat, not 2 GiB); raise `TierUnavailable`, `TierTimeout` or `TierFull` (translated from
 its library's errors) when it fails; answer None or False for a missing object, never an error.
 Blocking libraries go to a bounded thread pool below the loop.
@@ -51,7 +51,6 @@ from tiering.format import (
     CHECKSUMS,
     CODECS,
     MAX_BLOCK_BYTES,
-    Corrupt,
     Header,
     check_object,
     decode_header,
@@ -108,7 +107,7 @@ class ReadsInto(Protocol):
     """Fast path for raw objects: the payload goes straight into `payload` (a primary slot),
     without an intermediate copy.
 
-    The implementation must: return None when there is no object; raise `Corrupt("length")`
+    The implementation must: return None when there is no object; raise `CorruptObject("length")`
     for an object larger than `limit` without reading it; otherwise return `(data, placed)`:
     `placed` only when it read the payload into `payload`, which it may do only when the
     object is laid out as a header followed by exactly `len(payload)` bytes (its real size is
@@ -199,7 +198,7 @@ class Tier(ABC):
 
     @abstractmethod
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
-        """The stored object of `key`, or None; `Corrupt("length")` without reading it when
+        """The stored object of `key`, or None; `CorruptObject("length")` without reading it when
         it is larger than `limit` bytes."""
 
     @abstractmethod
@@ -283,7 +282,7 @@ class Tier(ABC):
                 raw = await self._call(cast(ReadsInto, self)._read_into(block, view, limit))
                 return await self._accept_into(block, raw, view)
             blob = await self._call(self._read(block, limit))
-        except Corrupt as e:
+        except CorruptObject as e:
             await self._refuse(block, e)
             return False
         return await self._accept(block, blob, view)
@@ -301,12 +300,14 @@ class Tier(ABC):
         try:
             header = decode_header(data, block, self.namespace)
             if header.payload_offset != len(data):
-                raise Corrupt("length", "the payload was read from another offset than its own")
+                raise CorruptObject(
+                    "length", "the payload was read from another offset than its own"
+                )
             if header.codec != "raw":
-                raise Corrupt("codec", f"expected a raw object, found {header.codec}")
+                raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
             check_object(header, header.payload_offset + len(view), len(view))
             verify_payload(header, view, self._mac_key)
-        except Corrupt as e:
+        except CorruptObject as e:
             await self._refuse(block, e)
             return False
         return self._hit(len(view))
@@ -317,7 +318,7 @@ class Tier(ABC):
             return self._miss()
         try:
             view[:] = self.verified_block(block, blob, len(view))
-        except Corrupt as e:
+        except CorruptObject as e:
             await self._refuse(block, e)
             return False
         return self._hit(len(view))
@@ -325,7 +326,7 @@ class Tier(ABC):
     def verified_block(self, key: BlockKey, blob: Buffer, size: int | None = None) -> Buffer:
         """The block a stored object holds, verified as a read would verify it (header, real
         size, checksum, MAC with a secret, bounded decoding); `size`: the block size expected.
-        Raises `Corrupt`."""
+        Raises `CorruptObject`."""
         blob = memoryview(blob)
         header = decode_header(blob, key, self.namespace)
         check_object(header, len(blob), size)
@@ -410,7 +411,7 @@ class Tier(ABC):
     async def read_object(self, key: KeyLike) -> Buffer | None:
         """The stored object of `key` as it is (header and payload), unverified: for
         operators' tools that inspect or move objects. An object larger than any block may be
-        (`tiering.format.MAX_BLOCK_BYTES`) raises `Corrupt("length")` unread."""
+        (`tiering.format.MAX_BLOCK_BYTES`) raises `CorruptObject("length")` unread."""
         return await self._call(self._read(as_key(key), self.object_limit(MAX_BLOCK_BYTES)))
 
     async def read_head(self, key: KeyLike) -> tuple[bytes, int] | None:
@@ -493,7 +494,7 @@ class Tier(ABC):
         self.counters["misses"] += 1
         return False
 
-    async def _refuse(self, key: BlockKey, error: Corrupt) -> None:
+    async def _refuse(self, key: BlockKey, error: CorruptObject) -> None:
         self.counters["misses"] += 1
         self.counters[f"corrupt.{error.reason}"] += 1
         log.warning("tier %r: object %s refused (%s)", self.name, key.hex(), error)

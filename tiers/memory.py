@@ -6,8 +6,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tiering.errors import TierFull
-from tiering.format import Corrupt
+from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, Tier, TierStat
 
@@ -33,7 +32,7 @@ class MemoryTier(Tier):
         if blob is None:
             return None
         if len(blob) > limit:
-            raise Corrupt("length", f"object of {len(blob)} bytes, at most {limit} expected")
+            raise CorruptObject("length", f"object of {len(blob)} bytes, at most {limit} expected")
         self._objects.move_to_end(key)
         return blob
 

@@ -30,8 +30,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
 from tiering.config import parse_duration
-from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
-from tiering.format import Corrupt
+from tiering.errors import ConfigError, CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
@@ -41,7 +40,8 @@ __all__ = ["RedisTier"]
 
 T = TypeVar("T")
 Fetched = tuple[Buffer, bool] | None | BaseException
-"""One GET of a batch: `ReadsInto`'s answer, or the error in its place (`Corrupt`: refused)."""
+"""One GET of a batch: `ReadsInto`'s answer, or the error in its place (a `CorruptObject`: the
+object is refused)."""
 
 URL_QUERY = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
     "password",
@@ -170,7 +170,7 @@ class RedisTier(Tier):
     def _one_value(self, what: str) -> Iterator[None]:
         """`_errors` around a read of one key's value, where a key of another type is that
         object's fault (`_not_a_string`). Batches decide reply by reply instead: raised out of
-        a pipeline, a `Corrupt` would be taken for every block's and refuse them all."""
+        a pipeline, a `CorruptObject` would be taken for every block's and refuse them all."""
         with self._errors(what):
             try:
                 yield
@@ -190,7 +190,7 @@ class RedisTier(Tier):
         """`_error_reply` for one command of a batch, returned in its place: counted here as a
         tier error (nothing raises it through `_call`) unless it is the object's fault."""
         failed = self._error_reply(error, what)
-        if not isinstance(failed, Corrupt):
+        if not isinstance(failed, CorruptObject):
             self.counters["errors"] += 1
         return failed
 
@@ -236,7 +236,7 @@ class RedisTier(Tier):
         return await self._fast_get(key, lambda conn: conn.value_into(payload, limit))
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
-        """Header and real size; a key that holds no string raises `Corrupt("magic")`."""
+        """Header and real size; a key that holds no string raises `CorruptObject("magic")`."""
         with self._one_value("GETRANGE"):
             name = self._name(key)
             pipe = self._client.pipeline(transaction=False)
@@ -356,7 +356,7 @@ class RedisTier(Tier):
                     continue
                 try:
                     blobs.append(None if head is None else (_within(head, limit), False))
-                except Corrupt as e:
+                except CorruptObject as e:
                     blobs.append(e)
             return blobs
 
@@ -417,7 +417,7 @@ class RedisTier(Tier):
         """One item of a batch as `get` would answer it: an object refused unread (too large,
         not a string), an error returned in its place, an object verified as `_read_into`'s
         answer (its flag says whether the payload is already in `view`)."""
-        if isinstance(got, Corrupt):
+        if isinstance(got, CorruptObject):
             await self._refuse(block, got)
             return False
         if isinstance(got, BaseException):
@@ -444,7 +444,7 @@ class RedisTier(Tier):
                     got.append(await conn.value_into(view, self.object_limit(len(view)), DRAIN))
                 except ReplyError as e:
                     got.append(self._failed_item(e, what))
-                except Corrupt as e:
+                except CorruptObject as e:
                     got.append(e)
                     if conn.broken:
                         return
@@ -509,14 +509,6 @@ class RedisTier(Tier):
         except TierError as e:
             return [e] * len(encoded)
 
-    async def raw_set(self, key: BlockKey, blob: bytes) -> None:
-        """Store object bytes as they are (white-box tests)."""
-        await self._client.set(self._name(key), blob)
-
-    async def raw_get(self, key: BlockKey) -> bytes | None:
-        value: bytes | None = await self._client.get(self._name(key))
-        return value
-
 
 def _wrong_type(error: BaseException) -> bool:
     """Whether an error reply says that the key holds another type than a string: WRONGTYPE,
@@ -526,8 +518,8 @@ def _wrong_type(error: BaseException) -> bool:
     return is_reply and str(error).startswith("WRONGTYPE")
 
 
-def _not_a_string(error: BaseException) -> Corrupt:
-    return Corrupt("magic", f"not a string value: {error}")
+def _not_a_string(error: BaseException) -> CorruptObject:
+    return CorruptObject("magic", f"not a string value: {error}")
 
 
 def _replies(results: list[Any]) -> list[Any]:
@@ -553,7 +545,9 @@ def _within(head: bytes, limit: int) -> bytes:
     512 MiB value would make redis-py read and allocate all of it), refused when it is longer
     than `limit` bytes."""
     if len(head) > limit:
-        raise Corrupt("length", f"object of more than {limit} bytes, at most {limit} expected")
+        raise CorruptObject(
+            "length", f"object of more than {limit} bytes, at most {limit} expected"
+        )
     return head
 
 

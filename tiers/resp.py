@@ -15,7 +15,9 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from tiering.format import Corrupt, peek_lengths
+from tiering.errors import CorruptObject
+from tiering.format import peek_lengths
+from tiering.tier import Buffer
 
 __all__ = [
     "HandshakeError",
@@ -27,7 +29,6 @@ __all__ = [
     "set_command",
 ]
 
-Buffer = bytes | memoryview
 T = TypeVar("T")
 
 HEADER_PEEK = 512
@@ -263,7 +264,7 @@ class RespConnection:
 
     async def value(self, limit: int, drain: int = 0) -> bytes | None:
         """A bulk reply as bytes (None: no such key); one longer than `limit` bytes raises
-        `Corrupt("length")` unread (see `value_into` for `drain`), an error reply (a key that
+        `CorruptObject("length")` unread (see `value_into` for `drain`), an error reply (a key that
         holds no string) `ReplyError`."""
         n = await self._bulk_length()
         if n > limit:
@@ -278,7 +279,7 @@ class RespConnection:
             await self._crlf()
         else:
             self.broken = True
-        raise Corrupt("length", f"object of {n} bytes, at most {limit} expected")
+        raise CorruptObject("length", f"object of {n} bytes, at most {limit} expected")
 
     async def _bulk(self, n: int) -> bytes | None:
         if n < 0:
@@ -296,7 +297,7 @@ class RespConnection:
         long and the value is exactly header and payload), otherwise `(whole object, False)`
         (the caller's checks refuse it). None: no such key. An error reply raises `ReplyError`.
 
-        An object longer than `limit` bytes raises `Corrupt("length")` without being read into
+        An object longer than `limit` bytes raises `CorruptObject("length")` without being read into
         memory: dropped through the connection's buffer when it is at most `drain` bytes (a
         pipeline's later replies stay readable), else the connection is left `broken` (the
         pool closes it: cheaper than reading a value of hundreds of MiB only to drop it)."""
