@@ -57,7 +57,7 @@ class TestRegistry:
 
     def test_bad_options_name_the_type(self) -> None:
         with pytest.raises(
-            ConfigError, match="tier type 'memory': .*unexpected keyword argument 'colour'"
+            ConfigError, match=r"colour: unknown option; expected one of capacity, checksum, codec"
         ):
             create_tier("memory", namespace=NAMESPACE, colour="blue")
         with pytest.raises(ConfigError, match="codec: expected one of raw, lz4, zstd"):

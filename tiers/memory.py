@@ -14,16 +14,25 @@ __all__ = ["MemoryTier"]
 
 
 class MemoryTier(Tier):
-    """Objects in a dict, least recently used first; evicts to stay within `capacity` bytes.
-    Runs on the runtime's event loop (no I/O, so no thread pool)."""
+    """Objects in a dict, on the runtime's event loop thread (no I/O, so no thread pool).
+
+    Least recently used first; evicts to stay within `capacity` bytes. Its settings are the
+    base's (`TierOptions`). Tests reach its dict directly (tests/memory_hooks.py)."""
 
     type_name = "memory"
     supports_listing = True
     evicts = True
     indexed = True
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(
+        self,
+        *,
+        namespace: bytes,
+        secret: bytes | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(namespace=namespace, secret=secret, name=name, **options)
         self._objects: OrderedDict[BlockKey, bytes] = OrderedDict()
         self._bytes = 0
 

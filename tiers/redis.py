@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -29,14 +30,14 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
-from tiering.config import parse_duration
 from tiering.errors import ConfigError, CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
+from tiering.options import TierOptions, option
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
 from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
 
-__all__ = ["RedisTier"]
+__all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
 Fetched = tuple[Buffer, bool] | None | BaseException
@@ -67,49 +68,83 @@ pipelines on as many connections at once; one connection carries its replies one
 (see BENCHMARKS.md, "Secondary tiers")."""
 
 
+def _unshown(field: Any) -> Any:
+    """`field` (an `option`) left out of the record's repr: a secret must not reach a log."""
+    field.repr = False
+    return field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RedisOptions(TierOptions):
+    """The Redis tier's settings (any thread: a value)."""
+
+    url: str = _unshown(  # it may carry a password
+        option(
+            "redis://127.0.0.1:6379/0",
+            low=1,
+            what="a URL like 'redis://host:6379/0'",
+            help="The server, as redis-py reads it (`rediss://` for TLS).",
+        )
+    )
+    username: str | None = option(None, help="The user to AUTH as (null: the URL's, or none).")
+    password: str | None = _unshown(
+        option(None, help="The password to AUTH with (null: the URL's, or none); use `${ENV_VAR}`.")
+    )
+    ttl: float | None = option(
+        None, kind="duration", help="Blocks expire this long after they are written (null: never)."
+    )
+    cluster: bool = option(False, help="Talk to a Redis Cluster through any of its nodes.")
+    tls_ca_file: str | None = option(None, help="CA bundle for TLS (makes the URL `rediss://`).")
+    tls_cert_file: str | None = option(None, help="Client certificate for TLS.")
+    tls_key_file: str | None = option(None, help="Client key for TLS.")
+    socket_timeout: float = option(2.0, kind="duration", help="Socket timeout of each command.")
+    connect_timeout: float = option(1.0, kind="duration", help="Timeout of each connection.")
+    fast_path: bool = option(
+        True,
+        help="Move blocks through kvtier's own RESP client on plain TCP (false: redis-py only).",
+    )
+
+
 class RedisTier(Tier):
-    """Blocks in Redis. Runs on the runtime's event loop (redis.asyncio)."""
+    """Blocks in Redis, on the runtime's event loop thread (redis.asyncio and `tiers.resp`)."""
 
     type_name = "redis"
     persistent = True  # the server keeps blocks when this process restarts
     shared = True
     supports_listing = True
+    Options = RedisOptions
+    options: RedisOptions
 
     def __init__(
         self,
         *,
-        url: str = "redis://127.0.0.1:6379/0",
-        username: str | None = None,
-        password: str | None = None,
-        ttl: float | str | None = None,
-        cluster: bool = False,
-        tls_ca_file: str | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-        socket_timeout: float = 2.0,
-        connect_timeout: float = 1.0,
-        fast_path: bool = True,
+        namespace: bytes,
+        secret: bytes | None = None,
+        name: str | None = None,
         **options: Any,
     ) -> None:
         """`url` as redis-py reads it (`rediss://` for TLS); `ttl` (seconds or a duration such
         as `1h`) expires blocks; `cluster` talks to a Redis Cluster through any of its nodes;
         `fast_path: false` moves blocks through redis-py too (plain TCP only has the other)."""
-        super().__init__(**options)
-        self.ttl = None if ttl is None else parse_duration(ttl, "ttl")
+        super().__init__(namespace=namespace, secret=secret, name=name, **options)
+        settings = self.options
+        url, username, password = settings.url, settings.username, settings.password
+        connect_timeout = settings.connect_timeout
+        self.ttl = settings.ttl
         self._prefix = f"kvtier:{self.namespace.hex()}:".encode()
         kwargs: dict[str, Any] = {
             "username": username,
             "password": password,
-            "socket_timeout": socket_timeout,
+            "socket_timeout": settings.socket_timeout,
             "socket_connect_timeout": connect_timeout,
             "max_connections": 2 * self.concurrency,
             "socket_read_size": 1 << 20,  # large values come in fewer chunks (64 KiB default)
         }
-        if tls_ca_file or tls_cert_file or tls_key_file:
+        if settings.tls_ca_file or settings.tls_cert_file or settings.tls_key_file:
             kwargs |= {
-                "ssl_ca_certs": tls_ca_file,
-                "ssl_certfile": tls_cert_file,
-                "ssl_keyfile": tls_key_file,
+                "ssl_ca_certs": settings.tls_ca_file,
+                "ssl_certfile": settings.tls_cert_file,
+                "ssl_keyfile": settings.tls_key_file,
             }
             if url.startswith("redis://"):
                 url = "rediss://" + url[len("redis://") :]
@@ -123,7 +158,7 @@ class RedisTier(Tier):
                 raise ValueError(
                     f"unknown query argument {unknown[0]!r}; known: {', '.join(sorted(URL_QUERY))}"
                 )
-            if cluster:
+            if settings.cluster:
                 del kwargs["max_connections"]
                 self._client: Any = RedisCluster.from_url(url, **kwargs)
             else:
@@ -132,8 +167,8 @@ class RedisTier(Tier):
             raise ConfigError(self._scrub(f"tier {self.name!r}: url {self.url!r}: {e}")) from None
         self._fast: RespPool | None = None
         if (
-            fast_path
-            and not cluster
+            settings.fast_path
+            and not settings.cluster
             and url.startswith("redis://")
             and "ssl_ca_certs" not in kwargs
         ):

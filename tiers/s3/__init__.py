@@ -4,6 +4,6 @@
 the bucket (boto3 in a thread pool).
 """
 
-from tiers.s3.tier import S3Tier
+from tiers.s3.tier import S3Options, S3Tier
 
-__all__ = ["S3Tier"]
+__all__ = ["S3Options", "S3Tier"]

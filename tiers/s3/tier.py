@@ -11,78 +11,105 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from tiering.config import parse_size
-from tiering.errors import ConfigError, CorruptObject
+from tiering.errors import CorruptObject
 from tiering.keys import BlockKey
+from tiering.options import TierOptions, option
 from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
 from tiers.s3.client import Bucket
 from tiers.s3.packs import MAX_PACK_ENTRIES, Packs
 
-__all__ = ["S3Tier"]
+__all__ = ["S3Options", "S3Tier"]
+
+
+def _unshown(field: Any) -> Any:
+    """`field` (an `option`) left out of the record's repr: a secret must not reach a log."""
+    field.repr = False
+    return field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class S3Options(TierOptions):
+    """The S3 tier's settings (any thread: a value)."""
+
+    bucket: str = option(low=1, what="a bucket name", help="The bucket blocks are stored in.")
+    prefix: str = option("", help="Prepended to every object name (a folder of the bucket).")
+    endpoint_url: str | None = option(
+        None, help="An S3-compatible server's URL (null: AWS S3 of `region`)."
+    )
+    region: str | None = option(None, help="The bucket's region (null: us-east-1).")
+    access_key: str | None = option(
+        None, help="Access key id (null: the standard chain: environment, profile, role)."
+    )
+    secret_key: str | None = _unshown(option(None, help="Secret access key; use `${ENV_VAR}`."))
+    session_token: str | None = _unshown(
+        option(None, help="Session token of temporary credentials.")
+    )
+    blocks_per_object: int = option(
+        1,
+        low=1,
+        high=MAX_PACK_ENTRIES,
+        help="Blocks gathered into one object (a pack) before it is written; 1: no packs.",
+    )
+    multipart_threshold: int = option(
+        64 << 20, kind="size", help="Objects larger than this go up in parts."
+    )
+    part_size: int = option(16 << 20, kind="size", help="Size of each part (at least 5 MiB).")
+    retries: int = option(3, high=100, help="Attempts of each request (botocore's standard mode).")
+    connect_timeout: float = option(2.0, kind="duration", help="Timeout of each connection.")
+    read_timeout: float = option(10.0, kind="duration", help="Timeout of each response.")
 
 
 class S3Tier(Tier):
-    """Blocks in an S3 bucket. Runs on the runtime's event loop; boto3 calls in a pool of
-    `concurrency` threads."""
+    """Blocks in an S3 bucket, on the runtime's event loop thread; boto3 calls in a pool of
+    `concurrency` threads (`tiers.s3.client`)."""
 
     type_name = "s3"
     persistent = True
     shared = True
     supports_listing = True
+    Options = S3Options
+    options: S3Options
 
     def __init__(
         self,
         *,
-        bucket: str,
-        prefix: str = "",
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        access_key: str | None = None,
-        secret_key: str | None = None,
-        session_token: str | None = None,
-        blocks_per_object: int = 1,
-        multipart_threshold: int | str = "64MiB",
-        part_size: int | str = "16MiB",
-        retries: int = 3,
-        connect_timeout: float = 2.0,
-        read_timeout: float = 10.0,
+        namespace: bytes,
+        secret: bytes | None = None,
+        name: str | None = None,
         **options: Any,
     ) -> None:
         """Credentials come from the standard chain (environment, profile, instance role)
         unless given; `endpoint_url` points at an S3-compatible server."""
-        super().__init__(**options)
-        if not bucket:
-            raise ConfigError(f"tier {self.name!r}: bucket must not be empty")
-        if not 1 <= blocks_per_object <= MAX_PACK_ENTRIES:
-            raise ConfigError(
-                f"tier {self.name!r}: blocks_per_object must be 1-{MAX_PACK_ENTRIES},"
-                f" got {blocks_per_object}"
-            )
-        self.bucket = bucket
-        self.prefix = prefix
-        self.blocks_per_object = blocks_per_object
-        self.multipart_threshold = parse_size(multipart_threshold, "multipart_threshold")
-        self.part_size = max(parse_size(part_size, "part_size"), 5 << 20)
-        self.endpoint_url = endpoint_url
-        self._base = f"{prefix}{self.namespace.hex()}/"
+        super().__init__(namespace=namespace, secret=secret, name=name, **options)
+        settings = self.options  # the record refuses an empty bucket, a pack size out of range
+        self.bucket = settings.bucket
+        self.prefix = settings.prefix
+        self.blocks_per_object = settings.blocks_per_object
+        self.multipart_threshold = settings.multipart_threshold
+        self.part_size = max(settings.part_size, 5 << 20)
+        self.endpoint_url = settings.endpoint_url
+        self._base = f"{self.prefix}{self.namespace.hex()}/"
         self._bucket = Bucket(
             tier=self.name,
-            bucket=bucket,
-            endpoint_url=endpoint_url,
-            region=region,
-            access_key=access_key,
-            secret_key=secret_key,
-            session_token=session_token,
+            bucket=self.bucket,
+            endpoint_url=self.endpoint_url,
+            region=settings.region,
+            access_key=settings.access_key,
+            secret_key=settings.secret_key,
+            session_token=settings.session_token,
             multipart_threshold=self.multipart_threshold,
             part_size=self.part_size,
-            retries=retries,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
+            retries=settings.retries,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
             concurrency=self.concurrency,
         )
-        self._packs = Packs(self._bucket, self._base, self.name, self.counters, blocks_per_object)
+        self._packs = Packs(
+            self._bucket, self._base, self.name, self.counters, self.blocks_per_object
+        )
 
     def _name(self, key: BlockKey) -> str:
         text = key.hex()
