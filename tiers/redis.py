@@ -1,5 +1,9 @@
 """The Redis tier: blocks as Redis strings, one server or a Redis Cluster.
 
+(Over 400 lines: a third of it is the pipelined batches, on two transports; they share the
+single-key paths' error translation and verification helpers, and splitting them off would put
+one class's private protocol across two modules. The wire protocol itself is `tiers.resp`.)
+
 Keys are `kvtier:<namespace hex>:<key hex>`, so several models share a server without seeing
 each other's blocks and `kvtier ls` can scan one namespace. Batches (`contains`, `get_many`,
 `put_many`) go in pipelines: one per batch, or for large blocks one per `PIPELINE_BYTES` of
@@ -407,8 +411,9 @@ class RedisTier(Tier):
     async def put_many(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
     ) -> list[None | BaseException]:
-        """One pipeline of SETs for small blocks; large ones go as concurrent SETs (measured:
-        a pipeline of eight 2 MiB values is packed and sent slower than eight calls)."""
+        """One pipeline of SETs for small blocks; large ones go as concurrent SETs (a pipeline
+        packs and sends large values one after another on one connection; concurrent SETs
+        spread them over connections: BENCHMARKS.md, "Measurements behind design choices")."""
         if not items:
             return []
         if self._fast is not None:

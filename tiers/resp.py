@@ -2,6 +2,9 @@
 SET from one without joining header and payload, on the runtime's event loop (non-blocking
 sockets, no threads, no intermediate copies of a block).
 
+(Just over 400 lines: one connection, its pool and the reply parser are one protocol; the
+bounded reads of values that may be planted take the most room.)
+
 It speaks to one plain-TCP server and only the commands the tier's data path needs (GET, SET,
 AUTH, SELECT, PING); redis-py stays for everything else (EXISTS, DEL, SCAN, TLS, Cluster). A
 connection whose exchange did not finish (an error, a timeout, a cancellation) is closed, never
@@ -76,7 +79,8 @@ def set_command(name: bytes, value_parts: Sequence[Buffer], ex: int | None) -> l
 
 
 class RespConnection:
-    """One connection; used by one coroutine at a time (the pool sees to it)."""
+    """One connection, on the runtime's event loop thread; used by one coroutine at a time
+    (the pool sees to it)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -324,8 +328,8 @@ class RespConnection:
 
 
 class RespPool:
-    """Up to `size` connections to one server, opened on demand and kept while they are
-    healthy. Usable from one event loop at a time (the runtime's)."""
+    """Up to `size` connections to one server, on the runtime's event loop thread (one event
+    loop at a time); opened on demand and kept while they are healthy."""
 
     def __init__(
         self,

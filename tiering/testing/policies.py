@@ -26,7 +26,8 @@ MakePolicy = Callable[[int], EvictionPolicy[str, int]]
 
 
 class PolicyContract:
-    """Behaviour every eviction policy must show (the docstring of `EvictionPolicy`)."""
+    """Behaviour every eviction policy must show (the docstring of `EvictionPolicy`), run by
+    pytest in the test process, on one thread as the scheduler runs a policy."""
 
     @pytest.fixture
     def make_policy(self) -> MakePolicy:

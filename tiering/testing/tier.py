@@ -1,5 +1,9 @@
 """The conformance suite every tier inherits (pytest), shipped for authors of backends.
 
+(Over 400 lines: one test class that every backend's test class subclasses, in sections:
+round trips, verification, crafted objects, authenticated objects, concurrency,
+capabilities. The objects it plants are built in `tiering.testing.crafted`.)
+
     from tiering.testing import NAMESPACE
     from tiering.testing.tier import TierConformance
 
@@ -17,7 +21,7 @@
 
 The white-box hooks `raw_put`, `raw_get` and `raw_put_large` belong to the test class, not to
 the tier: they reach the store the way a stranger would (a plain file write, a raw Redis SET,
-a raw S3 PUT), so the tier under test never checks its own homework.
+a raw S3 PUT), so nothing planted goes through the code under test.
 
 `make_tier` is called inside the test's event loop (tiers may bind to it); options it passes on
 are `capacity`, `read_only`, `codec` and `secret`. Every test runs its body with `asyncio.run`.
@@ -66,8 +70,9 @@ def run(coro: Coroutine[Any, Any, None]) -> None:
 
 
 class TierConformance:
-    """The behaviour every tier must show. Subclasses provide `make_tier`, `raw_put` and
-    `raw_get`; tests of capabilities a tier does not declare are skipped for it."""
+    """The behaviour every tier must show, run by pytest in the test process (each test's body
+    on its own `asyncio.run` loop, the tier's thread). Subclasses provide `make_tier`,
+    `raw_put` and `raw_get`; tests of capabilities a tier does not declare are skipped for it."""
 
     @pytest.fixture
     def make_tier(self) -> MakeTier:

@@ -320,7 +320,8 @@ class Packs:
 
 
 class _Gone:
-    """A pack deleted between its listing and the read of its index."""
+    """A pack deleted between its listing and the read of its index (runtime thread: a
+    marker value)."""
 
 
 _GONE = _Gone()
