@@ -33,11 +33,10 @@ True`: an in-process index of every object). Optional fast paths the base looks 
 
 What the base class guarantees every primitive: keys are `BlockKey`s already validated (no path
 or name comes from input); `limit` is the largest object the caller can use (`object_limit` of
-its block size); a write or a delete never reaches a read-only tier; every
-call runs on the event loop thread that owns the tier (the runtime's, or an operator command's
-`asyncio.run`), under the tier's deadline, so it may be cancelled at any await; nothing a
-backend returns is trusted: every object is verified here before a byte of it reaches a
-caller's block.
+its block size); a write or a delete never reaches a read-only tier; every call runs on the
+event loop thread that owns the tier (the runtime's, or an operator command's `asyncio.run`),
+under the tier's deadline, so it may be cancelled at any await; nothing a backend returns is
+trusted: every object is verified here before a byte of it reaches a caller's block.
 
 What every primitive must do: never read or allocate more than `limit` bytes for one object (a
 store holding a larger one answers `CorruptObject("length")` without reading it: a crafted 2 GiB
@@ -458,6 +457,9 @@ class Tier(ABC):
     def _encode(
         self, key: KeyLike, data: Buffer | bytearray
     ) -> tuple[BlockKey, tuple[Buffer, Buffer]]:
+        """The validated key and the object's parts (header, payload) for block `data`, as
+        `put` writes them (for backends whose batches write their own way); `StateError` on a
+        read-only tier."""
         block = as_key(key)
         self._writable("put")
         header, payload = encode(
@@ -616,6 +618,8 @@ class Tier(ABC):
         return False
 
     async def _refuse(self, key: BlockKey, error: CorruptObject) -> None:
+        """Count `error` as a corrupt miss of `key` and delete the object unless the tier is
+        read-only, as `get` does (for backends whose batches refuse objects themselves)."""
         self.counters["misses"] += 1
         self.counters[f"corrupt.{error.reason}"] += 1
         log.warning("tier %r: object %s refused (%s)", self.name, key.hex(), error)
