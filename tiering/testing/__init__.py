@@ -5,6 +5,8 @@ need pytest, are its modules:
 
 - `tiering.testing.tier`: `TierConformance`, the conformance suite every tier inherits;
 - `tiering.testing.policies`: `PolicyContract`, the eviction-policy contract;
+- `tiering.testing.stateful`: `TierStateMachine`, random calls against a dict model (Hypothesis),
+  run by the suite;
 - `tiering.testing.crafted`: the objects a stranger with write access to a store can plant
   (pytest-free, re-exported here);
 - `tiering.testing.data`: namespaces, keys and payloads (pytest-free, re-exported here).

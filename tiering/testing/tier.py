@@ -2,7 +2,8 @@
 
 (Over 400 lines: one test class that every backend's test class subclasses, in sections:
 round trips, verification, crafted objects, authenticated objects, concurrency,
-capabilities. The objects it plants are built in `tiering.testing.crafted`.)
+capabilities, a model. The objects it plants are built in `tiering.testing.crafted`, the
+random calls in `tiering.testing.stateful`.)
 
     from tiering.testing import NAMESPACE
     from tiering.testing.tier import TierConformance
@@ -41,6 +42,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from tiering.errors import CorruptObject, KeyFormatError, StateError, TierFull
 from tiering.format import MAX_BLOCK_BYTES
@@ -57,6 +60,7 @@ from tiering.testing.crafted import (
     with_payload,
 )
 from tiering.testing.data import OTHER_SECRET, SECRET, key, payload
+from tiering.testing.stateful import TierStateMachine
 from tiering.tier import Tier
 
 __all__ = ["MakeTier", "TierConformance"]
@@ -516,3 +520,17 @@ class TierConformance:
                 assert stat.bytes_used >= 6000
 
         run(body())
+
+    # -- against a model ------------------------------------------------------------------------
+
+    state_machine_settings = settings(max_examples=10, stateful_step_count=25, deadline=None)
+    """How long `test_random_calls_match_a_dict_model` runs (a subclass on a slow store asks
+    for fewer examples)."""
+
+    def test_random_calls_match_a_dict_model(self, make_tier: MakeTier) -> None:
+        """Random puts, gets, deletes, existence checks and listings (`TierStateMachine`),
+        compared with a dict after every step."""
+        run_state_machine_as_test(  # a factory, as hypothesis documents (its hint says a class)
+            lambda: TierStateMachine(make_tier),  # type: ignore[arg-type]
+            settings=self.state_machine_settings,
+        )
