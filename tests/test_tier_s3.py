@@ -269,10 +269,10 @@ def test_pack_indexes_with_too_many_entries_are_refused_in_bounded_memory(
     asyncio.run(body())
 
 
-def test_the_blocks_indexed_from_packs_are_bounded_in_all(
+def test_the_blocks_loaded_from_packs_are_bounded_in_all(
     s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """However many valid-looking packs are planted, the tier indexes at most `MAX_PACKED`
+    """However many valid-looking packs are planted, the tier loads at most `MAX_PACKED`
     blocks and packs from the bucket; the packs beyond are refused, counted, and logged once."""
     import tiers.s3.packs
 

@@ -34,7 +34,7 @@ class EngineBlocks:
     process, any thread: a value).
 
     `block_ids` is concatenated group by group; `group_sizes[g]` and `block_indices[g]` are
-    indexed by offloaded-group position, `block_indices[g]` being the index within the request
+    per offloaded-group position, `block_indices[g]` being the index within the request
     of group g's first block (it fixes where in its first slot the group starts).
     """
 
