@@ -131,7 +131,7 @@ async def migrate(
                 if verify_copies:
                     back = await destination.get_bytes(key, len(block))
                     if back != block:
-                        raise CorruptObject(f"{key.hex()}: the copy read back differs")
+                        raise CorruptObject("checksum", f"{key.hex()}: the copy read back differs")
                 if move:
                     await source.delete(key)
                     summary.moved += 1

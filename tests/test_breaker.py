@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from tiering.config import BreakerConfig
-from tiering.errors import TierFull, TierUnavailable
-from tiering.format import Corrupt
+from tiering.errors import CorruptObject, TierFull, TierUnavailable
 from tiering.keys import BlockKey, make_key
 from tiering.runtime import Job, JobResult, Runtime, fault_of
 from tiering.testing import NAMESPACE
@@ -73,7 +72,7 @@ def test_corrupt_items_and_a_few_lost_ones_are_no_breaker_failures(runtime: Runt
     served is an error, not a dead tier: neither opens the breaker."""
 
     async def corrupt_batch() -> list[Any]:
-        return [Corrupt("checksum", "a planted object"), False, True]
+        return [CorruptObject("checksum", "a planted object"), False, True]
 
     async def mostly_served() -> list[Any]:
         return [TierUnavailable("one connection dropped"), True, True, False]
@@ -84,7 +83,7 @@ def test_corrupt_items_and_a_few_lost_ones_are_no_breaker_failures(runtime: Runt
     assert all(r.ok and r.fault is None for r in results)
     assert runtime.breaker_state("mem") == "closed"
     down, full = TierUnavailable("down"), TierFull("full")
-    assert fault_of([Corrupt("length", "x"), full]) is full  # half faulted: full
+    assert fault_of([CorruptObject("length", "x"), full]) is full  # half faulted: full
     assert fault_of([full, down, None, None]) is full  # half faulted, a quarter down
     assert fault_of([down, full, down, None]) is down
     assert fault_of([down, None, None]) is None

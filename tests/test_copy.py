@@ -22,7 +22,7 @@ from tiers.copy import (  # noqa: E402
     KVTensor,
     plan_copy,
 )
-from tiers.copy.base import CopyEngine, Job  # noqa: E402
+from tiers.copy.base import CopyEngine, CopyJob  # noqa: E402
 from tiers.region import PrimaryRegion, RegionLayout  # noqa: E402
 
 
@@ -241,7 +241,7 @@ def test_wait_blocks_until_a_held_job_finishes() -> None:
     setup = make_setup()
     gate = threading.Event()
 
-    def slow(job: Job) -> None:
+    def slow(job: CopyJob) -> None:
         if job.job_id == 1:
             gate.wait(5)
 
@@ -261,7 +261,7 @@ def test_wait_blocks_until_a_held_job_finishes() -> None:
 def test_failed_jobs_are_reported_and_later_jobs_run(device: str) -> None:
     setup = make_setup(device=device)
 
-    def fail_three(job: Job) -> None:
+    def fail_three(job: CopyJob) -> None:
         if job.job_id == 3:
             raise OSError("injected")
 

@@ -20,8 +20,8 @@ from tiering.policies import (
     policy_names,
     register_policy,
 )
-from tiering.policies.testing import MakePolicy, PolicyContract
 from tiering.primary import PrimaryPool
+from tiering.testing.policies import MakePolicy, PolicyContract
 
 
 class TestEveryRegisteredPolicy(PolicyContract):

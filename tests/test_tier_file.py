@@ -12,7 +12,8 @@ import pytest
 
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
-from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
+from tiering.testing import NAMESPACE, key, payload
+from tiering.testing.tier import MakeTier, TierConformance
 from tiering.tier import Tier
 from tiers.file import BlockFileTier, FileTier, SegmentFileTier
 

@@ -4,6 +4,7 @@ three-node Redis Cluster, all through the conformance suite; then TTL and a serv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import tracemalloc
@@ -19,7 +20,8 @@ from kvtier.servers import RedisClusterServers, RedisServer
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.runtime import fault_of
-from tiering.testing import NAMESPACE, MakeTier, TierConformance, craft, key, payload
+from tiering.testing import NAMESPACE, craft, key, payload
+from tiering.testing.tier import MakeTier, TierConformance
 from tiering.tier import Tier, TierStat
 from tiers.redis import RedisTier
 
@@ -32,38 +34,74 @@ def flush(port: int, password: str | None = None) -> None:
     client.close()
 
 
+def name(k: BlockKey) -> bytes:
+    """The Redis key of block `k` (the naming of `tiers.redis`)."""
+    return f"kvtier:{NAMESPACE.hex()}:{k.hex()}".encode()
+
+
+def plant(port: int, k: BlockKey, blob: bytes) -> None:
+    """Store object bytes as they are under block `k`'s name, with a raw client."""
+    client = redis.Redis(host="127.0.0.1", port=port)
+    client.set(name(k), blob)
+    client.close()
+
+
+def stored(port: int, k: BlockKey) -> bytes | None:
+    """The value under block `k`'s name, read with a raw client."""
+    client = redis.Redis(host="127.0.0.1", port=port)
+    value: bytes | None = client.get(name(k))
+    client.close()
+    return value
+
+
 class RedisHooks(TierConformance):
+    """The white-box hooks: a raw redis-py client on the tier's server, beside the tier."""
+
+    raw: redis.Redis | redis.RedisCluster
+
+    @contextlib.contextmanager
+    def connected(self, server: RedisServer | RedisClusterServers) -> Iterator[None]:
+        if isinstance(server, RedisClusterServers):
+            self.raw = redis.RedisCluster(host="127.0.0.1", port=server.nodes[0].port)
+        else:
+            self.raw = redis.Redis(host="127.0.0.1", port=server.port, password=server.password)
+        try:
+            yield
+        finally:
+            self.raw.close()
+
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
-        assert isinstance(tier, RedisTier)
-        await tier.raw_set(key, blob)
+        self.raw.set(name(key), blob)
 
     async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
-        assert isinstance(tier, RedisTier)
-        return await tier.raw_get(key)
+        value: bytes | None = self.raw.get(name(key))
+        return value
 
 
 class TestRedisTier(RedisHooks):
     @pytest.fixture
-    def make_tier(self, redis_server: RedisServer) -> MakeTier:
+    def make_tier(self, redis_server: RedisServer) -> Iterator[MakeTier]:
         flush(redis_server.port)
 
         def make(**options: Any) -> Tier:
             return RedisTier(namespace=NAMESPACE, url=redis_server.url, **options)
 
-        return make
+        with self.connected(redis_server):
+            yield make
 
 
 class TestRedisTierThroughRedisPy(RedisHooks):
     """The path TLS servers take: blocks through redis-py instead of `tiers.resp`."""
 
     @pytest.fixture
-    def make_tier(self, redis_server: RedisServer) -> MakeTier:
+    def make_tier(self, redis_server: RedisServer) -> Iterator[MakeTier]:
         flush(redis_server.port)
 
         def make(**options: Any) -> Tier:
             return RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=False, **options)
 
-        return make
+        with self.connected(redis_server):
+            yield make
 
 
 @pytest.fixture(scope="module")
@@ -76,25 +114,27 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServe
 
 class TestRedisTierWithAuth(RedisHooks):
     @pytest.fixture
-    def make_tier(self, auth_server: RedisServer) -> MakeTier:
+    def make_tier(self, auth_server: RedisServer) -> Iterator[MakeTier]:
         flush(auth_server.port, "s3cret")
 
         def make(**options: Any) -> Tier:
             return RedisTier(namespace=NAMESPACE, url=auth_server.url, password="s3cret", **options)
 
-        return make
+        with self.connected(auth_server):
+            yield make
 
 
 class TestRedisClusterTier(RedisHooks):
     @pytest.fixture
-    def make_tier(self, redis_cluster: RedisClusterServers) -> MakeTier:
+    def make_tier(self, redis_cluster: RedisClusterServers) -> Iterator[MakeTier]:
         for node in redis_cluster.nodes:
             flush(node.port)
 
         def make(**options: Any) -> Tier:
             return RedisTier(namespace=NAMESPACE, url=redis_cluster.url, cluster=True, **options)
 
-        return make
+        with self.connected(redis_cluster):
+            yield make
 
 
 def test_wrong_password_is_refused(auth_server: RedisServer) -> None:
@@ -445,13 +485,13 @@ def test_a_huge_object_for_a_small_block_is_refused_unread(
         tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
         async with tier:
             await tier.put(key(2), payload(4096, 2))
-            await tier.raw_set(key(1), bytes(BIG))
+            plant(redis_server.port, key(1), bytes(BIG))
             found, peak = await peak_of(tier.get(key(1), bytearray(4096)))
             assert found is False and peak < 1 << 20, peak
             assert tier.counters["corrupt.length"] == 1
-            assert await tier.raw_get(key(1)) is None  # refused and deleted
+            assert stored(redis_server.port, key(1)) is None  # refused and deleted
             assert await tier.get_bytes(key(2), 4096) == payload(4096, 2)
-            await tier.raw_set(key(1), bytes(BIG))
+            plant(redis_server.port, key(1), bytes(BIG))
             with pytest.raises(CorruptObject, match="length"):
                 await tier._read(key(1), 8192)
             head = await tier.read_head(key(1))
@@ -475,7 +515,7 @@ def test_an_oversized_object_in_a_batch_fails_alone_and_the_others_arrive(
         tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
         async with tier:
             await tier.put_many([(key(i), payload(size, i)) for i in (1, 3)])
-            await tier.raw_set(key(2), bytes(tiers.redis.DRAIN))
+            plant(redis_server.port, key(2), bytes(tiers.redis.DRAIN))
             pooled = set(map(id, tier._fast._idle)) if tier._fast is not None else set()
             buffers = [bytearray(size) for _ in range(3)]
             found, peak = await peak_of(
@@ -485,7 +525,7 @@ def test_an_oversized_object_in_a_batch_fails_alone_and_the_others_arrive(
             assert bytes(buffers[0]) == payload(size, 1) and bytes(buffers[2]) == payload(size, 3)
             assert peak < 2 << 20, peak
             assert tier.counters["corrupt.length"] == 1
-            assert await tier.raw_get(key(2)) is None
+            assert stored(redis_server.port, key(2)) is None
             if tier._fast is not None:  # drained: the same connection, no new one
                 assert set(map(id, tier._fast._idle)) == pooled
 
@@ -507,7 +547,7 @@ def test_a_huge_object_in_a_fast_pipeline_costs_a_connection_not_its_size(
             assert tier._fast is not None
             await tier.put_many([(key(i), payload(size, i)) for i in (1, 3, 5)])
             for i in (2, 4):
-                await tier.raw_set(key(i), bytes(BIG))
+                plant(redis_server.port, key(i), bytes(BIG))
             assert BIG > tiers.redis.DRAIN
             buffers = [bytearray(size) for _ in range(5)]
             found, peak = await peak_of(
@@ -517,7 +557,10 @@ def test_a_huge_object_in_a_fast_pipeline_costs_a_connection_not_its_size(
             assert all(bytes(buffers[i - 1]) == payload(size, i) for i in (1, 3, 5))
             assert peak < 1 << 20, peak
             assert tier.counters["corrupt.length"] == 2 and tier.counters["errors"] == 0
-            assert await tier.raw_get(key(2)) is None and await tier.raw_get(key(4)) is None
+            assert (
+                stored(redis_server.port, key(2)) is None
+                and stored(redis_server.port, key(4)) is None
+            )
             assert len(tier._fast._idle) >= 1  # the pool goes on
 
     asyncio.run(body())
@@ -533,11 +576,11 @@ def test_read_head_reads_the_header_and_the_real_size(
         tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
         async with tier:
             await tier.put(key(1), payload(64 << 10, 1))
-            blob = await tier.raw_get(key(1))
+            blob = stored(redis_server.port, key(1))
             assert blob is not None
             assert await tier.read_head(key(1)) == (blob[: tier.header_room], len(blob))
             assert await tier.read_head(key(2)) is None
-            await tier.raw_set(key(3), b"")
+            plant(redis_server.port, key(3), b"")
             assert await tier.read_head(key(3)) == (b"", 0)
 
     asyncio.run(body())
@@ -554,10 +597,10 @@ def test_an_empty_value_is_refused_and_deleted_a_missing_key_is_a_plain_miss(
     async def body() -> None:
         tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
         async with tier:
-            await tier.raw_set(key(1), b"")
+            plant(redis_server.port, key(1), b"")
             assert await tier.get(key(1), bytearray(4096)) is False
             assert await tier.get(key(2), bytearray(4096)) is False
-            await tier.raw_set(key(1), b"")
+            plant(redis_server.port, key(1), b"")
             assert await tier.get_many([(key(1), bytearray(4096)), (key(2), bytearray(4096))]) == [
                 False,
                 False,
@@ -615,17 +658,17 @@ def test_a_header_only_object_is_a_truncated_miss_not_the_untouched_buffer(
     async def body() -> None:
         tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
         async with tier:
-            await tier.raw_set(key(1), blob)
+            plant(redis_server.port, key(1), blob)
             assert await tier.get(key(1), bytearray(size)) is False
-            assert await tier.raw_get(key(1)) is None  # refused and deleted
-            await tier.raw_set(key(1), blob)
+            assert stored(redis_server.port, key(1)) is None  # refused and deleted
+            plant(redis_server.port, key(1), blob)
             await tier.put(key(2), payload(size, 2))
             buffers = [bytearray(size), bytearray(size)]
             found = await tier.get_many([(key(1), buffers[0]), (key(2), buffers[1])])
             assert found == [False, True]
             assert bytes(buffers[1]) == payload(size, 2)
             assert tier.counters["corrupt.truncated"] == 2 and tier.counters["hits"] == 1
-            assert await tier.raw_get(key(1)) is None
+            assert stored(redis_server.port, key(1)) is None
 
     asyncio.run(body())
 
@@ -633,9 +676,8 @@ def test_a_header_only_object_is_a_truncated_miss_not_the_untouched_buffer(
 def plant_list(port: int, k: BlockKey) -> None:
     """A Redis list where the string of block `k` belongs (`DEL` then `RPUSH`)."""
     client = redis.Redis(host="127.0.0.1", port=port)
-    name = f"kvtier:{NAMESPACE.hex()}:{k.hex()}"
-    client.delete(name)
-    client.rpush(name, b"not", b"a block")
+    client.delete(name(k))
+    client.rpush(name(k), b"not", b"a block")
     client.close()
 
 
@@ -676,7 +718,7 @@ def test_a_key_that_is_not_a_string_is_a_corrupt_miss_for_its_block_alone(
                 await tier.read_object(key(0))
             with pytest.raises(CorruptObject, match="magic"):
                 await tier.read_head(key(0))
-            one = await tier.raw_get(key(1))
+            one = stored(redis_server.port, key(1))
             assert one is not None
             # six blocks, and the list at key(0) (of no bytes): key(5) was deleted
             assert await tier.stat() == TierStat(7, 6 * len(one), None)

@@ -15,7 +15,8 @@ import pytest
 from kvtier.servers import SeaweedS3
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
-from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
+from tiering.testing import NAMESPACE, key, payload
+from tiering.testing.tier import MakeTier, TierConformance
 from tiering.tier import Tier
 from tiers.s3 import S3Tier
 
@@ -34,28 +35,67 @@ def s3_tier(server: SeaweedS3, prefix: str, **options: Any) -> S3Tier:
     )
 
 
+def name(prefix: str, k: BlockKey) -> str:
+    """The object name of block `k` stored alone (the naming of `tiers.s3`)."""
+    text = k.hex()
+    return f"{prefix}{NAMESPACE.hex()}/{text[:2]}/{text}"
+
+
 class S3Hooks(TierConformance):
+    """The white-box hooks: a raw boto3 client on the tier's bucket, and the tier's blocks
+    in packs (pending in memory, or at a byte range of a pack object)."""
+
+    raw: Any
+    bucket: str
+    prefix: str
+
+    def hooked(self, server: SeaweedS3, prefix: str) -> MakeTier:
+        self.raw, self.bucket, self.prefix = server.client(), server.bucket, prefix
+        return lambda **options: s3_tier(server, prefix, **options)
+
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
-        assert isinstance(tier, S3Tier)
-        await asyncio.to_thread(tier.raw_put, key, blob)
+        """Store object bytes as they are, as a single object."""
+        await asyncio.to_thread(
+            self.raw.put_object, Bucket=self.bucket, Key=name(self.prefix, key), Body=blob
+        )
 
     async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
+        """The stored object of `key`: pending bytes, its byte range in a pack, or the single
+        object."""
         assert isinstance(tier, S3Tier)
-        return await asyncio.to_thread(tier.raw_get, key)
+        pending, packed = tier._packs.where(key)
+        if pending is not None:
+            return pending
+        if packed is not None:
+            pack, offset, length = packed
+            return await asyncio.to_thread(self.read, pack, f"bytes={offset}-{offset + length - 1}")
+        return await asyncio.to_thread(self.read, name(self.prefix, key))
+
+    def read(self, name: str, range: str | None = None) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            extra = {"Range": range} if range else {}
+            response = self.raw.get_object(Bucket=self.bucket, Key=name, **extra)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "InvalidRange"):
+                return None
+            raise
+        data: bytes = response["Body"].read()
+        return data
 
 
 class TestS3Tier(S3Hooks):
     @pytest.fixture
     def make_tier(self, s3_server: SeaweedS3) -> MakeTier:
-        prefix = f"t-{uuid.uuid4().hex[:8]}/"
-        return lambda **options: s3_tier(s3_server, prefix, **options)
+        return self.hooked(s3_server, f"t-{uuid.uuid4().hex[:8]}/")
 
 
 class TestPackedS3Tier(S3Hooks):
     @pytest.fixture
     def make_tier(self, s3_server: SeaweedS3) -> MakeTier:
-        prefix = f"p-{uuid.uuid4().hex[:8]}/"
-        return lambda **options: s3_tier(s3_server, prefix, blocks_per_object=4, **options)
+        make = self.hooked(s3_server, f"p-{uuid.uuid4().hex[:8]}/")
+        return lambda **options: make(blocks_per_object=4, **options)
 
 
 def test_multipart_upload_of_a_large_block(s3_server: SeaweedS3) -> None:
@@ -229,15 +269,15 @@ def test_pack_indexes_with_too_many_entries_are_refused_in_bounded_memory(
     asyncio.run(body())
 
 
-def test_the_blocks_indexed_from_packs_are_bounded_in_all(
+def test_the_blocks_loaded_from_packs_are_bounded_in_all(
     s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """However many valid-looking packs are planted, the tier indexes at most `MAX_PACKED`
+    """However many valid-looking packs are planted, the tier loads at most `MAX_PACKED`
     blocks and packs from the bucket; the packs beyond are refused, counted, and logged once."""
-    import tiers.s3
+    import tiers.s3.packs
 
     prefix = f"many-{uuid.uuid4().hex[:8]}/"
-    monkeypatch.setattr(tiers.s3, "MAX_PACKED", 100, raising=False)
+    monkeypatch.setattr(tiers.s3.packs, "MAX_PACKED", 100)
 
     async def body() -> None:
         _plant(
@@ -269,9 +309,9 @@ def test_packs_load_outside_the_callers_deadline(
     """With many packs and a short deadline the first gets after a restart may time out
     while the pack indexes load, but the load goes on in the background and, once it has
     completed, every packed block is found (the packs listed over several pages)."""
-    import tiers.s3
+    import tiers.s3.packs
 
-    monkeypatch.setattr(tiers.s3, "PACK_PAGE", 25, raising=False)
+    monkeypatch.setattr(tiers.s3.packs, "PACK_PAGE", 25)
     prefix = f"slow-{uuid.uuid4().hex[:8]}/"
     count = 240  # 120 packs of 2
 
@@ -297,9 +337,9 @@ def test_packs_load_outside_the_callers_deadline(
         closing = s3_tier(s3_server, prefix, blocks_per_object=2, timeout=None)
         waiting = asyncio.ensure_future(closing.get_bytes(key(count - 1), 1000))
         await asyncio.sleep(0)
-        assert closing._loading is not None and not closing._loading.done()
+        assert closing._packs.loading is not None and not closing._packs.loading.done()
         await closing.close()
-        assert closing._loading is None
+        assert closing._packs.loading is None
         with pytest.raises(TierUnavailable, match="closed while loading packs"):
             await waiting
 

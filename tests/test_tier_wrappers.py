@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from tests.memory_hooks import plant, stored
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
-from tiering.testing import NAMESPACE, MakeTier, TierConformance, key, payload
+from tiering.testing import NAMESPACE, key, payload
+from tiering.testing.tier import MakeTier, TierConformance
 from tiering.tier import Tier
 from tiering.wrappers import FaultyTier, ForwardingTier
 from tiers.memory import MemoryTier
@@ -25,12 +27,12 @@ class TestForwardingTier(TierConformance):
         return make
 
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
-        assert isinstance(tier, ForwardingTier) and isinstance(tier.inner, MemoryTier)
-        tier.inner.raw_put(key, blob)
+        assert isinstance(tier, ForwardingTier)
+        plant(tier.inner, key, blob)
 
     async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
-        assert isinstance(tier, ForwardingTier) and isinstance(tier.inner, MemoryTier)
-        return tier.inner.raw_get(key)
+        assert isinstance(tier, ForwardingTier)
+        return stored(tier.inner, key)
 
 
 def faulty(**faults: Any) -> FaultyTier:
@@ -44,7 +46,7 @@ def test_injected_corruption_is_caught_by_verification() -> None:
         assert await tier.get(key(1), bytearray(10_000)) is False
         reasons = [k for k in tier.counters if k.startswith("corrupt.")]
         assert reasons and tier.injected["corrupt"] == 1
-        assert isinstance(tier.inner, MemoryTier) and tier.inner.raw_get(key(1)) is None
+        assert stored(tier.inner, key(1)) is None
         assert await tier.contains([key(1)]) == [False]  # deleted as refused
 
     asyncio.run(body())

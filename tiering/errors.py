@@ -12,11 +12,11 @@ errors are translated at the edge where they happen, with `raise ... from e`.
     ├── TraceError (ValueError)             a request trace has a malformed line
     ├── StateError (RuntimeError)           a caller broke a stateful contract
     ├── RegionError (OSError)               the shared primary region cannot be made or mapped
-    └── TierError                           a secondary tier failed (a miss plus a metric upstairs)
+    └── TierError                           a secondary tier failed (the manager counts a miss)
         ├── TierUnavailable (ConnectionError)
         ├── TierTimeout (TimeoutError)
         ├── TierFull (OSError)
-        └── CorruptObject (ValueError)
+        └── CorruptObject (ValueError)      a stored object failed verification; `reason` says why
 
 `assert` stays reserved for kvtier's own invariants; anything a user, a YAML file or a calling
 engine can get wrong raises one of these with a message that names what is wrong and where.
@@ -97,4 +97,12 @@ class TierFull(TierError, OSError):
 
 
 class CorruptObject(TierError, ValueError):
-    """A stored object failed verification (checksum, namespace, format version, length)."""
+    """A stored object failed verification (checksum, namespace, format version, length...).
+
+    `reason` is one word, one of `tiering.format.REASONS`: tiers count refused objects under
+    `corrupt.<reason>`. The message is `"<reason>: <detail>"`.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason

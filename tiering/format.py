@@ -1,5 +1,8 @@
 """The self-describing object every secondary tier stores.
 
+(Just over 400 lines: the layout, the four verification steps and the codecs they bound are one
+concept, read together when the format changes.)
+
     offset  size  field
     0       8     magic b"KVTIEROB"
     8       2     format version (`tiering.keys.FORMAT_VERSION`)
@@ -33,7 +36,7 @@ it is checked, in this order, so that no claim makes a reader allocate or copy w
 4. the decoded payload (`decompress`): decompressed with its output bounded by the raw length,
    and exactly that long.
 
-Any mismatch raises `Corrupt` with a short `reason` (one of `REASONS`); tiers turn that into a
+Any mismatch raises `CorruptObject` with a short `reason` (one of `REASONS`); tiers turn that into a
 miss, delete the object where they may, and count it by reason.
 
 A checksum is not authentication: anyone who can write to a shared Redis or bucket can plant an
@@ -66,7 +69,6 @@ __all__ = [
     "MAX_BLOCK_BYTES",
     "MAX_PAYLOAD_OFFSET",
     "REASONS",
-    "Corrupt",
     "Header",
     "check_object",
     "decode_header",
@@ -110,16 +112,10 @@ REASONS: Final = (
 _MAC_DOMAIN: Final = b"kvtier object MAC v1\x00"
 
 
-class Corrupt(CorruptObject):
-    """A stored object that fails verification; `reason` is one of `REASONS`."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-
-
 @dataclass(frozen=True, slots=True)
 class Header:
+    """A stored object's header, checked by `decode_header` (any thread: a value)."""
+
     key: BlockKey
     namespace: bytes
     codec: str
@@ -164,7 +160,8 @@ def checksum(kind: str, data: bytes | memoryview) -> int:
 
 
 class Checksum:
-    """A payload checksum computed over chunks (`checksum` of their concatenation)."""
+    """A payload checksum computed over chunks (`checksum` of their concatenation); used by
+    one thread at a time, the one that reads or writes the object."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -209,11 +206,13 @@ def compress(codec: str, data: bytes | memoryview) -> bytes | memoryview:
 
 def decompress(codec: str, data: bytes | memoryview, raw_length: int) -> bytes | memoryview:
     """The block of a verified payload, its output bounded by `raw_length`: a payload that
-    decodes to anything but exactly `raw_length` bytes is `Corrupt`, and decoding stops (or
+    decodes to anything but exactly `raw_length` bytes is `CorruptObject`, and decoding stops (or
     never starts) past that, so a compression bomb costs nothing."""
     if codec == "raw":
         if len(data) != raw_length:
-            raise Corrupt("length", f"raw payload of {len(data)} bytes, header says {raw_length}")
+            raise CorruptObject(
+                "length", f"raw payload of {len(data)} bytes, header says {raw_length}"
+            )
         return data
     try:
         if codec == "lz4":
@@ -229,7 +228,7 @@ def decompress(codec: str, data: bytes | memoryview, raw_length: int) -> bytes |
             # max_output_size says: check it first (kvtier's writer always records it).
             size = zstandard.frame_content_size(data)
             if size != raw_length:
-                raise Corrupt(
+                raise CorruptObject(
                     "length", f"zstd frame of {size} bytes (-1: unknown), header says {raw_length}"
                 )
             out = zstandard.ZstdDecompressor().decompress(
@@ -238,12 +237,12 @@ def decompress(codec: str, data: bytes | memoryview, raw_length: int) -> bytes |
             whole = True
     except ImportError as e:
         raise MissingDependencyError(f"reading {codec} objects needs its package") from e
-    except Corrupt:
+    except CorruptObject:
         raise
     except Exception as e:  # each library has its own error types for bad input
-        raise Corrupt("checksum", f"{codec} payload does not decompress: {e}") from e
+        raise CorruptObject("checksum", f"{codec} payload does not decompress: {e}") from e
     if len(out) != raw_length or not whole:
-        raise Corrupt(
+        raise CorruptObject(
             "length", f"{codec} payload does not decode to the {raw_length} bytes claimed"
         )
     return bytes(out)
@@ -298,11 +297,11 @@ def encode(
 
 def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespace: bytes) -> Header:
     """Parse and check a header (from the start of an object; at least its payload offset's
-    worth of bytes, or `HEADER_MIN` + key + MAC). Raises `Corrupt` on any mismatch, and on
+    worth of bytes, or `HEADER_MIN` + key + MAC). Raises `CorruptObject` on any mismatch, and on
     lengths no writer produces (module docstring, step 1)."""
     raw = memoryview(raw)
     if len(raw) < HEADER_MIN:
-        raise Corrupt("truncated", f"{len(raw)} bytes is shorter than a header")
+        raise CorruptObject("truncated", f"{len(raw)} bytes is shorter than a header")
     (
         magic,
         version,
@@ -317,38 +316,40 @@ def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespac
         header_sum,
     ) = FIXED_FIELDS.unpack_from(raw)
     if magic != MAGIC:
-        raise Corrupt("magic", "not a kvtier object")
+        raise CorruptObject("magic", "not a kvtier object")
     if version != FORMAT_VERSION:
-        raise Corrupt("version", f"format version {version}, this kvtier reads {FORMAT_VERSION}")
+        raise CorruptObject(
+            "version", f"format version {version}, this kvtier reads {FORMAT_VERSION}"
+        )
     if len(raw) < HEADER_MIN + key_len:
-        raise Corrupt("truncated", "the header's key is cut short")
+        raise CorruptObject("truncated", "the header's key is cut short")
     key = bytes(raw[HEADER_MIN : HEADER_MIN + key_len])
     if xxhash.xxh3_64_intdigest(bytes(raw[:58]) + key) != header_sum:
-        raise Corrupt("header", "header checksum mismatch")
+        raise CorruptObject("header", "header checksum mismatch")
     if namespace != expect_namespace:
-        raise Corrupt(
+        raise CorruptObject(
             "namespace", f"namespace {namespace.hex()}, expected {expect_namespace.hex()}"
         )
     if key != expect_key:
-        raise Corrupt("key", f"object holds key {key.hex()}")
+        raise CorruptObject("key", f"object holds key {key.hex()}")
     authenticated = bool(kind & _AUTHENTICATED)
     kind &= ~_AUTHENTICATED
     if codec >= len(CODECS) or kind >= len(CHECKSUMS):
-        raise Corrupt("codec", f"unknown codec {codec} or checksum {kind}")
+        raise CorruptObject("codec", f"unknown codec {codec} or checksum {kind}")
     header_end = HEADER_MIN + key_len + (MAC_BYTES if authenticated else 0)
     if not header_end <= offset <= MAX_PAYLOAD_OFFSET:
-        raise Corrupt("length", f"payload offset {offset} (the header ends at {header_end})")
+        raise CorruptObject("length", f"payload offset {offset} (the header ends at {header_end})")
     if raw_len > MAX_BLOCK_BYTES:
-        raise Corrupt("length", f"a block of {raw_len} bytes (at most {MAX_BLOCK_BYTES})")
+        raise CorruptObject("length", f"a block of {raw_len} bytes (at most {MAX_BLOCK_BYTES})")
     if stored > raw_len or (CODECS[codec] == "raw" and stored != raw_len):
-        raise Corrupt(
+        raise CorruptObject(
             "length", f"stored payload of {stored} bytes for a {CODECS[codec]} block of {raw_len}"
         )
     signed = bytes(raw[:HEADER_MIN]) + key
     mac = None
     if authenticated:
         if len(raw) < header_end:
-            raise Corrupt("truncated", "the header's MAC is cut short")
+            raise CorruptObject("truncated", "the header's MAC is cut short")
         mac = bytes(raw[HEADER_MIN + key_len : header_end])
     return Header(
         BlockKey(key),
@@ -368,13 +369,15 @@ def check_object(header: Header, size: int, expect_raw: int | None = None) -> No
     """Check a header's claims against the object's real size (`size` bytes) and, given, the
     size of the block the caller expects."""
     if size < header.object_length:
-        raise Corrupt(
+        raise CorruptObject(
             "truncated", f"object of {size} bytes, its header says {header.object_length}"
         )
     if size > header.object_length:
-        raise Corrupt("length", f"object of {size} bytes, its header says {header.object_length}")
+        raise CorruptObject(
+            "length", f"object of {size} bytes, its header says {header.object_length}"
+        )
     if expect_raw is not None and header.raw_length != expect_raw:
-        raise Corrupt(
+        raise CorruptObject(
             "length", f"block of {header.raw_length} bytes, the buffer holds {expect_raw}"
         )
 
@@ -405,13 +408,13 @@ def verify_payload(
     """Check the stored payload's length and checksum against its header, and with
     `secret_key` (`mac_key` of the deployment's secret) its MAC."""
     if len(payload) != header.stored_length:
-        raise Corrupt(
+        raise CorruptObject(
             "truncated", f"payload of {len(payload)} bytes, header says {header.stored_length}"
         )
     if checksum(header.checksum_kind, payload) != header.payload_checksum:
-        raise Corrupt("checksum", "payload checksum mismatch")
+        raise CorruptObject("checksum", "payload checksum mismatch")
     if secret_key is not None:
         if header.mac is None:
-            raise Corrupt("auth", "the object carries no MAC (written without the secret)")
+            raise CorruptObject("auth", "the object carries no MAC (written without the secret)")
         if not hmac.compare_digest(_mac(secret_key, header.signed, payload), header.mac):
-            raise Corrupt("auth", "MAC mismatch (another secret, or altered)")
+            raise CorruptObject("auth", "MAC mismatch (another secret, or altered)")

@@ -129,7 +129,8 @@ def key_from_path(path: str) -> BlockKey:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
-    """The layout facts that make KV bytes interchangeable; their digest is the namespace.
+    """The layout facts that make KV bytes interchangeable, their digest the namespace (any
+    process, any thread: a value).
 
     Two engines may share a block only when every field is equal. The model is named by what it
     is, never by where it lies (`connectors.identity.model_identity`): the same weights served

@@ -1,32 +1,49 @@
-"""The secondary-tier contract.
+"""The secondary-tier contract: five primitives a backend writes, and the base that does the rest.
 
-A backend implements a handful of async primitives over *stored objects* (the bytes of
-`tiering.format`: header, then payload) and declares what it can do; `Tier` adds everything
+This module is over 400 lines on purpose: it is one class, `Tier`, and its docstrings are the
+specification a backend author works from (each primitive with what the base guarantees and
+what the implementation must do, the optional fast paths, the public API the manager and the
+operators' commands call). The object format and each step of verifying an object are in
+`tiering.format`; what is here is only how a tier applies them.
+
+A backend implements async primitives over *stored objects* (the bytes of `tiering.format`:
+header, then payload) and declares what it can do in class attributes; `Tier` adds everything
 else: encoding and verification of every object, the public `get(key, into)` / `put(key, data)`
 over block payloads, batched forms with bounded concurrency, a deadline on every call, read-only
 mode, authenticated objects (`secret`), counters, and the async context manager.
 
+    @dataclass(frozen=True, kw_only=True, slots=True)
+    class MyOptions(TierOptions):                  # its own settings, read from YAML alike
+        root: str = option(kind="path", help="Where the objects live.")
+
     class MyTier(Tier):
         type_name = "mine"
         persistent = True
-        async def _read(self, key, limit): ...   # the stored object, or None
-        async def _write(self, key, parts): ...  # store b"".join(parts) atomically
-        async def _delete(self, key): ...        # True if it was there
-        async def _contains(self, keys): ...     # one bool per key
-        async def _stat(self): ...               # TierStat
-        # optional: _list(), _close(), _read_head(key, n), _read_into(...) (the `ReadsInto`
-        # fast path), knows(key) with `indexed = True` (an in-process index of every object)
+        Options = MyOptions
+        async def _read(self, key, limit): ...    # the stored object, or None
+        async def _write(self, key, parts): ...   # store b"".join(parts) atomically
+        async def _delete(self, key): ...         # True if it was there
+        async def _contains(self, keys): ...      # one bool per key
+        async def _stat(self): ...                # TierStat
 
-What the base class guarantees a backend: keys are `BlockKey`s already validated (no path or
-name comes from input); `limit` is the largest object the caller can use (`object_limit`);
-every call runs under the tier's deadline on the runtime's event loop thread; nothing a backend
-returns is trusted: every object is verified here before a byte of it reaches a caller's block.
+Optional, with defaults here: `_read_head(key, n)` (a ranged read), `_list()` and `_entries()`
+(with `supports_listing = True`), `_namespaces()`, `_close()`, `knows(key)` (with `indexed =
+True`: an in-process index of every object). Optional fast paths the base looks for are
+`Protocol`s: `ReadsInto` (the payload read straight into the caller's buffer).
 
-What a backend must do: never read or allocate more than `limit` bytes for one object (a store
-holding a larger one answers `Corrupt("length")` without reading it: a crafted 2 GiB object
-costs a stat, not 2 GiB); raise `TierUnavailable`, `TierTimeout` or `TierFull` (translated from
-its library's errors) when it fails; answer None or False for a missing object, never an error.
-Blocking libraries go to a bounded thread pool below the loop.
+What the base class guarantees every primitive: keys are `BlockKey`s already validated (no path
+or name comes from input); `limit` is the largest object the caller can use (`object_limit` of
+its block size); a write or a delete never reaches a read-only tier; every call runs on the
+event loop thread that owns the tier (the runtime's, or an operator command's `asyncio.run`),
+under the tier's deadline, so it may be cancelled at any await; nothing a backend returns is
+trusted: every object is verified here before a byte of it reaches a caller's block.
+
+What every primitive must do: never read or allocate more than `limit` bytes for one object (a
+store holding a larger one answers `CorruptObject("length")` without reading it: a crafted 2 GiB
+object costs a stat, not 2 GiB); raise `TierUnavailable`, `TierTimeout`, `TierFull` or
+`TierError` (translated from its library's errors, `raise ... from e`) when the store fails;
+answer None or False for a missing object, never an error; never block the event loop (blocking
+libraries go to a bounded thread pool below it, `tiers.threads.IOThreads`).
 """
 
 from __future__ import annotations
@@ -35,9 +52,9 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, cast, runtime_checkable
 
 from tiering.errors import (
     ConfigError,
@@ -48,10 +65,7 @@ from tiering.errors import (
     TierTimeout,
 )
 from tiering.format import (
-    CHECKSUMS,
-    CODECS,
     MAX_BLOCK_BYTES,
-    Corrupt,
     Header,
     check_object,
     decode_header,
@@ -61,10 +75,13 @@ from tiering.format import (
     verify_payload,
 )
 from tiering.keys import NAMESPACE_BYTES, BlockKey, key_from_hex
+from tiering.options import TierOptions
 
 __all__ = [
     "HEADER_ROOM",
     "MIN_SECRET_BYTES",
+    "Buffer",
+    "KeyLike",
     "ObjectInfo",
     "ReadsInto",
     "Tier",
@@ -76,25 +93,33 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 KeyLike = BlockKey | bytes | str
+"""A key as callers may give it: a `BlockKey`, its bytes, or its canonical hex form."""
 Buffer = bytes | memoryview
+"""Bytes a tier reads or writes without copying them: bytes, or a view of someone's buffer."""
 
 HEADER_ROOM = 4096
 """Bytes a stored object may take before its payload (a header is at most 166 bytes, padded to
 the writer's alignment): with the block's size, what `Tier.object_limit` allows."""
 MIN_SECRET_BYTES = 16
+"""The shortest deployment secret a tier accepts for authenticated objects."""
 
 
 @dataclass(frozen=True, slots=True)
 class TierStat:
+    """What a tier holds, as `stat` answers it (any thread: a value)."""
+
     objects: int
+    """Stored objects of this namespace (corrupt or foreign ones a backend cannot tell apart
+    without reading them included)."""
     bytes_used: int
+    """Bytes of those objects, headers included."""
     capacity: int | None
     """Bytes the tier may hold; None when unbounded or unknown."""
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """A stored object as a listing sees it."""
+    """A stored object as a listing sees it (any thread: a value)."""
 
     key: BlockKey
     size: int | None = None
@@ -105,19 +130,31 @@ class ObjectInfo:
 
 @runtime_checkable
 class ReadsInto(Protocol):
-    """Fast path for raw objects: the payload goes straight into `payload` (a primary slot),
-    without an intermediate copy.
+    """Optional fast path for raw objects (runtime thread, like every primitive): the payload
+    goes straight into `payload` (a primary slot), without an intermediate copy.
 
-    The implementation must: return None when there is no object; raise `Corrupt("length")`
-    for an object larger than `limit` without reading it; otherwise return `(data, placed)`:
-    `placed` only when it read the payload into `payload`, which it may do only when the
-    object is laid out as a header followed by exactly `len(payload)` bytes (its real size is
-    the header's payload offset plus `len(payload)`, and the unverified header,
-    `tiering.format.peek_lengths`, says a stored length of `len(payload)`), `data` then being
-    exactly the first payload-offset bytes (the header); else `data` is the whole object (at
-    most `limit` bytes). The flag is what tells the two apart: an object cut at its payload
-    offset is as long as a header. The caller verifies everything else (header, lengths,
-    checksum, MAC) and treats `payload` as garbage unless it accepts the object."""
+    `Tier.get` calls `_read_into` instead of `_read` when the tier's class implements it and its
+    codec is `raw` (a compressed payload must be decoded: it never fits in place).
+
+    Parameters: `key`, the block's key; `payload`, the caller's buffer for the block (exactly
+    the block's size, a writable byte view); `limit`, the largest object the caller can use.
+    Returns: None when there is no object; else `(data, placed)`.
+
+    Guaranteed by the caller: what `_read` is guaranteed; `payload` stays valid, and nobody
+    else uses it, until the call has returned or raised (a cancelled read may still be writing
+    into it: the caller then treats its bytes as garbage).
+
+    The implementation must: raise `CorruptObject("length")` for an object larger than `limit`
+    without reading it; set `placed` only when it read the payload into `payload`, which it may
+    do only when the object is laid out as a header followed by exactly `len(payload)` bytes
+    (its real size is the header's payload offset plus `len(payload)`, and the unverified
+    header, `tiering.format.peek_lengths`, says a stored length of `len(payload)`), `data` then
+    being exactly the first payload-offset bytes (the header); otherwise return the whole
+    object as `data` (at most `limit` bytes) with `placed` false. The flag is what tells the two
+    apart: an object cut at its payload offset is as long as a header. The caller verifies
+    everything else (header, lengths, checksum, MAC) and treats `payload` as garbage unless it
+    accepts the object.
+    """
 
     async def _read_into(
         self, key: BlockKey, payload: memoryview, limit: int
@@ -134,14 +171,23 @@ def as_key(key: KeyLike) -> BlockKey:
 
 
 class Tier(ABC):
-    """Base of every secondary tier (see the module docstring for what a backend writes)."""
+    """Base of every secondary tier: built in the scheduler process (or by an operator's
+    `kvtier` command); every call runs on one event loop thread, the runtime's (`knows` and
+    the attributes may be read from any thread).
+
+    See the module docstring for what a backend writes and what it may rely on. Subclasses
+    declare their settings as an options record (`Options`, a subclass of their parent's), and
+    their capabilities as the class attributes below.
+    """
 
     type_name: ClassVar[str] = ""
+    """The name YAML's `type` gives this class (`tiering.registry`)."""
     persistent: ClassVar[bool] = False
     """Objects survive the tier's process and a restart."""
     shared: ClassVar[bool] = False
     """Several engines (hosts) can use the same tier at once."""
     supports_listing: ClassVar[bool] = False
+    """The tier can list its keys (`keys`, `entries`): the backend implements `_list`."""
     evicts: ClassVar[bool] = False
     """The tier enforces `capacity` itself by evicting least recently used objects."""
     align: ClassVar[int] = 1
@@ -149,44 +195,43 @@ class Tier(ABC):
     indexed: ClassVar[bool] = False
     """The tier keeps an in-process index of every object it holds (it is its store's only
     writer), so `knows` answers without I/O and the tiering manager needs no existence checks."""
+    Options: ClassVar[type[TierOptions]] = TierOptions
+    """The record of the settings this class takes (YAML keys and constructor keywords)."""
+
+    options: TierOptions
+    """This tier's settings, read by `Options.of` from the constructor's keywords."""
 
     def __init__(
         self,
         *,
         namespace: bytes,
-        name: str | None = None,
-        capacity: int | None = None,
-        codec: str = "raw",
-        checksum: str = "xxh3",
-        read_only: bool = False,
-        concurrency: int = 16,
-        timeout: float | None = 5.0,
         secret: bytes | None = None,
+        name: str | None = None,
+        **options: Any,
     ) -> None:
-        """`secret`: the deployment's secret for authenticated objects (at least 16 bytes):
-        every object is written with a MAC, and one without a valid MAC is a miss."""
+        """`namespace`: the digest whose blocks this tier serves (`tiering.keys`); `secret`:
+        the deployment's secret for authenticated objects (at least `MIN_SECRET_BYTES`): every
+        object is written with a MAC, and one without a valid MAC is a miss; `name`: the tier's
+        name in messages and metrics (default: `type_name`); `options`: the settings of
+        `Options`, as Python values (bytes, seconds) or YAML ones (`8GiB`, `200ms`). Raises
+        `ConfigError` naming the option that is unknown or wrong."""
         if len(namespace) != NAMESPACE_BYTES:
             raise ConfigError(f"namespace: expected {NAMESPACE_BYTES} bytes, got {len(namespace)}")
-        if codec not in CODECS:
-            raise ConfigError(f"codec: expected one of {', '.join(CODECS)}, got {codec!r}")
-        if checksum not in CHECKSUMS:
-            raise ConfigError(f"checksum: expected one of {', '.join(CHECKSUMS)}, got {checksum!r}")
-        if capacity is not None and capacity <= 0:
-            raise ConfigError(f"capacity: must be positive, got {capacity}")
-        if concurrency <= 0:
-            raise ConfigError(f"concurrency: must be positive, got {concurrency}")
+        self.options = self.Options.of(options)
         if secret is not None and len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"secret: at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
         self.namespace = namespace
         self.name = name or self.type_name
-        self.capacity = capacity
-        self.codec = codec
-        self.checksum = checksum
-        self.read_only = read_only
-        self.concurrency = concurrency
-        self.timeout = timeout
+        self.capacity = self.options.capacity
+        self.codec = self.options.codec
+        self.checksum = self.options.checksum
+        self.read_only = self.options.read_only
+        self.concurrency = self.options.concurrency
+        self.timeout = self.options.timeout
         self._mac_key = None if secret is None else mac_key(bytes(secret))
-        self._reads_into = isinstance(self, ReadsInto)  # once: a protocol check takes ~40 µs
+        # once: a runtime_checkable isinstance walks the protocol's members, too slow for
+        # every get
+        self._reads_into = isinstance(self, ReadsInto)
         self.counters: Counter[str] = Counter()
         """Events by name: hits, misses, puts, deletes, bytes_read, bytes_written, errors,
         corrupt.<reason> (`tiering.format.REASONS`), evictions."""
@@ -195,53 +240,118 @@ class Tier(ABC):
         did not index (`kvtier verify` reports them): a read-only tier leaves them in place."""
         self._closed = False
 
+    @classmethod
+    def variant(cls, options: Mapping[str, Any]) -> type[Tier]:
+        """The class to build for `options` (the raw mapping, before it is read): a tier class
+        whose options pick a concrete class (a file tier's `layout`) returns it, so that each
+        variant declares and accepts only its own options. Default: this class."""
+        return cls
+
     # -- primitives a backend writes ------------------------------------------------------------
 
     @abstractmethod
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
-        """The stored object of `key`, or None; `Corrupt("length")` without reading it when
-        it is larger than `limit` bytes."""
+        """The stored object of `key` as `_write` got it (header and payload), or None.
+
+        Parameters: `key`, the block's key; `limit`, the largest object the caller can use
+        (`object_limit` of its block's size, or of `MAX_BLOCK_BYTES` for an operator's read).
+        Returns: the object's bytes (the caller may keep them), or None when there is none.
+
+        Guaranteed by the caller (see the module docstring): a validated key, the event loop
+        thread, the tier's deadline; the object is verified by the caller.
+        The implementation must: raise `CorruptObject("length")` without reading the object
+        when it is larger than `limit` bytes (known from the store: a file's length, a value's
+        length, a response's Content-Length), and never read more than `limit` bytes of it (one
+        more, to see that it is longer, is fine); answer None for a missing object; raise a
+        `TierError` when the store fails.
+        """
 
     @abstractmethod
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
-        """Store `b"".join(parts)` as the object of `key`, replacing any; atomic for readers."""
+        """Store `b"".join(parts)` as the object of `key`, replacing any.
+
+        Parameters: `key`, the block's key; `parts`, the object in pieces (the header, then the
+        payload: `tiering.format.encode`), to write without joining them where the store can.
+
+        Guaranteed by the caller: the tier is not read-only; `parts` stay valid and unchanged
+        until the call returns or raises (the payload is often a view of a primary slot, which
+        is pinned until then).
+        The implementation must: be atomic for readers (a reader sees the old object, the new
+        one, or none: never a mix, never a torn object); keep no reference to `parts` after it
+        returns (copy what it holds on to); on a tier that `evicts`, stay within `capacity` by
+        evicting least recently used objects (counted as `evictions`) and raise `TierFull` for
+        an object larger than the capacity; raise a `TierError` when the store fails.
+        """
 
     @abstractmethod
     async def _delete(self, key: BlockKey) -> bool:
-        """Remove the object of `key`; whether there was one."""
+        """Remove the object of `key`; whether there was one.
+
+        Guaranteed by the caller: the tier is not read-only (`get` deletes refused objects
+        through this, except on a read-only tier).
+        The implementation must: answer False for a missing object (not an error); leave no
+        part of the object readable once it returns True.
+        """
 
     @abstractmethod
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
-        """Whether each key has an object (one round trip where the backend allows)."""
+        """Whether each of `keys` has an object, in order (existence only: whether the object
+        is sound is for `get` to find).
+
+        Guaranteed by the caller: `keys` is not empty.
+        The implementation must: answer in one round trip where the store allows (a pipeline,
+        a batch request): the manager checks a whole request's keys at once.
+        """
 
     @abstractmethod
-    async def _stat(self) -> TierStat: ...
+    async def _stat(self) -> TierStat:
+        """What the tier holds for this namespace (`TierStat`), with `capacity` the tier's own
+        (`self.capacity`, or what the store reports).
+
+        The implementation may: take time proportional to the number of objects (a listing):
+        it is for operators and metrics, not for the data path.
+        """
 
     async def _list(self) -> AsyncIterator[BlockKey]:
-        """Keys of this namespace (backends with `supports_listing`)."""
+        """Keys of this namespace (backends with `supports_listing` override this).
+
+        The implementation must: yield each key once; skip names no kvtier wrote, counting
+        them (`listed_key`): anyone who can write to a shared store may put anything there.
+        """
         raise StateError(f"tier {self.name!r} ({self.type_name}) cannot list its keys")
         yield BlockKey(b"")  # pragma: no cover - makes this an async generator
 
     async def _entries(self) -> AsyncIterator[ObjectInfo]:
-        """Objects of this namespace with what the backend knows of them (default: keys)."""
+        """Objects of this namespace with what the backend knows of them (default: `_list`'s
+        keys alone). Override where a listing gives sizes and write times for free."""
         async for key in self._list():
             yield ObjectInfo(key)
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
         """The first `n` bytes of the stored object of `key` and its real size, or None.
+
         Backends that can read a range override this (the default reads the object, up to the
-        largest one an operator may read)."""
+        largest one an operator may read). The implementation must: read no more than `n`
+        bytes of the object, whatever its size.
+        """
         blob = await self._read(key, self.object_limit(MAX_BLOCK_BYTES))
         return None if blob is None else (memoryview(blob)[:n], len(blob))
 
     async def _namespaces(self) -> list[bytes]:
-        """Every namespace with objects in this tier (default: only this one)."""
+        """Every namespace with objects in this tier (default: only this one). Override where
+        the store's names tell them (a prefix per namespace)."""
         return [self.namespace]
 
     async def _close(self) -> None:  # noqa: B027 - optional: most tiers hold something to release
-        """Release connections, files and threads."""
+        """Release connections, files and threads; called once, by the first `close`. The
+        implementation must: first write out any object it still holds only in memory (the S3
+        tier's blocks waiting for a pack)."""
 
     # -- the public API ---------------------------------------------------------------------------
+    # Called by the manager's jobs on the runtime thread, and by operators' commands. Keys may
+    # be given as `KeyLike`; an invalid one raises `KeyFormatError` before any I/O. A failure of
+    # the store raises a `TierError` (`TierTimeout` past the deadline); a corrupt object is a
+    # miss, never an error, except where an operator's call says otherwise.
 
     @property
     def header_room(self) -> int:
@@ -283,7 +393,7 @@ class Tier(ABC):
                 raw = await self._call(cast(ReadsInto, self)._read_into(block, view, limit))
                 return await self._accept_into(block, raw, view)
             blob = await self._call(self._read(block, limit))
-        except Corrupt as e:
+        except CorruptObject as e:
             await self._refuse(block, e)
             return False
         return await self._accept(block, blob, view)
@@ -301,12 +411,14 @@ class Tier(ABC):
         try:
             header = decode_header(data, block, self.namespace)
             if header.payload_offset != len(data):
-                raise Corrupt("length", "the payload was read from another offset than its own")
+                raise CorruptObject(
+                    "length", "the payload was read from another offset than its own"
+                )
             if header.codec != "raw":
-                raise Corrupt("codec", f"expected a raw object, found {header.codec}")
+                raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
             check_object(header, header.payload_offset + len(view), len(view))
             verify_payload(header, view, self._mac_key)
-        except Corrupt as e:
+        except CorruptObject as e:
             await self._refuse(block, e)
             return False
         return self._hit(len(view))
@@ -317,7 +429,7 @@ class Tier(ABC):
             return self._miss()
         try:
             view[:] = self.verified_block(block, blob, len(view))
-        except Corrupt as e:
+        except CorruptObject as e:
             await self._refuse(block, e)
             return False
         return self._hit(len(view))
@@ -325,7 +437,7 @@ class Tier(ABC):
     def verified_block(self, key: BlockKey, blob: Buffer, size: int | None = None) -> Buffer:
         """The block a stored object holds, verified as a read would verify it (header, real
         size, checksum, MAC with a secret, bounded decoding); `size`: the block size expected.
-        Raises `Corrupt`."""
+        Raises `CorruptObject`."""
         blob = memoryview(blob)
         header = decode_header(blob, key, self.namespace)
         check_object(header, len(blob), size)
@@ -345,6 +457,9 @@ class Tier(ABC):
     def _encode(
         self, key: KeyLike, data: Buffer | bytearray
     ) -> tuple[BlockKey, tuple[Buffer, Buffer]]:
+        """The validated key and the object's parts (header, payload) for block `data`, as
+        `put` writes them (for backends whose batches write their own way); `StateError` on a
+        read-only tier."""
         block = as_key(key)
         self._writable("put")
         header, payload = encode(
@@ -365,13 +480,15 @@ class Tier(ABC):
         return bytes(out) if await self.get(key, out) else None
 
     async def put(self, key: KeyLike, data: Buffer | bytearray) -> None:
-        """Store `data` as the block of `key`, replacing any."""
+        """Store `data` as the block of `key`, replacing any; `StateError` on a read-only tier.
+        `data` must stay unchanged until the call returns (it is written from where it lies)."""
         block, parts = self._encode(key, data)
         await self._call(self._write(block, parts))
         self.counters["puts"] += 1
         self.counters["bytes_written"] += len(data)
 
     async def delete(self, key: KeyLike) -> bool:
+        """Remove the block of `key`; whether there was one. `StateError` on a read-only tier."""
         block = as_key(key)
         self._writable("delete")
         found = await self._call(self._delete(block))
@@ -410,7 +527,7 @@ class Tier(ABC):
     async def read_object(self, key: KeyLike) -> Buffer | None:
         """The stored object of `key` as it is (header and payload), unverified: for
         operators' tools that inspect or move objects. An object larger than any block may be
-        (`tiering.format.MAX_BLOCK_BYTES`) raises `Corrupt("length")` unread."""
+        (`tiering.format.MAX_BLOCK_BYTES`) raises `CorruptObject("length")` unread."""
         return await self._call(self._read(as_key(key), self.object_limit(MAX_BLOCK_BYTES)))
 
     async def read_head(self, key: KeyLike) -> tuple[bytes, int] | None:
@@ -421,9 +538,11 @@ class Tier(ABC):
         return None if got is None else (bytes(got[0]), got[1])
 
     async def stat(self) -> TierStat:
+        """What the tier holds (`TierStat`); may list the store: for operators and metrics."""
         return await self._call(self._stat())
 
     async def close(self) -> None:
+        """Release what the tier holds (`_close`), once; later calls do nothing."""
         if not self._closed:
             self._closed = True
             await self._close()
@@ -446,9 +565,14 @@ class Tier(ABC):
     async def put_many(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
     ) -> list[None | BaseException]:
+        """`put` for each (key, data), at most `concurrency` at a time; a failure is returned
+        in its place, not raised. Backends with a batch request override this (and
+        `get_many`): each item must still be encoded, counted and verified as `put` / `get`
+        would (`_encode`, `_accept_into`, `_refuse`)."""
         return await self._bounded([self.put(k, d) for k, d in items])
 
     async def delete_many(self, keys: Sequence[KeyLike]) -> list[bool | BaseException]:
+        """`delete` for each key, at most `concurrency` at a time; failures in their place."""
         return await self._bounded([self.delete(k) for k in keys])
 
     async def _bounded(self, calls: Sequence[Awaitable[T]]) -> list[T | BaseException]:
@@ -493,7 +617,9 @@ class Tier(ABC):
         self.counters["misses"] += 1
         return False
 
-    async def _refuse(self, key: BlockKey, error: Corrupt) -> None:
+    async def _refuse(self, key: BlockKey, error: CorruptObject) -> None:
+        """Count `error` as a corrupt miss of `key` and delete the object unless the tier is
+        read-only, as `get` does (for backends whose batches refuse objects themselves)."""
         self.counters["misses"] += 1
         self.counters[f"corrupt.{error.reason}"] += 1
         log.warning("tier %r: object %s refused (%s)", self.name, key.hex(), error)

@@ -20,8 +20,11 @@ __all__ = ["FaultyTier", "ForwardingTier"]
 
 
 class ForwardingTier(Tier):
-    """Forwards every primitive to `inner`, with the same namespace and capabilities. Runs
-    wherever `inner` runs."""
+    """Forwards every primitive to `inner`, on the thread `inner` runs on (the runtime's
+    event loop), with the same namespace and capabilities.
+
+    Settings not given default to `inner`'s name, capacity, codec, read-only mode and timeout;
+    without a `secret`, the wrapper verifies with `inner`'s."""
 
     def __init__(self, inner: Tier, **options: Any) -> None:
         options.setdefault("name", inner.name)
@@ -75,7 +78,8 @@ class ForwardingTier(Tier):
 
 
 class FaultyTier(ForwardingTier):
-    """Injects faults into the tier it wraps, each with a probability per call:
+    """Injects faults into the tier it wraps, on its thread (the runtime's event loop), each
+    with a probability per call:
 
     - `drop`: a write is acknowledged but not stored; a read finds nothing;
     - `delay`: the call first sleeps `delay_seconds` (past a deadline, it times out);

@@ -6,8 +6,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tiering.errors import TierFull
-from tiering.format import Corrupt
+from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, Tier, TierStat
 
@@ -15,16 +14,25 @@ __all__ = ["MemoryTier"]
 
 
 class MemoryTier(Tier):
-    """Objects in a dict, least recently used first; evicts to stay within `capacity` bytes.
-    Runs on the runtime's event loop (no I/O, so no thread pool)."""
+    """Objects in a dict, on the runtime's event loop thread (no I/O, so no thread pool).
+
+    Least recently used first; evicts to stay within `capacity` bytes. Its settings are the
+    base's (`TierOptions`). Tests reach its dict directly (tests/memory_hooks.py)."""
 
     type_name = "memory"
     supports_listing = True
     evicts = True
     indexed = True
 
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
+    def __init__(
+        self,
+        *,
+        namespace: bytes,
+        secret: bytes | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(namespace=namespace, secret=secret, name=name, **options)
         self._objects: OrderedDict[BlockKey, bytes] = OrderedDict()
         self._bytes = 0
 
@@ -33,7 +41,7 @@ class MemoryTier(Tier):
         if blob is None:
             return None
         if len(blob) > limit:
-            raise Corrupt("length", f"object of {len(blob)} bytes, at most {limit} expected")
+            raise CorruptObject("length", f"object of {len(blob)} bytes, at most {limit} expected")
         self._objects.move_to_end(key)
         return blob
 
@@ -67,15 +75,6 @@ class MemoryTier(Tier):
     async def _list(self) -> AsyncIterator[BlockKey]:
         for key in list(self._objects):
             yield key
-
-    def raw_put(self, key: BlockKey, blob: bytes) -> None:
-        """Store object bytes as they are, bypassing encoding (white-box tests)."""
-        self._delete_now(key)
-        self._objects[key] = blob
-        self._bytes += len(blob)
-
-    def raw_get(self, key: BlockKey) -> bytes | None:
-        return self._objects.get(key)
 
     def _delete_now(self, key: BlockKey) -> bool:
         blob = self._objects.pop(key, None)

@@ -1,5 +1,9 @@
 """The Redis tier: blocks as Redis strings, one server or a Redis Cluster.
 
+(Over 400 lines: a third of it is the pipelined batches, on two transports; they share the
+single-key paths' error translation and verification helpers, and splitting them off would put
+one class's private protocol across two modules. The wire protocol itself is `tiers.resp`.)
+
 Keys are `kvtier:<namespace hex>:<key hex>`, so several models share a server without seeing
 each other's blocks and `kvtier ls` can scan one namespace. Batches (`contains`, `get_many`,
 `put_many`) go in pipelines: one per batch, or for large blocks one per `PIPELINE_BYTES` of
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -29,19 +34,19 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
-from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
-from tiering.format import Corrupt
+from tiering.errors import ConfigError, CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
+from tiering.options import TierOptions, option
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
-from tiering.units import parse_duration
 from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
 
-__all__ = ["RedisTier"]
+__all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
 Fetched = tuple[Buffer, bool] | None | BaseException
-"""One GET of a batch: `ReadsInto`'s answer, or the error in its place (`Corrupt`: refused)."""
+"""One GET of a batch: `ReadsInto`'s answer, or the error in its place (a `CorruptObject`: the
+object is refused)."""
 
 URL_QUERY = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
     "password",
@@ -67,49 +72,83 @@ pipelines on as many connections at once; one connection carries its replies one
 (see BENCHMARKS.md, "Secondary tiers")."""
 
 
+def _unshown(field: Any) -> Any:
+    """`field` (an `option`) left out of the record's repr: a secret must not reach a log."""
+    field.repr = False
+    return field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RedisOptions(TierOptions):
+    """The Redis tier's settings (any thread: a value)."""
+
+    url: str = _unshown(  # it may carry a password
+        option(
+            "redis://127.0.0.1:6379/0",
+            low=1,
+            what="a URL like 'redis://host:6379/0'",
+            help="The server, as redis-py reads it (`rediss://` for TLS).",
+        )
+    )
+    username: str | None = option(None, help="The user to AUTH as (null: the URL's, or none).")
+    password: str | None = _unshown(
+        option(None, help="The password to AUTH with (null: the URL's, or none); use `${ENV_VAR}`.")
+    )
+    ttl: float | None = option(
+        None, kind="duration", help="Blocks expire this long after they are written (null: never)."
+    )
+    cluster: bool = option(False, help="Talk to a Redis Cluster through any of its nodes.")
+    tls_ca_file: str | None = option(None, help="CA bundle for TLS (makes the URL `rediss://`).")
+    tls_cert_file: str | None = option(None, help="Client certificate for TLS.")
+    tls_key_file: str | None = option(None, help="Client key for TLS.")
+    socket_timeout: float = option(2.0, kind="duration", help="Socket timeout of each command.")
+    connect_timeout: float = option(1.0, kind="duration", help="Timeout of each connection.")
+    fast_path: bool = option(
+        True,
+        help="Move blocks through kvtier's own RESP client on plain TCP (false: redis-py only).",
+    )
+
+
 class RedisTier(Tier):
-    """Blocks in Redis. Runs on the runtime's event loop (redis.asyncio)."""
+    """Blocks in Redis, on the runtime's event loop thread (redis.asyncio and `tiers.resp`)."""
 
     type_name = "redis"
     persistent = True  # the server keeps blocks when this process restarts
     shared = True
     supports_listing = True
+    Options = RedisOptions
+    options: RedisOptions
 
     def __init__(
         self,
         *,
-        url: str = "redis://127.0.0.1:6379/0",
-        username: str | None = None,
-        password: str | None = None,
-        ttl: float | str | None = None,
-        cluster: bool = False,
-        tls_ca_file: str | None = None,
-        tls_cert_file: str | None = None,
-        tls_key_file: str | None = None,
-        socket_timeout: float = 2.0,
-        connect_timeout: float = 1.0,
-        fast_path: bool = True,
+        namespace: bytes,
+        secret: bytes | None = None,
+        name: str | None = None,
         **options: Any,
     ) -> None:
         """`url` as redis-py reads it (`rediss://` for TLS); `ttl` (seconds or a duration such
         as `1h`) expires blocks; `cluster` talks to a Redis Cluster through any of its nodes;
         `fast_path: false` moves blocks through redis-py too (plain TCP only has the other)."""
-        super().__init__(**options)
-        self.ttl = None if ttl is None else parse_duration(ttl, "ttl")
+        super().__init__(namespace=namespace, secret=secret, name=name, **options)
+        settings = self.options
+        url, username, password = settings.url, settings.username, settings.password
+        connect_timeout = settings.connect_timeout
+        self.ttl = settings.ttl
         self._prefix = f"kvtier:{self.namespace.hex()}:".encode()
         kwargs: dict[str, Any] = {
             "username": username,
             "password": password,
-            "socket_timeout": socket_timeout,
+            "socket_timeout": settings.socket_timeout,
             "socket_connect_timeout": connect_timeout,
             "max_connections": 2 * self.concurrency,
             "socket_read_size": 1 << 20,  # large values come in fewer chunks (64 KiB default)
         }
-        if tls_ca_file or tls_cert_file or tls_key_file:
+        if settings.tls_ca_file or settings.tls_cert_file or settings.tls_key_file:
             kwargs |= {
-                "ssl_ca_certs": tls_ca_file,
-                "ssl_certfile": tls_cert_file,
-                "ssl_keyfile": tls_key_file,
+                "ssl_ca_certs": settings.tls_ca_file,
+                "ssl_certfile": settings.tls_cert_file,
+                "ssl_keyfile": settings.tls_key_file,
             }
             if url.startswith("redis://"):
                 url = "rediss://" + url[len("redis://") :]
@@ -123,7 +162,7 @@ class RedisTier(Tier):
                 raise ValueError(
                     f"unknown query argument {unknown[0]!r}; known: {', '.join(sorted(URL_QUERY))}"
                 )
-            if cluster:
+            if settings.cluster:
                 del kwargs["max_connections"]
                 self._client: Any = RedisCluster.from_url(url, **kwargs)
             else:
@@ -132,8 +171,8 @@ class RedisTier(Tier):
             raise ConfigError(self._scrub(f"tier {self.name!r}: url {self.url!r}: {e}")) from None
         self._fast: RespPool | None = None
         if (
-            fast_path
-            and not cluster
+            settings.fast_path
+            and not settings.cluster
             and url.startswith("redis://")
             and "ssl_ca_certs" not in kwargs
         ):
@@ -170,7 +209,7 @@ class RedisTier(Tier):
     def _one_value(self, what: str) -> Iterator[None]:
         """`_errors` around a read of one key's value, where a key of another type is that
         object's fault (`_not_a_string`). Batches decide reply by reply instead: raised out of
-        a pipeline, a `Corrupt` would be taken for every block's and refuse them all."""
+        a pipeline, a `CorruptObject` would be taken for every block's and refuse them all."""
         with self._errors(what):
             try:
                 yield
@@ -190,7 +229,7 @@ class RedisTier(Tier):
         """`_error_reply` for one command of a batch, returned in its place: counted here as a
         tier error (nothing raises it through `_call`) unless it is the object's fault."""
         failed = self._error_reply(error, what)
-        if not isinstance(failed, Corrupt):
+        if not isinstance(failed, CorruptObject):
             self.counters["errors"] += 1
         return failed
 
@@ -236,7 +275,7 @@ class RedisTier(Tier):
         return await self._fast_get(key, lambda conn: conn.value_into(payload, limit))
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
-        """Header and real size; a key that holds no string raises `Corrupt("magic")`."""
+        """Header and real size; a key that holds no string raises `CorruptObject("magic")`."""
         with self._one_value("GETRANGE"):
             name = self._name(key)
             pipe = self._client.pipeline(transaction=False)
@@ -356,7 +395,7 @@ class RedisTier(Tier):
                     continue
                 try:
                     blobs.append(None if head is None else (_within(head, limit), False))
-                except Corrupt as e:
+                except CorruptObject as e:
                     blobs.append(e)
             return blobs
 
@@ -372,8 +411,9 @@ class RedisTier(Tier):
     async def put_many(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
     ) -> list[None | BaseException]:
-        """One pipeline of SETs for small blocks; large ones go as concurrent SETs (measured:
-        a pipeline of eight 2 MiB values is packed and sent slower than eight calls)."""
+        """One pipeline of SETs for small blocks; large ones go as concurrent SETs (a pipeline
+        packs and sends large values one after another on one connection; concurrent SETs
+        spread them over connections: BENCHMARKS.md, "Measurements behind design choices")."""
         if not items:
             return []
         if self._fast is not None:
@@ -417,7 +457,7 @@ class RedisTier(Tier):
         """One item of a batch as `get` would answer it: an object refused unread (too large,
         not a string), an error returned in its place, an object verified as `_read_into`'s
         answer (its flag says whether the payload is already in `view`)."""
-        if isinstance(got, Corrupt):
+        if isinstance(got, CorruptObject):
             await self._refuse(block, got)
             return False
         if isinstance(got, BaseException):
@@ -444,7 +484,7 @@ class RedisTier(Tier):
                     got.append(await conn.value_into(view, self.object_limit(len(view)), DRAIN))
                 except ReplyError as e:
                     got.append(self._failed_item(e, what))
-                except Corrupt as e:
+                except CorruptObject as e:
                     got.append(e)
                     if conn.broken:
                         return
@@ -509,14 +549,6 @@ class RedisTier(Tier):
         except TierError as e:
             return [e] * len(encoded)
 
-    async def raw_set(self, key: BlockKey, blob: bytes) -> None:
-        """Store object bytes as they are (white-box tests)."""
-        await self._client.set(self._name(key), blob)
-
-    async def raw_get(self, key: BlockKey) -> bytes | None:
-        value: bytes | None = await self._client.get(self._name(key))
-        return value
-
 
 def _wrong_type(error: BaseException) -> bool:
     """Whether an error reply says that the key holds another type than a string: WRONGTYPE,
@@ -526,8 +558,8 @@ def _wrong_type(error: BaseException) -> bool:
     return is_reply and str(error).startswith("WRONGTYPE")
 
 
-def _not_a_string(error: BaseException) -> Corrupt:
-    return Corrupt("magic", f"not a string value: {error}")
+def _not_a_string(error: BaseException) -> CorruptObject:
+    return CorruptObject("magic", f"not a string value: {error}")
 
 
 def _replies(results: list[Any]) -> list[Any]:
@@ -553,7 +585,9 @@ def _within(head: bytes, limit: int) -> bytes:
     512 MiB value would make redis-py read and allocate all of it), refused when it is longer
     than `limit` bytes."""
     if len(head) > limit:
-        raise Corrupt("length", f"object of more than {limit} bytes, at most {limit} expected")
+        raise CorruptObject(
+            "length", f"object of more than {limit} bytes, at most {limit} expected"
+        )
     return head
 
 

@@ -52,7 +52,7 @@ _PREFIX, _SUFFIX = "kvtier-", ".region"
 
 @dataclass(frozen=True, slots=True)
 class RegionLayout:
-    """How many slots, and how a slot is split among workers."""
+    """How many slots, and how a slot is split among workers (any process: a value)."""
 
     num_slots: int
     shard_bytes: int
@@ -79,7 +79,8 @@ class RegionLayout:
 
 
 class PrimaryRegion:
-    """One process's mapping of the primary region. Any process; the creator owns the file.
+    """One process's mapping of the primary region: any process (the scheduler creates it,
+    each worker attaches), any thread; the creator owns the file.
 
     Use `create` in the scheduler process (once per engine) and `attach` in each worker.
     `close` unmaps (once no view is alive) and, in the creator, removes the file.

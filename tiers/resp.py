@@ -2,6 +2,9 @@
 SET from one without joining header and payload, on the runtime's event loop (non-blocking
 sockets, no threads, no intermediate copies of a block).
 
+(Just over 400 lines: one connection, its pool and the reply parser are one protocol; the
+bounded reads of values that may be planted take the most room.)
+
 It speaks to one plain-TCP server and only the commands the tier's data path needs (GET, SET,
 AUTH, SELECT, PING); redis-py stays for everything else (EXISTS, DEL, SCAN, TLS, Cluster). A
 connection whose exchange did not finish (an error, a timeout, a cancellation) is closed, never
@@ -15,7 +18,9 @@ import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from tiering.format import Corrupt, peek_lengths
+from tiering.errors import CorruptObject
+from tiering.format import peek_lengths
+from tiering.tier import Buffer
 
 __all__ = [
     "HandshakeError",
@@ -27,7 +32,6 @@ __all__ = [
     "set_command",
 ]
 
-Buffer = bytes | memoryview
 T = TypeVar("T")
 
 HEADER_PEEK = 512
@@ -75,7 +79,8 @@ def set_command(name: bytes, value_parts: Sequence[Buffer], ex: int | None) -> l
 
 
 class RespConnection:
-    """One connection; used by one coroutine at a time (the pool sees to it)."""
+    """One connection, on the runtime's event loop thread; used by one coroutine at a time
+    (the pool sees to it)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -263,7 +268,7 @@ class RespConnection:
 
     async def value(self, limit: int, drain: int = 0) -> bytes | None:
         """A bulk reply as bytes (None: no such key); one longer than `limit` bytes raises
-        `Corrupt("length")` unread (see `value_into` for `drain`), an error reply (a key that
+        `CorruptObject("length")` unread (see `value_into` for `drain`), an error reply (a key that
         holds no string) `ReplyError`."""
         n = await self._bulk_length()
         if n > limit:
@@ -278,7 +283,7 @@ class RespConnection:
             await self._crlf()
         else:
             self.broken = True
-        raise Corrupt("length", f"object of {n} bytes, at most {limit} expected")
+        raise CorruptObject("length", f"object of {n} bytes, at most {limit} expected")
 
     async def _bulk(self, n: int) -> bytes | None:
         if n < 0:
@@ -296,7 +301,7 @@ class RespConnection:
         long and the value is exactly header and payload), otherwise `(whole object, False)`
         (the caller's checks refuse it). None: no such key. An error reply raises `ReplyError`.
 
-        An object longer than `limit` bytes raises `Corrupt("length")` without being read into
+        An object longer than `limit` bytes raises `CorruptObject("length")` without being read into
         memory: dropped through the connection's buffer when it is at most `drain` bytes (a
         pipeline's later replies stay readable), else the connection is left `broken` (the
         pool closes it: cheaper than reading a value of hundreds of MiB only to drop it)."""
@@ -323,8 +328,8 @@ class RespConnection:
 
 
 class RespPool:
-    """Up to `size` connections to one server, opened on demand and kept while they are
-    healthy. Usable from one event loop at a time (the runtime's)."""
+    """Up to `size` connections to one server, on the runtime's event loop thread (one event
+    loop at a time); opened on demand and kept while they are healthy."""
 
     def __init__(
         self,

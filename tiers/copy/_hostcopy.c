@@ -3,7 +3,8 @@
  * One call copies every piece of a job, so the Python thread that calls it (through ctypes,
  * which releases the GIL) gives the GIL up once per job instead of once per piece: with the
  * engine's main thread busy in Python, each hand-back of the GIL can wait a whole switch
- * interval (5 ms), which made a 32-piece job take 135 ms.
+ * interval (5 ms), which made a 32-piece job take several intervals (BENCHMARKS.md, "CPU copy
+ * engine vs numpy copies of the same bytes", second figure).
  *
  * Contiguous neighbours (on both sides) are merged into one memcpy. The caller guarantees that
  * every range is valid and that sources and destinations do not overlap.

@@ -29,12 +29,14 @@ from tiers.copy.mapping import EngineBlocks, GroupRef, IntArray, TensorRows, pla
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CopyEngine", "CopyResult", "Direction", "Job", "KVTensor", "Pieces"]
+__all__ = ["CopyEngine", "CopyResult", "Direction", "CopyJob", "KVTensor", "Pieces"]
 
 log = logging.getLogger(__name__)
 
 
 class Direction(enum.Enum):
+    """Which way a copy job moves bytes (any thread: a value)."""
+
     STORE = "store"
     """Engine KV cache -> primary slots."""
     LOAD = "load"
@@ -43,9 +45,9 @@ class Direction(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class KVTensor:
-    """One KV-cache tensor of the engine: `(num_blocks, row_bytes)` bytes, a block per row
-    (vLLM's `CanonicalKVCacheTensor`). `page_bytes` is what a block of it takes in a slot: the
-    padded page, at most the row."""
+    """One KV-cache tensor of the engine (worker process): `(num_blocks, row_bytes)` bytes, a
+    block per row (vLLM's `CanonicalKVCacheTensor`). `page_bytes` is what a block of it takes
+    in a slot: the padded page, at most the row."""
 
     tensor: torch.Tensor
     page_bytes: int
@@ -53,6 +55,8 @@ class KVTensor:
 
 @dataclass(frozen=True, slots=True)
 class CopyResult:
+    """A finished copy job as `get_finished` reports it (worker process, any thread: a value)."""
+
     job_id: int
     direction: Direction
     ok: bool
@@ -62,7 +66,10 @@ class CopyResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Job:
+class CopyJob:
+    """One submitted copy (worker process: built on the engine's thread, copied on the
+    engine's own thread or streams): the blocks and slots of a store or a load."""
+
     job_id: int
     direction: Direction
     blocks: EngineBlocks
@@ -71,7 +78,8 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class Pieces:
-    """The byte copies of one job, per KV tensor: `nbytes` from each `src[i]` to `dst[i]`."""
+    """The byte copies of one job, per KV tensor: `nbytes` from each `src[i]` to `dst[i]`
+    (worker process, any thread: a value)."""
 
     segments: list[tuple[IntArray, IntArray, int]]
 
@@ -92,7 +100,7 @@ class Pieces:
 
 
 class CopyEngine(ABC):
-    """Base of the copy engines. Worker process; `submit_*`, `get_finished`, `wait` and
+    """Base of the copy engines: worker process; `submit_*`, `get_finished`, `wait` and
     `shutdown` are called from the engine's thread.
 
     Geometry (validated here, shared by the engines): tensor t's blocks sit in each slot of the
@@ -171,9 +179,9 @@ class CopyEngine(ABC):
         """Finish or fail what is in flight and release resources. Idempotent."""
 
     @abstractmethod
-    def _submit(self, job: Job) -> None: ...
+    def _submit(self, job: CopyJob) -> None: ...
 
-    def _job(self, job_id: int, direction: Direction, blocks: EngineBlocks, slots: Any) -> Job:
+    def _job(self, job_id: int, direction: Direction, blocks: EngineBlocks, slots: Any) -> CopyJob:
         from tiering.errors import StateError
 
         if job_id in self._known:
@@ -182,7 +190,7 @@ class CopyEngine(ABC):
         # No copies: the caller hands the arrays over and must not change them until the job
         # is reported (vLLM builds fresh ones per transfer).
         ids = np.asarray(blocks.block_ids, dtype=np.int64)
-        return Job(
+        return CopyJob(
             job_id,
             direction,
             EngineBlocks(ids, blocks.group_sizes, blocks.block_indices),
@@ -192,7 +200,7 @@ class CopyEngine(ABC):
     def _reported(self, job_id: int) -> None:
         self._known.discard(job_id)
 
-    def plan(self, job: Job) -> list[TensorRows]:
+    def plan(self, job: CopyJob) -> list[TensorRows]:
         """The copies of a job, bounds-checked against this engine's tensors and slots."""
         ids, slots = job.blocks.block_ids, job.slots
         if len(ids) and (ids.min() < 0 or ids.max() >= self._num_blocks):
@@ -201,7 +209,7 @@ class CopyEngine(ABC):
             raise ValueError(f"slot out of range 0..{self.num_slots - 1}")
         return plan_copy(job.blocks, slots, self.blocks_per_chunk, self.groups)
 
-    def pieces(self, job: Job, rows: list[TensorRows]) -> Pieces:
+    def pieces(self, job: CopyJob, rows: list[TensorRows]) -> Pieces:
         """Addresses of every copy of a job, in plan order (engine side: the tensors' own
         addresses, host or device)."""
         bpc = self.blocks_per_chunk

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from tiers.copy.base import CopyEngine, CopyResult, Job, KVTensor
+from tiers.copy.base import CopyEngine, CopyJob, CopyResult, KVTensor
 from tiers.copy.mapping import GroupRef
 
 if TYPE_CHECKING:
@@ -46,17 +46,17 @@ _copy_batch = _load_batch_copy()
 
 
 class CpuCopyEngine(CopyEngine):
-    """Copies on one background thread, in submission order across both directions (so a
-    load never overtakes the store of its slot). Worker process; the public methods are called
-    from the engine's thread.
+    """Copies on one background thread of the worker process (the public methods are called
+    from the engine's thread), in submission order across both directions, so a load never
+    overtakes the store of its slot.
 
     Each job becomes address arrays (vectorized), and one call into the compiled helper copies
     every piece (merging neighbours contiguous on both sides), with the GIL released once for
     the whole job: the engine's main thread keeps running Python meanwhile, and a copy that
     handed the GIL back after every piece would wait up to a switch interval (5 ms) each time.
-    Plain copies beat torch's int64 `index_select` + `index_copy_` here, which need the bytes
-    twice (gather into a staging buffer, then scatter): 3-5 GiB/s for 16 KiB-2 MiB pieces
-    against about 1.9 GiB/s (bench/copy_engine.py, BENCHMARKS.md).
+    Plain copies beat torch's int64 `index_select` + `index_copy_`, which need the bytes twice
+    (gather into a staging buffer, then scatter) (BENCHMARKS.md, "CPU copy engine vs numpy
+    copies of the same bytes").
     """
 
     def __init__(
@@ -66,7 +66,7 @@ class CpuCopyEngine(CopyEngine):
         shard: torch.Tensor,
         blocks_per_chunk: int = 1,
         *,
-        fault: Callable[[Job], None] | None = None,
+        fault: Callable[[CopyJob], None] | None = None,
     ) -> None:
         """`fault`, for tests: called before each copy; whatever it raises fails that job."""
         super().__init__(tensors, groups, shard, blocks_per_chunk)
@@ -74,7 +74,7 @@ class CpuCopyEngine(CopyEngine):
             raise ValueError("CpuCopyEngine copies between CPU tensors only")
         self._fault = fault
         self._cond = threading.Condition()
-        self._queue: deque[Job] = deque()
+        self._queue: deque[CopyJob] = deque()
         self._pending: set[int] = set()
         # The pending jobs `wait` is blocked on; the copy thread wakes it when the last goes.
         self._awaited: set[int] = set()
@@ -83,7 +83,7 @@ class CpuCopyEngine(CopyEngine):
         self._thread = threading.Thread(target=self._run, name="kvtier-copy", daemon=True)
         self._thread.start()
 
-    def _submit(self, job: Job) -> None:
+    def _submit(self, job: CopyJob) -> None:
         with self._cond:
             if self._stopping:
                 self._results.append(
@@ -133,7 +133,7 @@ class CpuCopyEngine(CopyEngine):
                     if not self._awaited:
                         self._cond.notify_all()
 
-    def _execute(self, job: Job) -> CopyResult:
+    def _execute(self, job: CopyJob) -> CopyResult:
         start = time.perf_counter()
         try:
             if self._fault is not None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tiers.copy.base import CopyEngine, CopyResult, Direction, Job, KVTensor, Pieces
+from tiers.copy.base import CopyEngine, CopyJob, CopyResult, Direction, KVTensor, Pieces
 from tiers.copy.mapping import GroupRef, IntArray
 
 if TYPE_CHECKING:
@@ -30,10 +30,14 @@ _LOC_DEVICE, _LOC_HOST = 1, 2
 
 
 class _MemLocation(ctypes.Structure):
+    """`CUmemLocation` of the driver API (worker process: passed to the driver)."""
+
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
 class _MemcpyAttributes(ctypes.Structure):
+    """`CUmemcpyAttributes` of the driver API (worker process: passed to the driver)."""
+
     _fields_ = [
         ("srcAccessOrder", ctypes.c_int),
         ("srcLocHint", _MemLocation),
@@ -43,7 +47,8 @@ class _MemcpyAttributes(ctypes.Structure):
 
 
 class CudaDriver:
-    """The few CUDA driver calls the engine makes, through ctypes on libcuda.
+    """The few CUDA driver calls the engine makes, through ctypes on libcuda (worker process,
+    the engine's thread).
 
     ctypes rather than `cuda.bindings`: the pointer arrays go to the driver as the numpy buffers
     they already are (no per-element conversion), the API did not change shape between
@@ -135,7 +140,9 @@ class CudaDriver:
 
 @dataclass
 class _InFlight:
-    job: Job
+    """A job queued on its stream and not yet reported (worker process, engine thread)."""
+
+    job: CopyJob
     start: Any  # torch.cuda.Event
     end: Any
     nbytes: int
@@ -143,7 +150,7 @@ class _InFlight:
 
 
 class CudaCopyEngine(CopyEngine):
-    """Copies on CUDA streams. Worker process, engine thread.
+    """Copies on CUDA streams: worker process, called from the engine's thread.
 
     - One stream per direction, so jobs of a direction run and finish in submission order;
       loads and stores overlap each other and the forward pass.
@@ -166,7 +173,7 @@ class CudaCopyEngine(CopyEngine):
         blocks_per_chunk: int = 1,
         *,
         batch: bool = True,
-        fault: Callable[[Job], None] | None = None,
+        fault: Callable[[CopyJob], None] | None = None,
     ) -> None:
         import torch
 
@@ -193,7 +200,7 @@ class CudaCopyEngine(CopyEngine):
             return self._events.pop()
         return self._torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
-    def _submit(self, job: Job) -> None:
+    def _submit(self, job: CopyJob) -> None:
         torch = self._torch
         try:
             if self._fault is not None:

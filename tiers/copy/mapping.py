@@ -30,10 +30,11 @@ IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
 @dataclass(frozen=True, slots=True)
 class EngineBlocks:
-    """Engine (GPU) blocks of one transfer, vLLM's `GPULoadStoreSpec` without vLLM.
+    """Engine (GPU) blocks of one transfer, vLLM's `GPULoadStoreSpec` without vLLM (worker
+    process, any thread: a value).
 
     `block_ids` is concatenated group by group; `group_sizes[g]` and `block_indices[g]` are
-    indexed by offloaded-group position, `block_indices[g]` being the index within the request
+    per offloaded-group position, `block_indices[g]` being the index within the request
     of group g's first block (it fixes where in its first slot the group starts).
     """
 
@@ -57,8 +58,9 @@ class EngineBlocks:
 
 @dataclass(frozen=True, slots=True)
 class GroupRef:
-    """One KV tensor a group's blocks live in, and how many bytes of its page are the group's
-    (the unpadded page size; the tensor's page may be padded)."""
+    """One KV tensor a group's blocks live in (worker process, any thread: a value), and how
+    many bytes of its page are the group's (the unpadded page size; the tensor's page may be
+    padded)."""
 
     tensor_index: int
     nbytes: int
@@ -66,8 +68,9 @@ class GroupRef:
 
 @dataclass(frozen=True, slots=True)
 class TensorRows:
-    """Copies within one KV tensor: engine row `engine_rows[i]` <-> sub-block `slot_rows[i]`
-    (flat: slot * blocks_per_chunk + j), `nbytes` each."""
+    """Copies within one KV tensor (worker process, any thread: a value): engine row
+    `engine_rows[i]` <-> sub-block `slot_rows[i]` (flat: slot * blocks_per_chunk + j),
+    `nbytes` each."""
 
     tensor_index: int
     nbytes: int

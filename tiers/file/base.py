@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from tiering.errors import ConfigError, TierFull, TierTimeout
-from tiering.format import Corrupt
+from tiering.errors import ConfigError, CorruptObject, TierFull, TierTimeout
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, fields_of, option
 from tiering.tier import Buffer, KeyLike, Tier, TierStat
@@ -138,20 +137,9 @@ class FileTier(Tier):
         """`options`: the fields of the layout's record (`Options`); ConfigError for another
         layout, or an option of another layout."""
         self.variant(options)
-        opts = self.Options.of(options)
+        super().__init__(namespace=namespace, name=name, secret=secret, **options)
+        opts = self.options
         assert isinstance(opts, FileOptions)
-        self.options = opts
-        super().__init__(
-            namespace=namespace,
-            name=name,
-            secret=secret,
-            capacity=opts.capacity,
-            codec=opts.codec,
-            checksum=opts.checksum,
-            read_only=opts.read_only,
-            concurrency=opts.concurrency,
-            timeout=opts.timeout,
-        )
         path = opts.path
         self.base = Path(path)
         self.root = self.base / self.namespace.hex()  # made on the first write
@@ -243,7 +231,7 @@ class FileTier(Tier):
         block found."""
         results: list[bool | BaseException] = []
         for i, (block, view, answer) in enumerate(zip(blocks, views, answers, strict=True)):
-            if isinstance(answer, Corrupt):
+            if isinstance(answer, CorruptObject):
                 await self._refuse(block, answer)
                 results.append(False)
             elif isinstance(answer, BaseException):

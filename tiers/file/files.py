@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tiering.errors import TierError, TierFull, TierUnavailable
-from tiering.format import Corrupt, check_object, decode_header, peek_lengths
+from tiering.errors import CorruptObject, TierError, TierFull, TierUnavailable
+from tiering.format import check_object, decode_header, peek_lengths
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
@@ -89,12 +89,12 @@ class BlockFileTier(FileTier, layout="files"):
                 st = path.stat()
                 key = key_from_hex(path.name[: -len(_SUFFIX)])
                 if path != self._path(key):  # elsewhere than its key's place: never read
-                    raise Corrupt("key", f"{path.name} lies outside its key's directory")
+                    raise CorruptObject("key", f"{path.name} lies outside its key's directory")
                 with open(path, "rb") as f:
                     raw = f.read(BLOCK)
                 header = decode_header(raw, key, self.namespace)
                 check_object(header, _object_size(raw, st.st_size))
-            except (Corrupt, ValueError) as e:
+            except (CorruptObject, ValueError) as e:
                 reason = getattr(e, "reason", "key")
                 self._damaged_at_start(str(path.relative_to(self.base)), reason, str(e))
                 if not self.read_only:
@@ -201,7 +201,7 @@ class BlockFileTier(FileTier, layout="files"):
         for path, view in jobs:
             try:
                 out.append(self._read_file_into(path, view, self.object_limit(len(view))))
-            except (TierError, Corrupt) as e:
+            except (TierError, CorruptObject) as e:
                 out.append(e)
         return out
 
@@ -245,14 +245,14 @@ class BlockFileTier(FileTier, layout="files"):
     def _open_for_read(self, path: Path, direct: bool) -> int | None:
         """A descriptor of the regular file at `path` (None: none there). Anything else put
         in its place (a FIFO, which would block the thread forever; a device; a directory) is
-        `Corrupt`: opened without blocking, and refused before a byte is read."""
+        `CorruptObject`: opened without blocking, and refused before a byte is read."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (os.O_DIRECT if direct else 0))
         except FileNotFoundError:
             return None
         except OSError as e:
             if not _regular(path):  # a FIFO or device refuses O_DIRECT: the object's fault
-                raise Corrupt("magic", f"{path} is not a regular file") from None
+                raise CorruptObject("magic", f"{path} is not a regular file") from None
             raise TierUnavailable(f"tier {self.name!r}: cannot open {path}: {e.strerror}") from e
         try:
             mode = os.fstat(fd).st_mode
@@ -261,7 +261,7 @@ class BlockFileTier(FileTier, layout="files"):
             raise TierUnavailable(f"tier {self.name!r}: cannot stat {path}: {e.strerror}") from e
         if not stat.S_ISREG(mode):
             os.close(fd)
-            raise Corrupt("magic", f"{path} is not a regular file")
+            raise CorruptObject("magic", f"{path} is not a regular file")
         return fd
 
     def _size(self, fd: int, path: Path, limit: int) -> int:
@@ -269,7 +269,7 @@ class BlockFileTier(FileTier, layout="files"):
         whole blocks) before anything is read: a sparse file may claim any size."""
         size = os.fstat(fd).st_size
         if size > round_up(limit):
-            raise Corrupt("length", f"{path} holds {size} bytes, at most {limit} expected")
+            raise CorruptObject("length", f"{path} holds {size} bytes, at most {limit} expected")
         return size
 
     def _read_file(self, path: Path, limit: int) -> Buffer | None:
@@ -324,7 +324,7 @@ class BlockFileTier(FileTier, layout="files"):
                 data = os.pread(fd, size, 0)
                 return data[: _object_size(data, size)], False
             if os.preadv(fd, [payload], offset) != len(payload):
-                raise Corrupt("truncated", f"{path} is shorter than its header says")
+                raise CorruptObject("truncated", f"{path} is shorter than its header says")
             return header[:offset], True
         except OSError as e:
             raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
@@ -344,7 +344,7 @@ class BlockFileTier(FileTier, layout="files"):
                 # a primary slot, and a file of the right size: DMA straight into it
                 n = os.preadv(fd, [header, payload], 0)
                 if n < size:
-                    raise Corrupt("truncated", f"{path} is shorter than its header says")
+                    raise CorruptObject("truncated", f"{path} is shorter than its header says")
                 if _placed_at(header, size, len(payload)) == BLOCK:
                     return bytes(header), True
             buffer = self._aligned_buffer(max(round_up(size), BLOCK))

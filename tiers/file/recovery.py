@@ -16,7 +16,8 @@ import os
 import struct
 from collections.abc import Callable
 
-from tiering.format import HEADER_MIN, Checksum, Corrupt, Header, decode_header, peek_key
+from tiering.errors import CorruptObject
+from tiering.format import HEADER_MIN, Checksum, Header, decode_header, peek_key
 from tiers.file.direct import BLOCK
 from tiers.file.ledger import Place, Segment, SegmentLedger, record_size
 
@@ -59,15 +60,15 @@ def scan_segment(
             key = peek_key(raw)
             try:
                 if key is None:
-                    raise Corrupt("magic", "no object here")
+                    raise CorruptObject("magic", "no object here")
                 header = decode_header(raw, key, namespace)
                 length = header.object_length
                 if offset + length > end:
-                    raise Corrupt("truncated", f"object of {length} bytes at {offset}")
+                    raise CorruptObject("truncated", f"object of {length} bytes at {offset}")
                 if header.stored_length <= budget:
                     budget -= header.stored_length
                     _verify_in_place(fd, header, offset + header.payload_offset)
-            except Corrupt as e:
+            except CorruptObject as e:
                 if key is not None:  # a header that named a key: worth a word
                     damaged(offset, e.reason, str(e))
                 offset += BLOCK
@@ -84,12 +85,12 @@ def _verify_in_place(fd: int, header: Header, at: int) -> None:
     while left:
         chunk = os.pread(fd, min(left, _CHUNK), at)
         if not chunk:
-            raise Corrupt("truncated", "the segment ends inside a payload")
+            raise CorruptObject("truncated", "the segment ends inside a payload")
         digest.update(chunk)
         at += len(chunk)
         left -= len(chunk)
     if digest.value() != header.payload_checksum:
-        raise Corrupt("checksum", "payload checksum mismatch")
+        raise CorruptObject("checksum", "payload checksum mismatch")
 
 
 def _past_zeros(fd: int, offset: int, end: int) -> int:

@@ -4,7 +4,7 @@ Segment files are opened once, by the pool thread that first needs one, and kept
 segment file is preallocated (`posix_fallocate`) where the file system can. Objects back to
 back in one segment (a batch put together) move in one `preadv` / `pwritev` (a run); a run of
 one also takes objects not laid out as a 4 KiB header and whole blocks. Everything here raises
-the tier's errors (`TierUnavailable`, `TierFull`, `Corrupt`) or answers them as values in a
+the tier's errors (`TierUnavailable`, `TierFull`, `CorruptObject`) or answers them as values in a
 batch, one per object.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tiering.errors import TierError, TierFull, TierUnavailable
-from tiering.format import Corrupt, peek_lengths
+from tiering.errors import CorruptObject, TierError, TierFull, TierUnavailable
+from tiering.format import peek_lengths
 from tiering.tier import Buffer
 from tiers.file.direct import BLOCK, BounceBuffers, is_aligned, unlink
 from tiers.file.ledger import Place, Segment, SegmentLedger, record_size
@@ -167,7 +167,7 @@ class SegmentFiles:
             if bytes(header[: len(TOMBSTONE)]) == TOMBSTONE:
                 return None  # deleted while this read was on its way
             if n < place.length:
-                raise Corrupt("truncated", f"{place.segment.path} ends inside an object")
+                raise CorruptObject("truncated", f"{place.segment.path} ends inside an object")
             if peek_lengths(header) == (BLOCK, len(payload)):
                 return bytes(header), True
             # not laid out as we read it (what was read into `payload` is garbage): as it is
@@ -193,7 +193,7 @@ class SegmentFiles:
         if bytes(buffer[: len(TOMBSTONE)]) == TOMBSTONE:
             return None
         if n < place.length:
-            raise Corrupt("truncated", f"{place.segment.path} ends inside an object")
+            raise CorruptObject("truncated", f"{place.segment.path} ends inside an object")
         return bytes(buffer[: place.length])
 
     def write_object(self, place: Place, parts: Sequence[Buffer]) -> None:
@@ -293,12 +293,13 @@ def _by_run(
 
 
 def _one_by_one(jobs: Sequence[tuple[Any, Any]], do: Callable[[Any, Any], Any]) -> list[Any]:
-    """`do(place, data)` for each job: its answer, or the `TierError` / `Corrupt` it raised."""
+    """`do(place, data)` for each job: its answer, or the `TierError` / `CorruptObject` it
+    raised."""
     out: list[Any] = []
     for place, data in jobs:
         try:
             out.append(do(place, data))
-        except (TierError, Corrupt) as e:
+        except (TierError, CorruptObject) as e:
             out.append(e)
     return out
 
@@ -308,7 +309,7 @@ def read_answers(
 ) -> list[Any]:
     """Each object's answer to a read of `run` (objects back to back, their 4 KiB headers read
     into `headers`, `n` bytes read in all): (its header, True) as `ReadsInto` says, which the
-    tier then verifies; None for a tombstone; `Corrupt` where the file ended inside it."""
+    tier then verifies; None for a tombstone; `CorruptObject` where the file ended inside it."""
     first = run[0][0]
     answers: list[Any] = []
     for (place, _), page in zip(run, headers, strict=True):
@@ -316,7 +317,9 @@ def read_answers(
         if header.startswith(TOMBSTONE):
             answers.append(None)
         elif n < place.offset - first.offset + place.length:
-            answers.append(Corrupt("truncated", f"{place.segment.path} ends inside an object"))
+            answers.append(
+                CorruptObject("truncated", f"{place.segment.path} ends inside an object")
+            )
         else:
             answers.append((header, True))
     return answers

@@ -33,8 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
-from tiering.errors import ConfigError, TierError
-from tiering.format import Corrupt
+from tiering.errors import ConfigError, CorruptObject, TierError
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
@@ -202,10 +201,12 @@ class SegmentFileTier(FileTier, layout="segments"):
         self.counters["evictions"] += self._ledger.evict_for(size, self.capacity)
 
     def _placed(self, key: BlockKey, limit: int) -> Place | None:
-        """Where the copy of `key` is, if any; `Corrupt("length")` if it is over `limit`."""
+        """Where the copy of `key` is, if any; `CorruptObject("length")` if it is over `limit`."""
         place = self._index.get(key)
         if place is not None and place.length > limit:
-            raise Corrupt("length", f"object of {place.length} bytes, at most {limit} expected")
+            raise CorruptObject(
+                "length", f"object of {place.length} bytes, at most {limit} expected"
+            )
         return place
 
     async def _on(self, segment: Segment, function: Callable[..., T], *args: Any) -> T:
@@ -312,10 +313,10 @@ class SegmentFileTier(FileTier, layout="segments"):
         blocks = [as_key(k) for k, _ in items]
         views = [memoryview(buffer).cast("B") for _, buffer in items]
         places = [self._index.get(block) for block in blocks]
-        oversized: dict[int, Corrupt] = {}
+        oversized: dict[int, CorruptObject] = {}
         for i, (place, view) in enumerate(zip(places, views, strict=True)):
             if place is not None and place.length > self.object_limit(len(view)):
-                oversized[i] = Corrupt("length", f"object of {place.length} bytes")
+                oversized[i] = CorruptObject("length", f"object of {place.length} bytes")
                 places[i] = None
         jobs = list(zip(places, views, strict=True))
         fits = [place is not None and self._files.laid_out(place, view) for place, view in jobs]

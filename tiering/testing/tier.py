@@ -1,6 +1,12 @@
 """The conformance suite every tier inherits (pytest), shipped for authors of backends.
 
-    from tiering.testing import TierConformance
+(Over 400 lines: one test class that every backend's test class subclasses, in sections:
+round trips, verification, crafted objects, authenticated objects, concurrency,
+capabilities, a model. The objects it plants are built in `tiering.testing.crafted`, the
+random calls in `tiering.testing.stateful`.)
+
+    from tiering.testing import NAMESPACE
+    from tiering.testing.tier import TierConformance
 
     class TestMyTier(TierConformance):
         @pytest.fixture
@@ -14,136 +20,63 @@
         # optional: raw_put_large(tier, key, head, size): an object of `size` bytes that
         # starts with `head`, as cheaply as the store allows (the file tier: a sparse file)
 
+The white-box hooks `raw_put`, `raw_get` and `raw_put_large` belong to the test class, not to
+the tier: they reach the store the way a stranger would (a plain file write, a raw Redis SET,
+a raw S3 PUT), so nothing planted goes through the code under test.
+
 `make_tier` is called inside the test's event loop (tiers may bind to it); options it passes on
 are `capacity`, `read_only`, `codec` and `secret`. Every test runs its body with `asyncio.run`.
 
 The suite attacks the tier as a stranger with write access to its store would: objects whose
-header is self-consistent but lies about the payload (`crafted_objects`: empty, short, long,
-huge claimed lengths, offsets past the end, another block's key, compression bombs), objects
-far larger than any block, and objects without a valid MAC. Each must be a counted miss,
-deleted unless the tier is read-only, and must cost no more than a bounded amount of memory
-(`PEAK_BYTES`, measured with tracemalloc) whatever it claims.
+header is self-consistent but lies about the payload (`tiering.testing.crafted`: empty, short,
+long, huge claimed lengths, offsets past the end, another block's key, compression bombs),
+objects far larger than any block, and objects without a valid MAC. Each must be a counted
+miss, deleted unless the tier is read-only, and must cost no more than a bounded amount of
+memory (`PEAK_BYTES`, measured with tracemalloc) whatever it claims.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-import tracemalloc
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
-import xxhash
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
 
 from tiering.errors import CorruptObject, KeyFormatError, StateError, TierFull
-from tiering.format import CODECS, FIXED_FIELDS, MAGIC, MAX_BLOCK_BYTES, checksum, encode, mac_key
-from tiering.keys import FORMAT_VERSION, BlockKey, make_key
+from tiering.format import MAX_BLOCK_BYTES
+from tiering.keys import BlockKey
+from tiering.testing.crafted import (
+    CRAFTED_BLOCK,
+    LARGE_OBJECT,
+    PEAK_BYTES,
+    corrupt_variants,
+    craft,
+    crafted_objects,
+    peak_memory,
+    stored_object,
+    with_payload,
+)
+from tiering.testing.data import OTHER_SECRET, SECRET, key, payload
+from tiering.testing.stateful import TierStateMachine
 from tiering.tier import Tier
 
-__all__ = [
-    "NAMESPACE",
-    "OTHER_NAMESPACE",
-    "PEAK_BYTES",
-    "SECRET",
-    "TierConformance",
-    "craft",
-    "key",
-    "peak_memory",
-]
+__all__ = ["MakeTier", "TierConformance"]
 
-NAMESPACE = bytes(range(16))
-OTHER_NAMESPACE = bytes(range(1, 17))
-SECRET = b"kvtier-conformance-secret"
-OTHER_SECRET = b"someone-else's-secret-entirely"
 MakeTier = Callable[..., Tier]
-PEAK_BYTES = 8 << 20
-"""The most memory (traced by tracemalloc) one refused read of a crafted object may take, whatever
-it claims: a read allocates at most what a block of the caller's size allows."""
-CRAFTED_BLOCK = 256 << 10
-"""Block size of the crafted-object tests (a typical offload block)."""
-LARGE_OBJECT = 32 << 20
-"""Size of the oversized objects planted by the default `raw_put_large` (a stand-in for the
-2 GiB sparse file a file tier's hook plants)."""
-T = TypeVar("T")
-
-
-def key(i: int, group: int = 0) -> BlockKey:
-    return make_key(i.to_bytes(4, "big") + bytes(28), group)
-
-
-def payload(size: int, seed: int = 0) -> bytes:
-    """Deterministic, incompressible bytes."""
-    return random.Random(seed * 1_000_003 + size).randbytes(size)
+"""`make_tier(**options)`: a fresh tier object on the same storage at each call."""
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
     asyncio.run(coro)
 
 
-def craft(
-    k: BlockKey,
-    payload: bytes,
-    *,
-    namespace: bytes = NAMESPACE,
-    codec: str = "raw",
-    stored: int | None = None,
-    raw: int | None = None,
-    offset: int | None = None,
-    align: int = 1,
-    checksum_of: bytes | None = None,
-    mac_secret: bytes | None = None,
-) -> bytes:
-    """An object whose header says what the arguments say, with valid header and payload
-    checksums (what anyone can compute): `stored`/`raw` lengths default to the payload's,
-    `offset` to the aligned end of the header, the checksum to the payload's own. Written apart
-    from `encode` on purpose: an attacker's object must not share the writer's bugs."""
-    stored = len(payload) if stored is None else stored
-    raw = stored if raw is None else raw
-    kind = 0x80 if mac_secret is not None else 0
-    header_end = 66 + len(k) + (32 if mac_secret is not None else 0)
-    offset = -(-header_end // align) * align if offset is None else offset
-    fields = FIXED_FIELDS.pack(
-        MAGIC,
-        FORMAT_VERSION,
-        CODECS.index(codec),
-        kind,
-        len(k),
-        offset,
-        namespace,
-        stored,
-        raw,
-        checksum("xxh3", payload if checksum_of is None else checksum_of),
-        0,
-    )
-    header = fields[:58] + xxhash.xxh3_64_intdigest(fields[:58] + k).to_bytes(8, "little") + k
-    if mac_secret is not None:
-        import hashlib
-        import hmac
-
-        header += hmac.new(mac_key(mac_secret), header + payload, hashlib.sha256).digest()
-    header += bytes(max(0, min(offset, 1 << 16) - len(header)))
-    return header + payload
-
-
-async def peak_memory(call: Awaitable[T]) -> tuple[T, int]:
-    """`call`'s result and the peak of memory traced while it ran (bytes above the start)."""
-    started = not tracemalloc.is_tracing()
-    if started:
-        tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        result = await call
-        return result, tracemalloc.get_traced_memory()[1] - base
-    finally:
-        if started:
-            tracemalloc.stop()
-
-
 class TierConformance:
-    """The behaviour every tier must show. Subclasses provide `make_tier`, `raw_put` and
-    `raw_get`; tests of capabilities a tier does not declare are skipped for it."""
+    """The behaviour every tier must show, run by pytest in the test process (each test's body
+    on its own `asyncio.run` loop, the tier's thread). Subclasses provide `make_tier`,
+    `raw_put` and `raw_get`; tests of capabilities a tier does not declare are skipped for it."""
 
     @pytest.fixture
     def make_tier(self) -> MakeTier:
@@ -162,10 +95,6 @@ class TierConformance:
 
     large_object_bytes = LARGE_OBJECT
     """The size `raw_put_large` is asked for (a subclass with sparse files asks for more)."""
-
-    def object(self, tier: Tier, k: BlockKey, data: bytes, namespace: bytes | None = None) -> bytes:
-        header, body = encode(k, namespace or tier.namespace, data, align=tier.align)
-        return header + bytes(body)
 
     # -- round trips ----------------------------------------------------------------------------
 
@@ -277,28 +206,13 @@ class TierConformance:
 
     # -- verification -----------------------------------------------------------------------------
 
-    def corrupt_variants(self, tier: Tier, k: BlockKey, data: bytes) -> dict[str, bytes]:
-        good = self.object(tier, k, data)
-        flipped = bytearray(good)
-        flipped[-1] ^= 0xFF
-        old_version = bytearray(good)
-        old_version[8:10] = (99).to_bytes(2, "little")
-        return {
-            "checksum": bytes(flipped),
-            "truncated": good[:-7],
-            "namespace": self.object(tier, k, data, namespace=OTHER_NAMESPACE),
-            "version": bytes(old_version),
-            "magic": b"garbage" * 20,
-            "key": self.object(tier, key(12345), data),
-        }
-
     def test_corrupt_and_foreign_objects_are_misses_and_deleted(self, make_tier: MakeTier) -> None:
         async def body() -> None:
             async with make_tier() as tier:
                 data = payload(4096, 9)
-                for i, reason in enumerate(self.corrupt_variants(tier, key(1), data)):
+                for i, reason in enumerate(corrupt_variants(tier, key(1), data)):
                     k = key(100 + i)
-                    await self.raw_put(tier, k, self.corrupt_variants(tier, k, data)[reason])
+                    await self.raw_put(tier, k, corrupt_variants(tier, k, data)[reason])
                     assert await tier.get(k, bytearray(4096)) is False, reason
                     assert tier.counters[f"corrupt.{reason}"] == 1, reason
                     assert await self.raw_get(tier, k) is None, f"{reason}: not deleted"
@@ -315,9 +229,9 @@ class TierConformance:
                 data = [payload(4096, i) for i in range(5)]
                 good = [(key(i), data[i]) for i in (0, 2, 4)]
                 assert await tier.put_many(good) == [None] * 3
-                bad = self.corrupt_variants(tier, key(1), data[1])["checksum"]
+                bad = corrupt_variants(tier, key(1), data[1])["checksum"]
                 await self.raw_put(tier, key(1), bad)
-                short = self.corrupt_variants(tier, key(3), data[3])["truncated"]
+                short = corrupt_variants(tier, key(3), data[3])["truncated"]
                 await self.raw_put(tier, key(3), short)
                 buffers = [bytearray(4096) for _ in range(6)]
                 found = await tier.get_many([(key(i), buffers[i]) for i in range(6)])
@@ -357,57 +271,6 @@ class TierConformance:
 
     # -- crafted objects: what a stranger with write access to the store can plant ---------------
 
-    def crafted_objects(self, tier: Tier, k: BlockKey, size: int) -> dict[str, tuple[str, bytes]]:
-        """Objects for a block of `size` at `k` that must each be refused: name -> (reason,
-        object bytes). Each header is self-consistent (valid checksums) and lies."""
-        import lz4.frame
-        import zstandard
-
-        data = payload(size, 11)
-        align = tier.align
-        good = self.object(tier, k, data)
-        lz4_bomb = lz4.frame.compress(bytes(128 * size), store_size=False)
-        zstd_bomb = zstandard.ZstdCompressor().compress(bytes(256 * size))
-        zstd_unsized = zstandard.ZstdCompressor(write_content_size=False).compress(
-            bytes(256 * size)
-        )
-        return {
-            # the hole that served stale slot bytes as a hit: raw, stored 0, raw = block size
-            "empty": ("length", craft(k, b"", raw=size, align=align)),
-            "short": ("truncated", craft(k, data[: size // 2], stored=size, align=align)),
-            # cut at its payload offset, with the checksum of the caller's (zeroed) buffer:
-            # once taken for "header read, payload placed", the untouched buffer served
-            "header only": (
-                "truncated",
-                craft(k, b"", stored=size, raw=size, checksum_of=bytes(size), align=align),
-            ),
-            "long": ("length", good + b"\0" * 4096),
-            "huge claimed length": (
-                "length",
-                craft(k, data, stored=1 << 40, raw=1 << 40, checksum_of=data, align=align),
-            ),
-            "claimed block larger than any": (
-                "length",
-                craft(k, data, raw=MAX_BLOCK_BYTES + 1, align=align, stored=size),
-            ),
-            "stored longer than raw": (
-                "length",
-                craft(k, data + b"xx", codec="lz4", raw=size, align=align),
-            ),
-            "offset past the end": ("length", craft(k, data, offset=1 << 30, align=align)),
-            "offset inside the payload": (
-                "truncated",
-                craft(k, data, offset=60_000)[: 66 + len(k)] + data,
-            ),
-            "key of another block": ("key", self.object(tier, key(424242), data)),
-            "lz4 bomb": ("length", craft(k, lz4_bomb, codec="lz4", raw=size, align=align)),
-            "zstd bomb": ("length", craft(k, zstd_bomb, codec="zstd", raw=size, align=align)),
-            "zstd bomb without size": (
-                "length",
-                craft(k, zstd_unsized, codec="zstd", raw=size, align=align),
-            ),
-        }
-
     @pytest.mark.parametrize(
         "case",
         [
@@ -434,7 +297,7 @@ class TierConformance:
         async def body() -> None:
             async with make_tier(codec=codec) as tier:
                 k = key(7)
-                reason, blob = self.crafted_objects(tier, k, CRAFTED_BLOCK)[case]
+                reason, blob = crafted_objects(tier, k, CRAFTED_BLOCK)[case]
                 await self.raw_put(tier, k, blob)
                 into = bytearray(CRAFTED_BLOCK)
                 found, peak = await peak_memory(tier.get(k, into))
@@ -453,12 +316,12 @@ class TierConformance:
         async def body() -> None:
             async with make_tier() as tier:
                 size = CRAFTED_BLOCK
-                cases = list(self.crafted_objects(tier, key(0), size))
+                cases = list(crafted_objects(tier, key(0), size))
                 good = [(key(1000 + i), payload(size, i)) for i in range(3)]
                 assert await tier.put_many(good) == [None] * 3
                 for i, case in enumerate(cases):
                     k = key(i)
-                    await self.raw_put(tier, k, self.crafted_objects(tier, k, size)[case][1])
+                    await self.raw_put(tier, k, crafted_objects(tier, k, size)[case][1])
                 keys = [key(i) for i in range(len(cases))] + [k for k, _ in good]
                 buffers = [bytearray(size) for _ in keys]
                 found, peak = await peak_memory(
@@ -482,7 +345,7 @@ class TierConformance:
             async with make_tier() as tier:
                 size = 32 << 10
                 k, good = key(3), key(4)
-                head = self.object(tier, k, payload(size, 3))[:4096]
+                head = stored_object(tier, k, payload(size, 3))[:4096]
                 await self.raw_put_large(tier, k, head, self.large_object_bytes)
                 found, peak = await peak_memory(tier.get(k, bytearray(size)))
                 assert found is False and tier.counters["corrupt.length"] == 1, tier.counters
@@ -541,9 +404,9 @@ class TierConformance:
                 altered[100] ^= 1
                 ours = craft(key(9), data, align=tier.align, mac_secret=SECRET)
                 planted = {
-                    key(1): self.object(tier, key(1), data),
+                    key(1): stored_object(tier, key(1), data),
                     key(2): craft(key(2), data, align=tier.align, mac_secret=OTHER_SECRET),
-                    key(3): _with_payload(
+                    key(3): with_payload(
                         craft(key(3), data, align=tier.align, mac_secret=SECRET), bytes(altered)
                     ),
                 }
@@ -658,14 +521,16 @@ class TierConformance:
 
         run(body())
 
+    # -- against a model ------------------------------------------------------------------------
 
-def _with_payload(blob: bytes, payload: bytes) -> bytes:
-    """`blob` (a crafted object) with its payload replaced and both checksums recomputed, its
-    MAC left as it was: what an attacker who cannot compute MACs can do."""
-    offset = int.from_bytes(blob[14:18], "little")
-    key_len = int.from_bytes(blob[12:14], "little")
-    header = bytearray(blob[:offset])
-    header[50:58] = checksum("xxh3", payload).to_bytes(8, "little")
-    key_bytes = bytes(header[66 : 66 + key_len])
-    header[58:66] = xxhash.xxh3_64_intdigest(bytes(header[:58]) + key_bytes).to_bytes(8, "little")
-    return bytes(header) + payload
+    state_machine_settings = settings(max_examples=10, stateful_step_count=25, deadline=None)
+    """How long `test_random_calls_match_a_dict_model` runs (a subclass on a slow store asks
+    for fewer examples)."""
+
+    def test_random_calls_match_a_dict_model(self, make_tier: MakeTier) -> None:
+        """Random puts, gets, deletes, existence checks and listings (`TierStateMachine`),
+        compared with a dict after every step."""
+        run_state_machine_as_test(  # a factory, as hypothesis documents (its hint says a class)
+            lambda: TierStateMachine(make_tier),  # type: ignore[arg-type]
+            settings=self.state_machine_settings,
+        )

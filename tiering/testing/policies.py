@@ -1,6 +1,6 @@
 """The eviction-policy contract as a pytest mixin, shipped for authors of custom policies.
 
-    from tiering.policies.testing import PolicyContract
+    from tiering.testing.policies import PolicyContract
 
     class TestMyPolicy(PolicyContract):
         @pytest.fixture
@@ -26,7 +26,8 @@ MakePolicy = Callable[[int], EvictionPolicy[str, int]]
 
 
 class PolicyContract:
-    """Behaviour every eviction policy must show (the docstring of `EvictionPolicy`)."""
+    """Behaviour every eviction policy must show (the docstring of `EvictionPolicy`), run by
+    pytest in the test process, on one thread as the scheduler runs a policy."""
 
     @pytest.fixture
     def make_policy(self) -> MakePolicy:

@@ -1,0 +1,23 @@
+"""White-box hooks of the memory tier: its dict, reached directly, bypassing the tier's encoding
+and verification (the conformance suite's `raw_put` / `raw_get`, and tests that use the memory
+tier as a test double and look at what it stored)."""
+
+from __future__ import annotations
+
+from tiering.keys import BlockKey
+from tiering.tier import Tier
+from tiers.memory import MemoryTier
+
+
+def plant(tier: Tier, key: BlockKey, blob: bytes) -> None:
+    """Store object bytes in a memory tier as they are, replacing any."""
+    assert isinstance(tier, MemoryTier)
+    tier._delete_now(key)
+    tier._objects[key] = blob
+    tier._bytes += len(blob)
+
+
+def stored(tier: Tier, key: BlockKey) -> bytes | None:
+    """The object bytes a memory tier holds for `key`, unverified; None when absent."""
+    assert isinstance(tier, MemoryTier)
+    return tier._objects.get(key)

@@ -1,0 +1,249 @@
+"""The S3 tier: blocks as objects in a bucket (AWS S3 or any S3-compatible server).
+
+Object names: `<prefix><namespace hex>/<ab>/<key hex>` — spread over 256 prefixes by the key's
+first byte, since S3 scales request rates per prefix. The calls to the bucket (boto3 in a
+bounded thread pool) are `tiers.s3.client`'s. With `blocks_per_object` > 1, puts are gathered
+and written `blocks_per_object` at a time as one pack (`tiers.s3.packs`: the pack format and the
+tier's index of packs, rebuilt from the bucket at start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tiering.errors import CorruptObject
+from tiering.keys import BlockKey
+from tiering.options import TierOptions, option
+from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
+from tiers.s3.client import Bucket
+from tiers.s3.packs import MAX_PACK_ENTRIES, Packs
+
+__all__ = ["S3Options", "S3Tier"]
+
+
+def _unshown(field: Any) -> Any:
+    """`field` (an `option`) left out of the record's repr: a secret must not reach a log."""
+    field.repr = False
+    return field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class S3Options(TierOptions):
+    """The S3 tier's settings (any thread: a value)."""
+
+    bucket: str = option(low=1, what="a bucket name", help="The bucket blocks are stored in.")
+    prefix: str = option("", help="Prepended to every object name (a folder of the bucket).")
+    endpoint_url: str | None = option(
+        None, help="An S3-compatible server's URL (null: AWS S3 of `region`)."
+    )
+    region: str | None = option(None, help="The bucket's region (null: us-east-1).")
+    access_key: str | None = option(
+        None, help="Access key id (null: the standard chain: environment, profile, role)."
+    )
+    secret_key: str | None = _unshown(option(None, help="Secret access key; use `${ENV_VAR}`."))
+    session_token: str | None = _unshown(
+        option(None, help="Session token of temporary credentials.")
+    )
+    blocks_per_object: int = option(
+        1,
+        low=1,
+        high=MAX_PACK_ENTRIES,
+        help="Blocks gathered into one object (a pack) before it is written; 1: no packs.",
+    )
+    multipart_threshold: int = option(
+        64 << 20, kind="size", help="Objects larger than this go up in parts."
+    )
+    part_size: int = option(16 << 20, kind="size", help="Size of each part (at least 5 MiB).")
+    retries: int = option(3, high=100, help="Attempts of each request (botocore's standard mode).")
+    connect_timeout: float = option(2.0, kind="duration", help="Timeout of each connection.")
+    read_timeout: float = option(10.0, kind="duration", help="Timeout of each response.")
+
+
+class S3Tier(Tier):
+    """Blocks in an S3 bucket, on the runtime's event loop thread; boto3 calls in a pool of
+    `concurrency` threads (`tiers.s3.client`)."""
+
+    type_name = "s3"
+    persistent = True
+    shared = True
+    supports_listing = True
+    Options = S3Options
+    options: S3Options
+
+    def __init__(
+        self,
+        *,
+        namespace: bytes,
+        secret: bytes | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> None:
+        """Credentials come from the standard chain (environment, profile, instance role)
+        unless given; `endpoint_url` points at an S3-compatible server."""
+        super().__init__(namespace=namespace, secret=secret, name=name, **options)
+        settings = self.options  # the record refuses an empty bucket, a pack size out of range
+        self.bucket = settings.bucket
+        self.prefix = settings.prefix
+        self.blocks_per_object = settings.blocks_per_object
+        self.multipart_threshold = settings.multipart_threshold
+        self.part_size = max(settings.part_size, 5 << 20)
+        self.endpoint_url = settings.endpoint_url
+        self._base = f"{self.prefix}{self.namespace.hex()}/"
+        self._bucket = Bucket(
+            tier=self.name,
+            bucket=self.bucket,
+            endpoint_url=self.endpoint_url,
+            region=settings.region,
+            access_key=settings.access_key,
+            secret_key=settings.secret_key,
+            session_token=settings.session_token,
+            multipart_threshold=self.multipart_threshold,
+            part_size=self.part_size,
+            retries=settings.retries,
+            connect_timeout=settings.connect_timeout,
+            read_timeout=settings.read_timeout,
+            concurrency=self.concurrency,
+        )
+        self._packs = Packs(
+            self._bucket, self._base, self.name, self.counters, self.blocks_per_object
+        )
+
+    def _name(self, key: BlockKey) -> str:
+        text = key.hex()
+        return f"{self._base}{text[:2]}/{text}"
+
+    # -- primitives -----------------------------------------------------------------------------
+
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
+        await self._packs.load()
+        pending, packed = self._packs.where(key)
+        if pending is not None:
+            return pending
+        if packed is not None:
+            pack, offset, length = packed
+            if length > limit:
+                raise CorruptObject(
+                    "length", f"pack {pack} gives it {length} bytes, at most {limit}"
+                )
+            blob = await self._bucket.get_range(pack, offset, length)
+            if blob is not None:
+                return blob
+        return await self._bucket.get(self._name(key), limit)
+
+    async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
+        await self._packs.load()
+        pending, packed = self._packs.where(key)
+        if pending is not None:
+            return pending[:n], len(pending)
+        if packed is not None:
+            pack, offset, length = packed
+            head = await self._bucket.get_range(pack, offset, min(n, length))
+            if head is not None:
+                return head, length
+        return await self._bucket.get_head(self._name(key), n)
+
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+        blob = b"".join(parts)
+        if self.blocks_per_object == 1:
+            await self._bucket.put(self._name(key), blob)
+            return
+        # No wait for the packs to load: a block packed before the load ends keeps its new
+        # place (the load never overrides a key it finds packed), and puts are not held up.
+        batch = self._packs.hold(key, blob)
+        if batch is not None:
+            await self._packs.write(batch)
+
+    async def _delete(self, key: BlockKey) -> bool:
+        await self._packs.load()
+        forgotten, empty_pack = self._packs.forget(key)
+        if empty_pack is not None:
+            await self._bucket.delete(empty_pack)
+        existed = await self._bucket.head(self._name(key))
+        if existed:
+            await self._bucket.delete(self._name(key))
+        return existed or forgotten
+
+    async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
+        await self._packs.load()
+        known = self._packs.known(list(keys))
+        heads = await asyncio.gather(
+            *(
+                self._bucket.head(self._name(k))
+                for k, found in zip(keys, known, strict=True)
+                if not found
+            )
+        )
+        answers = iter(heads)
+        return [found or next(answers) for found in known]
+
+    async def _list(self) -> AsyncIterator[BlockKey]:
+        await self._packs.load()
+        seen = self._packs.keys()
+        for key in seen:
+            yield key
+        for name, _ in await self._bucket.list_objects(self._base):
+            found = self._key_of(name)
+            if found is not None and found not in seen:
+                yield found
+
+    async def _entries(self) -> AsyncIterator[ObjectInfo]:
+        await self._packs.load()
+        pending, packed = self._packs.sizes()
+        for key, size in pending.items():
+            yield ObjectInfo(key, size)
+        for key, length in packed.items():
+            if key not in pending:
+                yield ObjectInfo(key, length)
+        for name, size, modified in await self._bucket.list_objects_meta(self._base):
+            found = self._key_of(name)
+            if found is not None and found not in pending and found not in packed:
+                yield ObjectInfo(found, size, modified)
+
+    def _key_of(self, name: str) -> BlockKey | None:
+        """The key an object's name gives, None for packs and for names no kvtier wrote
+        (skipped and counted: anyone with write access may put anything in a bucket)."""
+        if "/packs/" in name:
+            return None
+        return self.listed_key(name.rsplit("/", 1)[-1])
+
+    async def _namespaces(self) -> list[bytes]:
+        found = set()
+        for name, _ in await self._bucket.list_objects(self.prefix):
+            part = name[len(self.prefix) :].split("/", 1)[0]
+            if len(part) == 32:
+                try:
+                    found.add(bytes.fromhex(part))
+                except ValueError:
+                    continue
+        return sorted(found)
+
+    async def _stat(self) -> TierStat:
+        await self._packs.load()
+        objects = await self._bucket.list_objects(self._base)
+        singles = [(n, size) for n, size in objects if "/packs/" not in n]
+        pending, packed = self._packs.sizes()
+        return TierStat(
+            len(packed) + len(pending) + len(singles),
+            sum(packed.values()) + sum(pending.values()) + sum(s for _, s in singles),
+            self.capacity,
+        )
+
+    async def _close(self) -> None:
+        await self._packs.stop_loading()
+        try:
+            batch = self._packs.take_pending()
+            if batch:
+                await self._packs.write(batch)
+        finally:
+            self._bucket.shutdown()
+
+    # -- beyond the contract -------------------------------------------------------------------
+
+    async def refresh_packs(self) -> None:
+        """Load the packs other processes wrote since this tier loaded the bucket's packs
+        (`tiers.s3.packs.Packs.refresh`): a reader sharing the bucket with writers calls it to
+        see their new blocks."""
+        await self._packs.refresh()
