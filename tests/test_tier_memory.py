@@ -57,10 +57,13 @@ class TestRegistry:
 
     def test_bad_options_name_the_type(self) -> None:
         with pytest.raises(
-            ConfigError, match=r"colour: unknown option; expected one of capacity, checksum, codec"
+            ConfigError,
+            match=r"tier type 'memory': colour: unknown option; expected one of capacity, checksum",
         ):
             create_tier("memory", namespace=NAMESPACE, colour="blue")
-        with pytest.raises(ConfigError, match="codec: expected one of raw, lz4, zstd"):
+        with pytest.raises(
+            ConfigError, match="tier type 'memory': codec: expected one of raw, lz4"
+        ):
             create_tier("memory", namespace=NAMESPACE, codec="gzip")
 
     def test_register_a_custom_type(self, monkeypatch: pytest.MonkeyPatch) -> None:

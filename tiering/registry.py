@@ -11,12 +11,10 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
-import typing
 from collections.abc import Mapping
 from typing import Any
 
 from tiering.errors import ConfigError, MissingDependencyError, UnknownNameError
-from tiering.options import fields_of
 from tiering.tier import Tier
 
 __all__ = ["builtin_tier_types", "create_tier", "get_tier_class", "register_tier", "tier_types"]
@@ -59,8 +57,7 @@ def get_tier_class(name: str, options: Mapping[str, Any] | None = None) -> type[
     cls = _tier_class(name)
     if options is None:
         return cls
-    choose = getattr(cls, "variant", None)
-    return cls if choose is None else typing.cast(type[Tier], choose(options))
+    return cls.variant(options)
 
 
 def _tier_class(name: str) -> type[Tier]:
@@ -105,16 +102,9 @@ def create_tier(type_name: str, *, namespace: bytes, **options: Any) -> Tier:
     fields of its `Options` record, `name` and `secret`)."""
     given = {k: v for k, v in options.items() if k not in _NOT_OPTIONS}
     cls = get_tier_class(type_name, given)
-    record = getattr(cls, "Options", None)
-    if record is not None:
-        known = fields_of(record)
-        for key in given:
-            if key not in known:
-                raise ConfigError(
-                    f"tier type {type_name!r}: unexpected keyword argument {key!r}; "
-                    f"its options: {', '.join(known)}"
-                )
     try:
         return cls(namespace=namespace, **options)
+    except ConfigError as e:
+        raise ConfigError(f"tier type {type_name!r}: {e}") from e
     except TypeError as e:
         raise ConfigError(f"tier type {type_name!r}: {e}") from e

@@ -24,7 +24,7 @@ from tiering.config.schema import (
     TierConfig,
     sections_of,
 )
-from tiering.config.tiers import option_fields, required, variants
+from tiering.config.tiers import TIER_KEYS, option_fields, required, variants
 from tiering.errors import ConfigError
 from tiering.options import Field, fields_of
 
@@ -48,10 +48,10 @@ def _tier_types() -> list[tuple[str, type | None]]:
 
 
 def _base_tier_fields() -> dict[str, Field]:
-    """The options every tier takes (those of the `Tier` base class)."""
-    from tiering.tier import Tier
+    """The options every tier takes (those of the `Tier` base class's record)."""
+    from tiering.options import TierOptions
 
-    return option_fields(Tier)
+    return {n: f for n, f in fields_of(TierOptions).items() if n not in TIER_KEYS}
 
 
 # -- JSON Schema ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from tiering.config.schema import TierConfig
 from tiering.errors import ConfigError
 from tiering.options import Field, fields_of
+from tiering.tier import Tier
 
 __all__ = ["TIER_KEYS", "option_fields", "required", "tier_class", "variant_of", "variants"]
 
@@ -21,13 +22,13 @@ TIER_KEYS = frozenset(fields_of(TierConfig))
 """The keys of a tier's mapping that are `TierConfig`'s own, not its class's options."""
 
 
-def variant_of(cls: type, options: Mapping[str, Any]) -> type:
-    """The class that `options` select (`cls.variant(options)`; `cls` when it has no choice)."""
-    choose = getattr(cls, "variant", None)
-    return cls if choose is None else choose(options)
+def variant_of(cls: type[Tier], options: Mapping[str, Any]) -> type[Tier]:
+    """The class that `options` select (`cls.variant(options)`: `cls` itself unless it chooses
+    a concrete class by an option, as the file tier's `layout`)."""
+    return cls.variant(options)
 
 
-def tier_class(type_name: str, options: Mapping[str, Any], where: str) -> type:
+def tier_class(type_name: str, options: Mapping[str, Any], where: str) -> type[Tier]:
     """The class of tier type `type_name` that `options` (as written) select; a `ConfigError`
     names `where.type` (an unknown type) or `where.<option>` (an option `variant` refused)."""
     from tiering.registry import get_tier_class
@@ -42,20 +43,13 @@ def tier_class(type_name: str, options: Mapping[str, Any], where: str) -> type:
         raise ConfigError(f"{where}.{e}") from None
 
 
-def option_fields(cls: type) -> dict[str, Field]:
+def option_fields(cls: type[Tier]) -> dict[str, Field]:
     """How each option of tier class `cls` is read (its `Options` record's fields), less the
     keys of `TierConfig`."""
-    record = getattr(cls, "Options", None)
-    if record is None:
-        from tiering.config.signatures import signature_fields
-
-        found = signature_fields(cls)
-    else:
-        found = fields_of(record)
-    return {name: f for name, f in found.items() if name not in TIER_KEYS}
+    return {name: f for name, f in fields_of(cls.Options).items() if name not in TIER_KEYS}
 
 
-def variants(cls: type) -> list[tuple[type, str, tuple[str, ...]]]:
+def variants(cls: type[Tier]) -> list[tuple[type[Tier], str, tuple[str, ...]]]:
     """The classes tier class `cls` can become, each with the choice option that selects it and
     that option's values selecting it: `[(cls.variant({}), "", ())]` when no option does. The
     default one (selected by `{}`) comes first. Found by asking `variant` for every value of
@@ -63,7 +57,7 @@ def variants(cls: type) -> list[tuple[type, str, tuple[str, ...]]]:
     default = variant_of(cls, {})
     choices = {name: f.names() for name, f in option_fields(cls).items() if f.kind == "choice"}
     for name, values in choices.items():
-        picked: dict[type, list[str]] = {}
+        picked: dict[type[Tier], list[str]] = {}
         for value in values:
             picked.setdefault(variant_of(cls, {name: value}), []).append(value)
         if len(picked) > 1:
