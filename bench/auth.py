@@ -28,9 +28,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.servers import RedisServer  # noqa: E402
-from tiering.config import parse_size  # noqa: E402
 from tiering.testing import NAMESPACE  # noqa: E402
 from tiering.tier import Tier  # noqa: E402
+from tiering.units import parse_size  # noqa: E402
 from tiers.baselines import tier_rates  # noqa: E402
 from tiers.file import FileTier  # noqa: E402
 from tiers.memory import MemoryTier  # noqa: E402

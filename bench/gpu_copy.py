@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tiering.config import parse_size  # noqa: E402
+from tiering.units import parse_size  # noqa: E402
 from tiers.copy import EngineBlocks, GroupRef, KVTensor  # noqa: E402
 from tiers.copy.cuda import CudaCopyEngine  # noqa: E402
 from tiers.region import DEFAULT_DIRECTORY, PrimaryRegion, RegionLayout  # noqa: E402

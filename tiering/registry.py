@@ -1,7 +1,9 @@
 """Secondary tier types by name, imported lazily.
 
 Built in: `memory`, `file`, `redis`, `s3`. Third-party tiers register in the entry-point group
-`kvtier.tiers` (`mytier = "mypackage.tiers:MyTier"`) or at run time with `register_tier`.
+`kvtier.tiers` (`mytier = "mypackage.tiers:MyTier"`) or at run time with `register_tier`. A tier
+class that picks a concrete class from its options (the file tier's `layout`) is asked which
+(`variant(options)`) before its options are read.
 """
 
 from __future__ import annotations
@@ -9,12 +11,15 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import typing
+from collections.abc import Mapping
 from typing import Any
 
 from tiering.errors import ConfigError, MissingDependencyError, UnknownNameError
+from tiering.options import fields_of
 from tiering.tier import Tier
 
-__all__ = ["create_tier", "get_tier_class", "register_tier", "tier_types"]
+__all__ = ["builtin_tier_types", "create_tier", "get_tier_class", "register_tier", "tier_types"]
 
 ENTRY_POINT_GROUP = "kvtier.tiers"
 
@@ -43,8 +48,22 @@ def tier_types() -> list[str]:
     return sorted({*_BUILTIN, *_entry_points(), *_registered})
 
 
-def get_tier_class(name: str) -> type[Tier]:
-    """The class of tier type `name`; errors say what is unknown or what to install."""
+def builtin_tier_types() -> list[str]:
+    """The tier types kvtier itself brings (those the JSON Schema and the docs describe)."""
+    return sorted(_BUILTIN)
+
+
+def get_tier_class(name: str, options: Mapping[str, Any] | None = None) -> type[Tier]:
+    """The class of tier type `name` (given `options`, the variant they select: see
+    `Tier.variant`); errors say what is unknown or what to install."""
+    cls = _tier_class(name)
+    if options is None:
+        return cls
+    choose = getattr(cls, "variant", None)
+    return cls if choose is None else typing.cast(type[Tier], choose(options))
+
+
+def _tier_class(name: str) -> type[Tier]:
     extra = None
     if name in _registered:
         target: str | type[Tier] = _registered[name]
@@ -77,9 +96,24 @@ def get_tier_class(name: str) -> type[Tier]:
     return cls
 
 
+_NOT_OPTIONS = ("name", "secret")
+"""Constructor arguments that are not options (`Tier.Options`): the tier's name and secret."""
+
+
 def create_tier(type_name: str, *, namespace: bytes, **options: Any) -> Tier:
-    """A tier of `type_name` built with `options` (its constructor's keyword arguments)."""
-    cls = get_tier_class(type_name)
+    """A tier of `type_name` built with `options` (its constructor's keyword arguments: the
+    fields of its `Options` record, `name` and `secret`)."""
+    given = {k: v for k, v in options.items() if k not in _NOT_OPTIONS}
+    cls = get_tier_class(type_name, given)
+    record = getattr(cls, "Options", None)
+    if record is not None:
+        known = fields_of(record)
+        for key in given:
+            if key not in known:
+                raise ConfigError(
+                    f"tier type {type_name!r}: unexpected keyword argument {key!r}; "
+                    f"its options: {', '.join(known)}"
+                )
     try:
         return cls(namespace=namespace, **options)
     except TypeError as e:

@@ -31,11 +31,11 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
-from tiering.config import parse_size
 from tiering.errors import ConfigError, TierError, TierFull, TierTimeout, TierUnavailable
 from tiering.format import Corrupt, check_object, decode_header, peek_lengths
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.tier import Buffer, KeyLike, ObjectInfo, Tier, TierStat, as_key
+from tiering.units import parse_size
 from tiers.threads import IOThreads
 
 __all__ = ["FileTier"]

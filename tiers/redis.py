@@ -29,12 +29,12 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
-from tiering.config import parse_duration
 from tiering.errors import ConfigError, TierError, TierTimeout, TierUnavailable
 from tiering.format import Corrupt
 from tiering.keys import BlockKey
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
+from tiering.units import parse_duration
 from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
 
 __all__ = ["RedisTier"]

@@ -41,11 +41,11 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from tiering.config import parse_size
 from tiering.errors import ConfigError, KeyFormatError, TierError, TierTimeout, TierUnavailable
 from tiering.format import Corrupt
 from tiering.keys import BlockKey, key_from_hex
 from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
+from tiering.units import parse_size
 from tiers.threads import IOThreads
 
 __all__ = ["S3Tier"]

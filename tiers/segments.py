@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from tiering.config import parse_size
 from tiering.errors import ConfigError, TierError, TierFull, TierTimeout, TierUnavailable
 from tiering.format import (
     HEADER_MIN,
@@ -55,6 +54,7 @@ from tiering.format import (
 )
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
+from tiering.units import parse_size
 from tiers.aio import PREADV, PWRITEV, REDO, KernelAio
 from tiers.file import BLOCK, FileTier, _aligned, _unlink
 

@@ -49,12 +49,12 @@ from connectors.startup import (
 )
 from connectors.vllm.manager import KvtierManager, metric_definitions
 from connectors.vllm.worker import KvtierWorker, engine_layout
-from tiering.config import parse_size
 from tiering.errors import ConfigError
 from tiering.manager import TieringOffloadingManager, build_tiers
 from tiering.metrics import MetricsServer
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
+from tiering.units import parse_size
 from tiers.copy import CopyEngine, CpuCopyEngine
 from tiers.region import PrimaryRegion, RegionLayout
 

@@ -7,8 +7,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from tiering.config import parse_size
 from tiering.errors import ConfigError
+from tiering.units import parse_size
 
 __all__ = ["count", "path", "sizes"]
 

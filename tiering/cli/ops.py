@@ -19,12 +19,13 @@ from typing import Any
 
 from tiering.cli import args as argtypes
 from tiering.cli.progress import Progress
-from tiering.config import Config, TierConfig, load_config, parse_duration
+from tiering.config import Config, TierConfig, load_config
 from tiering.errors import ConfigError, CorruptObject, TierError, TierUnavailable
 from tiering.format import MAX_BLOCK_BYTES, check_object
 from tiering.keys import BlockKey
 from tiering.operations import default_journal, migrate, purge, read_block, verify
 from tiering.tier import Tier, as_key
+from tiering.units import parse_duration
 
 __all__ = ["add_parsers"]
 
@@ -448,8 +449,8 @@ def run_purge(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     import os
 
-    from tiering.config import parse_size
     from tiering.errors import KvtierError
+    from tiering.units import parse_size
     from tiers.baselines import REDIS_KEYSPACE, NoBaseline, scratch_space, tier_rates
 
     config = load_config(args.config)

@@ -1,0 +1,257 @@
+"""Reading a configuration file (or vLLM's inline mapping) into a `Config`.
+
+Loading validates everything and fails with the dotted path of the offending field
+(`tiers[1].capacity: expected a size like '8GiB', got 'lots'`); unknown keys are errors, so a
+typo never falls back to a default silently. `${NAME}` in any string is replaced by the
+environment variable NAME (an unset one is an error naming the field), so secrets stay out of
+the file. Every key is read by the `Field` its declaration gives it (`tiering.config.schema`;
+a tier's own options: its class's `Options` record, `tiering.config.tiers`) and handed to the
+code in the unit it takes (sizes in bytes, durations in seconds). Numbers are finite and
+bounded (`tiering.units`), and the YAML itself is read within bounds (`tiering.safeyaml`), so
+no file makes loading slow, deep or large.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from tiering import safeyaml
+from tiering.config.schema import (
+    ENV_PATTERN,
+    MIN_SECRET_BYTES,
+    NAME,
+    SCHEMA_VERSION,
+    AuthConfig,
+    Config,
+    FaultsConfig,
+    MetricsConfig,
+    PrimaryConfig,
+    PromotionConfig,
+    TierConfig,
+    sections_of,
+)
+from tiering.config.tiers import TIER_KEYS, option_fields, required, tier_class
+from tiering.errors import ConfigError
+from tiering.options import fields_of, read_fields
+from tiering.policies import get_policy_class
+from tiering.units import short_repr
+
+__all__ = ["load_config", "parse_config"]
+
+S = TypeVar("S")
+
+_ENV = re.compile(ENV_PATTERN)
+_WHOLE_ENV = re.compile(rf"{ENV_PATTERN}\Z")
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a YAML file; errors name the file and the dotted field path (or the
+    line and column, for YAML that does not parse)."""
+    try:
+        path = Path(path)
+        with open(path, "rb") as f:
+            raw = f.read(safeyaml.MAX_BYTES + 1)
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the name
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError(f"{path}: cannot read config: {reason}") from e
+    if len(raw) > safeyaml.MAX_BYTES:
+        raise ConfigError(
+            f"{path}: larger than {safeyaml.MAX_BYTES >> 20} MiB; not a kvtier config"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})"
+        ) from None
+    try:
+        data = safeyaml.load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}{_yaml_where(e)}: not valid YAML: {_yaml_problem(e)}") from None
+    try:
+        return parse_config({} if data is None else data, env)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def _yaml_where(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return "" if mark is None else f":{mark.line + 1}:{mark.column + 1}"
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    parts = [getattr(e, "context", None), getattr(e, "problem", None)]
+    text = ", ".join(str(p) for p in parts if p) or str(e)
+    return " ".join(text.split())
+
+
+def parse_config(data: object, env: Mapping[str, str] | None = None) -> Config:
+    """Validate an already parsed mapping (a YAML document, or vLLM's inline `kvtier` key)."""
+    env = os.environ if env is None else env
+    raw_secret = _raw_secret(data)
+    data = _interpolate(data, "", env, 0)
+    top = _mapping(data, "config")
+    _only(top, set(fields_of(Config)) | set(sections_of(Config)) | {"tiers"}, "")
+    version = top.get("version", SCHEMA_VERSION)
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise ConfigError(
+            f"version: this kvtier reads config version {SCHEMA_VERSION}, got {short_repr(version)}"
+        )
+    faults = _section(top.get("faults", {}), "faults", FaultsConfig)
+    primary = _section(top.get("primary", {}), "primary", PrimaryConfig)
+    try:
+        get_policy_class(primary.eviction)
+    except ConfigError as e:
+        raise ConfigError(f"primary.eviction: {e}") from None
+    return Config(
+        version=version,
+        primary=primary,
+        tiers=_tiers(top.get("tiers", [])),
+        promotion=_section(top.get("promotion", {}), "promotion", PromotionConfig),
+        faults=faults,
+        metrics=_section(top.get("metrics", {}), "metrics", MetricsConfig),
+        auth=_auth(top.get("auth", {}), raw_secret),
+    )
+
+
+def _section(value: object, where: str, cls: type[S]) -> S:
+    """Section `cls` from the keys present in `value` (the rest take their defaults), each read
+    by its field; the sections inside it after its own keys."""
+    given = _mapping(value, where)
+    fields, inner = fields_of(cls), sections_of(cls)
+    _only(given, set(fields) | set(inner), f"{where}.")
+    read: dict[str, Any] = {}
+    for key, v in given.items():
+        if key in fields:
+            read |= read_fields({key: v}, fields, f"{where}.")
+        elif v is None:
+            raise ConfigError(f"{where}.{key}: expected a value, got null")
+    for key, (section, _) in inner.items():  # after the section's own keys
+        if key in given:
+            read[key] = _section(given[key], f"{where}.{key}", section)
+    return cls(**read)
+
+
+def _tiers(value: object) -> tuple[TierConfig, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(f"tiers: expected a list of tiers, got {type(value).__name__}")
+    keys = fields_of(TierConfig)
+    tiers, names = [], set()
+    for i, item in enumerate(value):
+        where = f"tiers[{i}]"
+        tier = _mapping(item, where)
+        for key in ("name", "type"):
+            if key not in tier:
+                raise ConfigError(f"{where}.{key}: missing")
+        name = tier["name"]
+        if not isinstance(name, str) or not NAME.match(name):
+            raise ConfigError(
+                f"{where}.name: expected 1-32 lowercase letters, digits, '-' or '_', "
+                f"got {short_repr(name)}"
+            )
+        if name in names:
+            raise ConfigError(f"{where}.name: {name!r} is used by another tier")
+        names.add(name)
+        own = read_fields({k: v for k, v in tier.items() if k in TIER_KEYS}, keys, f"{where}.")
+        options = _tier_options(
+            own["type"], {k: v for k, v in tier.items() if k not in TIER_KEYS}, where
+        )
+        tiers.append(TierConfig(**own, options=options))
+    return tuple(tiers)
+
+
+def _tier_options(type_name: str, options: dict[Any, Any], where: str) -> dict[str, Any]:
+    """A tier's own options as given, each read by the field its class declares for it."""
+    fields = option_fields(tier_class(type_name, options, where))
+    for name in required(fields):
+        if name not in options:
+            raise ConfigError(f"{where}.{name}: missing (a {type_name} tier needs it)")
+    read: dict[str, Any] = {}
+    for key, value in options.items():
+        if key == "secret":
+            raise ConfigError(
+                f"{where}.secret: not a tier option; the secret of every tier is auth.secret"
+            )
+        if key not in fields:
+            raise ConfigError(
+                f"{where}.{key}: unknown option of a {type_name} tier; expected one of "
+                f"{', '.join(sorted(set(fields) | TIER_KEYS))}"
+            )
+        read |= read_fields({key: value}, fields, f"{where}.")
+    return read
+
+
+def _raw_secret(data: object) -> object:
+    """`auth.secret` as written, before `${NAME}` is filled in: only a whole `${NAME}` is
+    accepted, so a secret never sits in the file itself."""
+    if not isinstance(data, dict) or not isinstance(data.get("auth"), dict):
+        return None
+    secret = data["auth"].get("secret")
+    if secret is not None and not (isinstance(secret, str) and _WHOLE_ENV.match(secret)):
+        raise ConfigError(
+            "auth.secret: give the name of an environment variable that holds it, as "
+            "'${NAME}'; a secret written in the file is refused"
+        )
+    return secret
+
+
+def _auth(value: object, raw_secret: object) -> AuthConfig:
+    secret = _section(value, "auth", AuthConfig).secret
+    if secret is None:
+        return AuthConfig()
+    encoded = str(secret).encode("utf-8", "surrogateescape")
+    if len(encoded) < MIN_SECRET_BYTES:
+        raise ConfigError(
+            f"auth.secret: the environment variable in {raw_secret} holds {len(encoded)} bytes; "
+            f"a secret needs at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)"
+        )
+    return AuthConfig(secret=encoded)
+
+
+def _interpolate(value: object, where: str, env: Mapping[str, str], depth: int) -> object:
+    """`value` with `${NAME}` filled in from `env`; also refuses non-finite numbers and deep
+    nesting (an inline config from vLLM did not come through `tiering.safeyaml`)."""
+    if depth > safeyaml.MAX_DEPTH:
+        raise ConfigError(f"{where or 'config'}: nested deeper than {safeyaml.MAX_DEPTH} levels")
+    if isinstance(value, str):
+
+        def replace(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in env:
+                raise ConfigError(f"{where or 'config'}: environment variable {name} is not set")
+            return env[name]
+
+        return _ENV.sub(replace, value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where or 'config'}: expected a finite number, got {value!r}")
+    if isinstance(value, dict):
+        return {
+            k: _interpolate(v, f"{where}.{k}" if where else str(k), env, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_interpolate(v, f"{where}[{i}]", env, depth + 1) for i, v in enumerate(value)]
+    return value
+
+
+def _mapping(value: object, where: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _only(section: dict[Any, Any], allowed: set[str], prefix: str) -> None:
+    unknown = sorted(
+        key if isinstance(key, str) else short_repr(key) for key in section if key not in allowed
+    )
+    if unknown:
+        raise ConfigError(
+            f"{prefix}{unknown[0]}: unknown key; expected one of {', '.join(sorted(allowed))}"
+        )

@@ -1,0 +1,212 @@
+"""What the configuration file holds: one frozen dataclass per section, each key declared once.
+
+Every key is an `option` (its default, its help line, how its YAML value is read): the loader
+(`tiering.config.loader`), the JSON Schema and the documentation table
+(`tiering.config.generate`) are all produced from these declarations, so they cannot disagree.
+A section inside a section is a `section` field. A tier's own options are not here: each tier
+class declares them as its `Options` record (`tiering.options.TierOptions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from tiering.options import option
+
+__all__ = [
+    "GATES",
+    "MIN_SECRET_BYTES",
+    "SCHEMA_VERSION",
+    "SECTION",
+    "WRITE_MODES",
+    "AuthConfig",
+    "BreakerConfig",
+    "Config",
+    "FaultsConfig",
+    "MetricsConfig",
+    "PrimaryConfig",
+    "PromotionConfig",
+    "TierConfig",
+    "section",
+    "sections_of",
+]
+
+SCHEMA_VERSION: Final = 1
+MIN_SECRET_BYTES: Final = 16
+WRITE_MODES: Final = ("through", "back", "selective")
+GATES: Final = ("auto", "always", "never")
+NAME_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
+"""What a tier's name looks like."""
+ENV_PATTERN: Final = r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"
+"""`${NAME}`: the environment variable NAME."""
+NAME: Final = re.compile(rf"{NAME_PATTERN}\Z")
+SECTION: Final = "kvtier.section"
+"""The key of a dataclass field's metadata that makes it a section: the section's class."""
+
+
+def section(cls: type[Any], *, help: str) -> Any:
+    """A field holding a section of its own (a dataclass of options), by default its defaults."""
+    return field(default_factory=cls, metadata={SECTION: cls, "help": help})
+
+
+def sections_of(cls: type[Any]) -> dict[str, tuple[type[Any], str]]:
+    """The sections inside section `cls`: name -> (its class, its help line)."""
+    return {
+        f.name: (f.metadata[SECTION], f.metadata["help"])
+        for f in dataclasses.fields(cls)
+        if SECTION in f.metadata
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class PrimaryConfig:
+    """Any thread (a frozen value): the `primary` section, the CPU primary tier."""
+
+    capacity: int | None = option(
+        None,
+        kind="size",
+        help="Bytes over all workers (null: vLLM's `cpu_bytes_to_use`).",
+    )
+    eviction: str = option(
+        "lru",
+        low=1,
+        what="a policy name",
+        help="A registered eviction policy: `lru`, `arc`, or a custom one.",
+    )
+    directory: str = option(
+        "/dev/shm",
+        low=1,
+        what="a directory path",
+        help="Where the shared-memory file of the primary region is created (a tmpfs).",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """Any thread (a frozen value): one secondary tier of `tiers`, how the manager uses it and
+    its backend's own options."""
+
+    name: str = option(low=1, help="The tier's name: 1-32 lowercase letters, digits, '-', '_'.")
+    type: str = option(
+        low=1, what="a tier type", help="The tier class: `file`, `memory`, `redis`, `s3`, ..."
+    )
+    write: str = option(
+        "back",
+        choices=WRITE_MODES,
+        help="`through`: demoted when stored in the primary; `back`: when evicted from it; "
+        "`selective`: on eviction, once the block was hit `admit_after_hits` times.",
+    )
+    admit_after_hits: int = option(
+        2, low=1, help="Hits a block needs before a `selective` tier takes it."
+    )
+    min_age: float = option(
+        0.0,
+        kind="duration",
+        zero=True,
+        help="How long a block must have spent in the primary before it is demoted (spares "
+        "SSD wear and network on blocks that die young).",
+    )
+    capacity: int | None = option(
+        None, kind="size", help="Bytes the tier may hold (null: unbounded, or the backend's own)."
+    )
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """The backend's constructor arguments (`path`, `url`, `bucket`, ...), each already read by
+    its tier's `Options` record (sizes in bytes, durations in seconds); only those given."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromotionConfig:
+    """Any thread (a frozen value): the `promotion` section."""
+
+    deadline: float = option(
+        0.2, kind="duration", help="How long a promotion may take before it is abandoned (a miss)."
+    )
+    gate: str = option(
+        "auto",
+        choices=GATES,
+        help="`auto`: promote only when loading is estimated faster than recomputing; "
+        "`always`; `never`.",
+    )
+    prefill_rate: float = option(
+        20_000.0,
+        high=1e12,
+        what="tokens per second (> 0)",
+        help="Tokens per second the engine prefills, for the `auto` gate's recompute estimate.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """Any thread (a frozen value): the `faults.breaker` section."""
+
+    failures: int = option(5, low=1, help="Consecutive failures that open a tier's breaker.")
+    cooldown: float = option(
+        10.0, kind="duration", help="How long an open breaker waits before it lets one probe in."
+    )
+    latency: float | None = option(
+        None,
+        kind="duration",
+        help="A call slower than this counts as a failure (null: only errors count).",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FaultsConfig:
+    """Any thread (a frozen value): the `faults` section."""
+
+    timeout: float = option(0.5, kind="duration", help="Deadline of every tier call.")
+    breaker: BreakerConfig = section(BreakerConfig, help="Each tier's circuit breaker.")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """Any thread (a frozen value): the `metrics` section."""
+
+    prometheus_port: int | None = option(
+        None,
+        high=65535,
+        what="a TCP port (0: any free one)",
+        help="Serve kvtier's metrics at `http://<address>:<port>/metrics` (0 picks a free "
+        "port; null: no endpoint).",
+    )
+    address: str = option(
+        "127.0.0.1",
+        low=1,
+        what="an address to listen on",
+        help="Where the endpoint listens; `0.0.0.0` for a scraper on another host.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AuthConfig:
+    """Any thread (a frozen value): the `auth` section."""
+
+    secret: bytes | None = option(
+        None,
+        kind="text",
+        repr=False,
+        help="`${NAME}` of the environment variable holding the key of the MAC every stored "
+        f"object carries (at least {MIN_SECRET_BYTES} bytes; null: objects carry none). Every "
+        "engine sharing a tier needs the same one.",
+    )
+    """The UTF-8 bytes of the environment variable the file names."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Any thread (a frozen value): a whole configuration file."""
+
+    version: int = option(
+        SCHEMA_VERSION, help=f"The format of the file: {SCHEMA_VERSION} (the only one so far)."
+    )
+    primary: PrimaryConfig = section(PrimaryConfig, help="The CPU primary tier.")
+    tiers: tuple[TierConfig, ...] = field(default=())
+    """The secondary tiers, in lookup order (`TierConfig`, plus each type's own options)."""
+    promotion: PromotionConfig = section(PromotionConfig, help="Secondary -> primary.")
+    faults: FaultsConfig = section(FaultsConfig, help="Deadlines and circuit breakers.")
+    metrics: MetricsConfig = section(MetricsConfig, help="The Prometheus endpoint.")
+    auth: AuthConfig = section(AuthConfig, help="Authenticated stored objects.")

@@ -1,0 +1,77 @@
+"""A tier type's own options, as the configuration reads and documents them.
+
+A tier class declares them in its `Options` record (`tiering.options.TierOptions`); a class
+that picks a concrete class from its options (`variant`, e.g. the file tier's `layout`) is
+asked first, so each variant accepts only its own. The keys of `TierConfig` (`capacity`
+among them, though every record has it) are read by the configuration itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tiering.config.schema import TierConfig
+from tiering.errors import ConfigError
+from tiering.options import Field, fields_of
+
+__all__ = ["TIER_KEYS", "option_fields", "required", "tier_class", "variant_of", "variants"]
+
+TIER_KEYS = frozenset(fields_of(TierConfig))
+"""The keys of a tier's mapping that are `TierConfig`'s own, not its class's options."""
+
+
+def variant_of(cls: type, options: Mapping[str, Any]) -> type:
+    """The class that `options` select (`cls.variant(options)`; `cls` when it has no choice)."""
+    choose = getattr(cls, "variant", None)
+    return cls if choose is None else choose(options)
+
+
+def tier_class(type_name: str, options: Mapping[str, Any], where: str) -> type:
+    """The class of tier type `type_name` that `options` (as written) select; a `ConfigError`
+    names `where.type` (an unknown type) or `where.<option>` (an option `variant` refused)."""
+    from tiering.registry import get_tier_class
+
+    try:
+        cls = get_tier_class(type_name)
+    except ConfigError as e:
+        raise ConfigError(f"{where}.type: {e}") from None
+    try:
+        return variant_of(cls, options)
+    except ConfigError as e:
+        raise ConfigError(f"{where}.{e}") from None
+
+
+def option_fields(cls: type) -> dict[str, Field]:
+    """How each option of tier class `cls` is read (its `Options` record's fields), less the
+    keys of `TierConfig`."""
+    record = getattr(cls, "Options", None)
+    if record is None:
+        from tiering.config.signatures import signature_fields
+
+        found = signature_fields(cls)
+    else:
+        found = fields_of(record)
+    return {name: f for name, f in found.items() if name not in TIER_KEYS}
+
+
+def variants(cls: type) -> list[tuple[type, str, tuple[str, ...]]]:
+    """The classes tier class `cls` can become, each with the choice option that selects it and
+    that option's values selecting it: `[(cls.variant({}), "", ())]` when no option does. The
+    default one (selected by `{}`) comes first. Found by asking `variant` for every value of
+    every choice option."""
+    default = variant_of(cls, {})
+    choices = {name: f.names() for name, f in option_fields(default).items() if f.kind == "choice"}
+    for name, values in choices.items():
+        picked: dict[type, list[str]] = {}
+        for value in values:
+            picked.setdefault(variant_of(cls, {name: value}), []).append(value)
+        if len(picked) > 1:
+            found = sorted(picked.items(), key=lambda item: item[0] is not default)
+            return [(klass, name, tuple(chosen)) for klass, chosen in found]
+    return [(default, "", ())]
+
+
+def required(fields: Mapping[str, Field]) -> list[str]:
+    """The names of the options that have no default, sorted."""
+    return sorted(name for name, f in fields.items() if f.required)
