@@ -3,6 +3,7 @@ names them for the YAML."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -94,7 +95,8 @@ def test_the_registry_knows_todays_names() -> None:
 def test_unknown_names_say_what_is_known() -> None:
     with pytest.raises(
         UnknownNameError,
-        match=r"unknown promotion gate 'alway' \(did you mean 'always'\?\); known: always, au",
+        match=r"unknown promotion gate 'alway' \(did you mean 'always'\?\); "
+        "known: auto, always, never",
     ):
         gate_class("alway")
     with pytest.raises(ConfigError, match="is not a PromotionGate subclass"):
@@ -117,9 +119,18 @@ class Nothing(AdmissionPolicy):
         return []
 
 
-def test_a_registered_policy_is_known_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "_gates", dict(registry._gates))
-    monkeypatch.setattr(registry, "_admission", dict(registry._admission))
+@pytest.fixture
+def restored() -> Iterator[None]:
+    """The registries as they were, after the test."""
+    gates, admission = dict(registry._gates), dict(registry._admission)
+    yield
+    registry._gates.clear()
+    registry._gates.update(gates)
+    registry._admission.clear()
+    registry._admission.update(admission)
+
+
+def test_a_registered_policy_is_known_by_name(restored: None) -> None:
     register_gate("halfway", Halfway)
     register_admission("nothing", f"{__name__}:Nothing")  # lazy: imported on first use
     assert gate_class("halfway") is Halfway and "halfway" in gate_names()
@@ -132,3 +143,47 @@ def test_a_registered_policy_is_known_by_name(monkeypatch: pytest.MonkeyPatch) -
         register_gate("Bad Name", Halfway)
     with pytest.raises(ConfigError, match="is not a PromotionGate subclass"):
         register_gate("wrong", Nothing)  # type: ignore[arg-type]
+
+
+def test_the_config_takes_any_gate_the_registry_knows(restored: None) -> None:
+    from tiering.config import parse_config
+
+    assert parse_config({"promotion": {"gate": "never"}}).promotion.gate == "never"
+    with pytest.raises(ConfigError, match="promotion.gate: expected one of auto, always, never"):
+        parse_config({"promotion": {"gate": "halfway"}})
+    register_gate("halfway", Halfway)
+    assert parse_config({"promotion": {"gate": "halfway"}}).promotion.gate == "halfway"
+
+
+def test_the_manager_uses_the_gate_the_config_names(restored: None) -> None:
+    import numpy as np
+
+    from tiering.config import parse_config
+    from tiering.manager import TieringOffloadingManager
+    from tiering.primary import LookupResult, PrimaryPool
+    from tiering.runtime import Runtime
+    from tiering.testing import NAMESPACE
+    from tiers.memory import MemoryTier
+
+    register_gate("halfway", Halfway)
+    config = parse_config(
+        {"promotion": {"gate": "halfway"}, "tiers": [{"name": "far", "type": "memory"}]}
+    )
+    tier = MemoryTier(namespace=NAMESPACE, name="far")
+    memory = np.zeros((4, 64), dtype=np.uint8)
+    manager = TieringOffloadingManager(
+        PrimaryPool(4, "lru"),
+        [(config.tiers[0], tier)],
+        lambda s: memoryview(memory[s]),
+        config=config,
+        runtime=Runtime(),
+        block_tokens=16,
+    )
+    try:
+        assert isinstance(manager.promoter.gate, Halfway)
+        tier.raw_put(k(1), tier._encode(k(1), bytes(64))[1][0] + bytes(64))
+        assert manager.lookup(k(1)) is LookupResult.MISS  # 'far' is not 'near': gated
+        manager.on_schedule_end()
+        assert manager.tiers[0].counters["gated"] == 1
+    finally:
+        manager.shutdown()

@@ -18,7 +18,6 @@ from typing import Any, Final
 from tiering.options import option
 
 __all__ = [
-    "GATES",
     "MIN_SECRET_BYTES",
     "SCHEMA_VERSION",
     "SECTION",
@@ -38,7 +37,6 @@ __all__ = [
 SCHEMA_VERSION: Final = 1
 MIN_SECRET_BYTES: Final = 16
 WRITE_MODES: Final = ("through", "back", "selective")
-GATES: Final = ("auto", "always", "never")
 NAME_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
 """What a tier's name looks like."""
 ENV_PATTERN: Final = r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"
@@ -127,7 +125,7 @@ class PromotionConfig:
     )
     gate: str = option(
         "auto",
-        choices=GATES,
+        choices="tiering.placement.registry:GATE_NAMES",  # any gate the registry knows
         help="`auto`: promote only when loading is estimated faster than recomputing; "
         "`always`; `never`.",
     )

@@ -14,6 +14,7 @@ import difflib
 import importlib
 import importlib.metadata
 import re
+from collections.abc import Iterator
 from typing import Any, TypeVar, cast
 
 from tiering.errors import ConfigError, UnknownNameError
@@ -21,6 +22,8 @@ from tiering.placement.base import AdmissionPolicy, PromotionGate
 
 __all__ = [
     "ADMISSION_GROUP",
+    "ADMISSION_NAMES",
+    "GATE_NAMES",
     "GATE_GROUP",
     "admission_class",
     "admission_names",
@@ -63,12 +66,12 @@ def register_admission(
 
 
 def gate_names() -> list[str]:
-    """Every known gate name (built in, registered, and from entry points), sorted."""
+    """Every known gate name: built in and registered, then from entry points."""
     return _names(_gates, GATE_GROUP)
 
 
 def admission_names() -> list[str]:
-    """Every known admission policy name, sorted."""
+    """Every known admission policy name: built in and registered, then from entry points."""
     return _names(_admission, ADMISSION_GROUP)
 
 
@@ -111,7 +114,27 @@ def _entry_points(group: str) -> dict[str, str]:
 
 
 def _names(table: dict[str, type[_P] | str], group: str) -> list[str]:
-    return sorted({*table, *_entry_points(group)})
+    """Built-in and registered names in registration order, then the entry points' sorted."""
+    return [*table, *sorted(set(_entry_points(group)) - set(table))]
+
+
+class _Names:
+    """The names of a registry, read afresh each time it is iterated: what the configuration's
+    `choice` options take (`"tiering.placement.registry:GATE_NAMES"`), so a gate registered
+    before the YAML is read is accepted by name."""
+
+    def __init__(self, table: dict[str, Any], group: str) -> None:
+        self._table = table
+        self._group = group
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_names(self._table, self._group))
+
+
+GATE_NAMES = _Names(_gates, GATE_GROUP)
+"""Every known gate name, for `promotion.gate`."""
+ADMISSION_NAMES = _Names(_admission, ADMISSION_GROUP)
+"""Every known admission policy name."""
 
 
 def _resolve(
