@@ -190,9 +190,8 @@ class TieringOffloadingManager:
         return self._promoting
 
     def lookup(self, key: BlockKey) -> LookupResult:
-        lock = self.lock
-        if not lock.stepping:
-            lock.begin()
+        if not self.lock.stepping:
+            self.lock.begin()
         result = self.pool.lookup(key)
         if result is not _MISS:
             if result is _PENDING and key in self._late:
@@ -247,9 +246,8 @@ class TieringOffloadingManager:
             self.demoter.stored(keys)  # pinned and demoted by the runtime, between steps
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
-        lock = self.lock
-        if not lock.stepping:
-            lock.begin()
+        if not self.lock.stepping:
+            self.lock.begin()
         slots = self.pool.prepare_load(keys)
         if self.history.tracks_hits:
             self.history.loaded(keys)
