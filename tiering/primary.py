@@ -44,7 +44,7 @@ _READY = 0
 
 
 class LookupResult(enum.Enum):
-    """What the primary tier can say about a key right now."""
+    """Any thread (a value): what the primary tier can say about a key right now."""
 
     HIT = "hit"
     """Ready: a load may be prepared now."""
@@ -63,7 +63,7 @@ _HIT, _PENDING, _MISS = LookupResult.HIT, LookupResult.PENDING, LookupResult.MIS
 
 
 class KeyState(enum.Enum):
-    """State of a resident key (see the module docstring)."""
+    """Any thread (a value): the state of a resident key (see the module docstring)."""
 
     WRITING = "writing"
     READY = "ready"
@@ -72,7 +72,8 @@ class KeyState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class StoreGrant:
-    """The answer to a successful `prepare_store`.
+    """Any thread (a frozen value): the answer to a successful `prepare_store` (or
+    `allocate_for_promotion`).
 
     `keys` is the order-preserving subsequence of the requested keys that must be written (the
     others were present already); `slots[i]` is where `keys[i]` goes. `evicted` lists the keys
@@ -88,15 +89,16 @@ class StoreGrant:
 
 @dataclass(frozen=True, slots=True)
 class PrimaryEvent:
-    """Keys that became readable (`removed=False`) or stopped being resident (`removed=True`)."""
+    """Any thread (a frozen value): keys that became readable (`removed=False`) or stopped
+    being resident (`removed=True`)."""
 
     keys: tuple[BlockKey, ...]
     removed: bool
 
 
 class PrimaryPool:
-    """Slot bookkeeping of the CPU primary tier. Scheduler process; not thread-safe (the
-    tiering manager serializes its users under its lock).
+    """Slot bookkeeping of the CPU primary tier. Scheduler process, under the tiering
+    manager's step lock (scheduler or runtime thread); not thread-safe itself.
 
     Every method is synchronous, does no I/O and costs O(keys given) amortized. A caller's
     misuse (completing a key that is not in flight, loading a key that is not ready) raises

@@ -31,7 +31,8 @@ _HIT, _MISS = LookupResult.HIT, LookupResult.MISS
 
 
 class SteppedManager(Protocol):
-    """The calls vLLM's connector makes (`TieringOffloadingManager` serves them)."""
+    """Scheduler process, the scheduler's thread: the calls vLLM's connector makes
+    (`TieringOffloadingManager` serves them)."""
 
     def lookup(self, key: BlockKey) -> LookupResult: ...
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]: ...
@@ -44,7 +45,7 @@ class SteppedManager(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Scan:
-    """One request's lookups, as vLLM's connector reads them."""
+    """Any thread (a frozen value): one request's lookups, as vLLM's connector reads them."""
 
     hits: int
     """Leading keys usable now (all the HITs before the first MISS, once nothing defers)."""

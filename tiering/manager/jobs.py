@@ -30,8 +30,8 @@ __all__ = [
 
 
 class SlotHold(enum.Enum):
-    """How a demotion holds the primary's bytes it reads, so its end gives back the right
-    thing."""
+    """Any thread (a value): how a demotion holds the primary's bytes it reads, so its end
+    gives back the right thing."""
 
     PINNED = "pinned"
     """Write-through: the keys are pinned (`pin_for_demotion`); the end unpins them."""
@@ -44,7 +44,8 @@ class SlotHold(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ExistenceCheck:
-    """A batched `contains` of the keys looked up in a tier without an index."""
+    """Any thread (a frozen value): a batched `contains` of the keys looked up in a tier
+    without an index."""
 
     generation: int
     tier: int
@@ -53,7 +54,8 @@ class ExistenceCheck:
 
 @dataclass(frozen=True, slots=True)
 class Promotion:
-    """A batched `get_many` from a tier into freshly allocated primary slots."""
+    """Any thread (a frozen value): a batched `get_many` from a tier into freshly allocated
+    primary slots."""
 
     generation: int
     tier: int
@@ -63,7 +65,8 @@ class Promotion:
 
 @dataclass(frozen=True, slots=True)
 class Demotion:
-    """A batched `put_many` of primary blocks (or copies of them) to a tier."""
+    """Any thread (a frozen value): a batched `put_many` of primary blocks (or copies of them)
+    to a tier."""
 
     generation: int
     tier: int

@@ -36,7 +36,7 @@ def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier
 
 @dataclass(frozen=True, slots=True)
 class TierEvent:
-    """Keys that a secondary tier now holds (removed=False)."""
+    """Any thread (a frozen value): keys that a secondary tier now holds (removed=False)."""
 
     tier: str
     keys: tuple[BlockKey, ...]

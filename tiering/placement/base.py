@@ -90,7 +90,8 @@ class AdmissionPolicy(ABC):
 
 
 class TierFigures(Protocol):
-    """What a gate may read of a tier: its name and its measured promotion time."""
+    """Scheduler process, under the step lock: what a gate may read of a tier, its name and
+    its measured promotion time."""
 
     @property
     def name(self) -> str: ...
