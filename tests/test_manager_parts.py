@@ -88,6 +88,29 @@ class TestStepLock:
         assert "without on_schedule_end" in record.getMessage()
         lock.end()
 
+    def test_the_runtimes_thread_never_waits_for_it(self) -> None:
+        runtime_thread: list[threading.Thread] = []
+        lock = StepLock(forbidden=lambda: threading.current_thread() in runtime_thread)
+        errors: list[str] = []
+
+        def runtime() -> None:
+            runtime_thread.append(threading.current_thread())
+            for attempt in (lock.begin, lock.acquire):
+                try:
+                    attempt()
+                except AssertionError as e:
+                    errors.append(str(e))
+            assert lock.try_acquire()  # its one way in
+            lock.release()
+
+        thread = threading.Thread(target=runtime)
+        thread.start()
+        thread.join()
+        assert errors == [
+            "a step begun on a forbidden thread",
+            "a wait for the lock on a forbidden thread",
+        ]
+
     def test_a_forked_child_gets_a_free_lock(self) -> None:
         lock = StepLock()
         lock.begin()

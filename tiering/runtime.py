@@ -361,8 +361,12 @@ class Runtime:
         if write_ticket is not None:
             self._write_breaker(job.tier).record(write_ticket, fault is None, seconds, fault)
 
+    def on_loop_thread(self) -> bool:
+        """Whether the caller runs on the runtime's own thread (its jobs, handlers and hooks)."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     def _refuse_reentry(self) -> None:
-        if self._thread is not None and threading.current_thread() is self._thread:
+        if self.on_loop_thread():
             raise StateError(
                 f"runtime {self.name}: called from its own loop (a tier called back into the "
                 "scheduler's API); that would deadlock"

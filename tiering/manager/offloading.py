@@ -116,7 +116,7 @@ class TieringOffloadingManager:
         self.block_tokens = block_tokens
         self.clock = clock
         self.counters: defaultdict[str, float] = defaultdict(float)
-        self.lock = StepLock()
+        self.lock = StepLock(forbidden=runtime.on_loop_thread)
         """Guards the pool and every piece below between the scheduler's calls and the
         runtime's bookkeeping. Held by the scheduler from a step's first `lookup` to
         `on_schedule_end`; `quiet()` holds it from outside."""

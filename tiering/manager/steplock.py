@@ -36,10 +36,27 @@ class StepLock:
     """The step lock. Scheduler process: `begin`/`end`/`call`/`held` on the scheduler thread
     (or any caller outside a step), `try_acquire`/`release` on the runtime thread."""
 
-    __slots__ = ("__weakref__", "_began", "_lock", "_owner", "_warned", "clock", "stepping")
+    __slots__ = (
+        "__weakref__",
+        "_began",
+        "_forbidden",
+        "_lock",
+        "_owner",
+        "_warned",
+        "clock",
+        "stepping",
+    )
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        forbidden: Callable[[], bool] | None = None,
+    ) -> None:
+        """`forbidden()` says whether the calling thread must never wait for the lock (the
+        runtime's own: it holds the lock in its hook, and a step begun there would stop its
+        loop); `begin` and `acquire` assert it is not."""
         self.clock = clock
+        self._forbidden = forbidden
         self._lock = threading.Lock()
         self._owner: int | None = None  # the holder's thread ident
         self.stepping = False
@@ -55,6 +72,7 @@ class StepLock:
     def begin(self) -> None:
         """The scheduler's step begins: hold the lock until `end`."""
         assert not self.stepping, "a step began inside a step"
+        assert not (self._forbidden and self._forbidden()), "a step begun on a forbidden thread"
         self._lock.acquire()
         self._owner = threading.get_ident()
         self.stepping = True
@@ -94,7 +112,10 @@ class StepLock:
             self.release()
 
     def acquire(self) -> None:
-        """Wait for the lock (outside a step: `reset`, a step's end that began no step)."""
+        """Wait for the lock (outside a step: `reset`, calls between steps)."""
+        assert not (self._forbidden and self._forbidden()), (
+            "a wait for the lock on a forbidden thread"
+        )
         self._lock.acquire()
         self._owner = threading.get_ident()
 
