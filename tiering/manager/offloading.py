@@ -403,6 +403,7 @@ class TieringOffloadingManager:
         for the lock: if the scheduler holds it, next tick. Whether it did or has work."""
         if not (self._arrivals or self._work_queued or self.promoter.overdue() or self._stuck):
             return False
+        assert self.runtime.on_loop_thread(), "the runtime's hook called off its thread"
         if not self.lock.try_acquire():
             return True
         self._ticking = True  # pending work, for `has_pending_work` on other threads
@@ -439,8 +440,9 @@ class TieringOffloadingManager:
         self.demoter.reclaim(outbox, self._demotion, done)
 
     def _arrived(self, result: JobResult) -> None:
-        """A job's `done` handler, on the runtime's thread: applied under the lock at the next
-        tick (`_on_tick`)."""
+        """A job's `done` handler, on the runtime's thread (or the submitter's, for a job an
+        open breaker refused): queued without the lock, applied under it at the next tick
+        (`_on_tick`) or by the next step's end."""
         if not self._arrivals:
             self._drain_step = self._step
         self._arrivals.append(result)
