@@ -403,6 +403,18 @@ def test_selective_demotes_only_blocks_hit_often_enough(make: Callable[..., Harn
     assert tier.raw_get(k(2)) is not None and tier.raw_get(k(1)) is None
 
 
+def test_a_named_admission_policy_replaces_the_implied_ones(
+    make: Callable[..., Harness],
+) -> None:
+    cfg, tier = memory_tier(write="back", admission="min-hits", admit_after_hits=1)
+    h = make([(cfg, tier)], slots=4, reserve=4)
+    h.store(1, 2)
+    h.manager.prepare_load([k(2)])
+    h.manager.complete_load([k(2)])
+    h.settle()
+    assert tier.raw_get(k(2)) is not None and tier.raw_get(k(1)) is None
+
+
 def test_min_age_keeps_young_blocks_off_the_tier(make: Callable[..., Harness]) -> None:
     cfg, tier = memory_tier(write="back", min_age=3600.0)
     h = make([(cfg, tier)], slots=4, reserve=4)

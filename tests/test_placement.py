@@ -187,3 +187,23 @@ def test_the_manager_uses_the_gate_the_config_names(restored: None) -> None:
         assert manager.tiers[0].counters["gated"] == 1
     finally:
         manager.shutdown()
+
+
+def test_a_tier_takes_any_admission_policy_the_registry_knows(restored: None) -> None:
+    from tiering.config import parse_config
+    from tiering.manager.tierstate import TierState
+    from tiering.testing import NAMESPACE
+    from tiers.memory import MemoryTier
+
+    def policies(tier: dict[str, object]) -> list[type]:
+        (cfg,) = parse_config({"tiers": [{"name": "t", "type": "memory", **tier}]}).tiers
+        state = TierState.of(cfg, MemoryTier(namespace=NAMESPACE, name="t"), 0)
+        return [type(p) for p in state.admission]
+
+    assert policies({"write": "selective", "min_age": "1s"}) == [MinHits, MinAge]  # implied
+    assert policies({"write": "selective", "admission": "all"}) == [AdmitAll]  # named instead
+    assert policies({"admission": "min-hits"}) == [MinHits]
+    with pytest.raises(ConfigError, match=r"tiers\[0\].admission: expected one of all, min-h"):
+        policies({"admission": "nothing"})
+    register_admission("nothing", Nothing)
+    assert policies({"admission": "nothing"}) == [Nothing]

@@ -108,6 +108,11 @@ class TierConfig:
         help="How long a block must have spent in the primary before it is demoted (spares "
         "SSD wear and network on blocks that die young).",
     )
+    admission: str | None = option(
+        None,
+        choices="tiering.placement.registry:ADMISSION_NAMES",  # any the registry knows
+        help="An admission policy by name, instead of the ones `write` and `min_age` imply.",
+    )
     capacity: int | None = option(
         None, kind="size", help="Bytes the tier may hold (null: unbounded, or the backend's own)."
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tiering.config import Config, TierConfig
 from tiering.keys import BlockKey
-from tiering.placement import AdmissionPolicy, default_admission
+from tiering.placement import AdmissionPolicy, admission_class, default_admission
 from tiering.tier import Tier
 
 __all__ = ["TierEvent", "TierState", "build_tiers"]
@@ -65,7 +65,13 @@ class TierState:
 
     @classmethod
     def of(cls, config: TierConfig, tier: Tier, index: int) -> TierState:
-        return cls(config, tier, index, tier.indexed, default_admission(config))
+        """The tier's state, with the admission policy its `admission` names or, without one,
+        those its `write` and `min_age` imply."""
+        if config.admission is None:
+            admission = default_admission(config)
+        else:
+            admission = (admission_class(config.admission)(config),)
+        return cls(config, tier, index, tier.indexed, admission)
 
     @property
     def name(self) -> str:
