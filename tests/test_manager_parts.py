@@ -97,19 +97,17 @@ class TestStepLock:
             runtime_thread.append(threading.current_thread())
             for attempt in (lock.begin, lock.acquire):
                 try:
-                    attempt()
+                    attempt()  # would wait for the step: a deadlock, refused
                 except AssertionError as e:
                     errors.append(str(e))
-            assert lock.try_acquire()  # its one way in
-            lock.release()
+            assert not lock.try_acquire()  # its one way in
 
+        lock.acquire()  # held by the scheduler (a call between steps)
         thread = threading.Thread(target=runtime)
         thread.start()
         thread.join()
-        assert errors == [
-            "a step begun on a forbidden thread",
-            "a wait for the lock on a forbidden thread",
-        ]
+        lock.release()
+        assert errors == ["a wait for the step lock on a thread that must never wait for it"] * 2
 
     def test_a_forked_child_gets_a_free_lock(self) -> None:
         lock = StepLock()

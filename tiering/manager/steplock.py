@@ -7,8 +7,8 @@ a time (`call`, `held`). The runtime's thread never waits for it (`try_acquire`)
 again a tick later. The holder is recorded, so code that needs the lock asserts `owned()`.
 
 A step that never ends starves the runtime's bookkeeping: the runtime's failed tries say so
-once per step in the log (after `STEP_WARN_AFTER` seconds). In a forked child the lock is
-made afresh (the thread that held it stayed with the parent).
+once per step in the log (once they have failed for `STEP_WARN_AFTER` seconds). In a forked
+child the lock is made afresh (the thread that held it stayed with the parent).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ __all__ = ["STEP_WARN_AFTER", "StepLock"]
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+_get_ident = threading.get_ident
 
 STEP_WARN_AFTER = 10.0
-"""Seconds a step may hold the lock before the runtime's failed tries are logged."""
+"""Seconds a step may keep the runtime out before its failed tries are logged."""
 
 
 class StepLock:
@@ -38,7 +39,7 @@ class StepLock:
 
     __slots__ = (
         "__weakref__",
-        "_began",
+        "_starved_since",
         "_forbidden",
         "_lock",
         "_owner",
@@ -53,36 +54,39 @@ class StepLock:
         forbidden: Callable[[], bool] | None = None,
     ) -> None:
         """`forbidden()` says whether the calling thread must never wait for the lock (the
-        runtime's own: it holds the lock in its hook, and a step begun there would stop its
-        loop); `begin` and `acquire` assert it is not."""
+        runtime's own: its loop would stop, and with it the jobs the holder may wait for);
+        `begin` and `acquire` assert it before they wait."""
         self.clock = clock
         self._forbidden = forbidden
         self._lock = threading.Lock()
         self._owner: int | None = None  # the holder's thread ident
         self.stepping = False
         """The scheduler holds the lock for the rest of the step."""
-        self._began = 0.0
+        self._starved_since: float | None = None  # the runtime's first failed try this step
         self._warned = False
         at_fork_in_child(self, StepLock._reset)
 
+    # begin, end and call run on every step or call of the engine: written out, not layered
+    # on acquire/release (a Python call each), so the step costs what a bare lock costs.
+
     def owned(self) -> bool:
         """Whether the calling thread holds the lock (for assertions)."""
-        return self._owner == threading.get_ident()
+        return self._owner == _get_ident()
 
     def begin(self) -> None:
         """The scheduler's step begins: hold the lock until `end`."""
         assert not self.stepping, "a step began inside a step"
-        assert not (self._forbidden and self._forbidden()), "a step begun on a forbidden thread"
-        self._lock.acquire()
-        self._owner = threading.get_ident()
+        if not self._lock.acquire(False):
+            self._wait()
+        self._owner = _get_ident()
         self.stepping = True
-        self._began = self.clock()
+        self._starved_since = None
         self._warned = False
 
     def end(self) -> None:
         """The step ends (a no-op outside a step)."""
         if self.stepping:
-            assert self.owned(), "a step ended by another thread than the one that began it"
+            assert self._owner == _get_ident(), "a step ended by another thread than its own"
             self.stepping = False
             self._owner = None
             self._lock.release()
@@ -91,8 +95,15 @@ class StepLock:
         """`function(*args)` under the lock, unless the scheduler holds it for the step."""
         if self.stepping:
             return function(*args)
-        with self._hold():
+        lock = self._lock
+        if not lock.acquire(False):
+            self._wait()
+        self._owner = _get_ident()
+        try:
             return function(*args)
+        finally:
+            self._owner = None
+            lock.release()
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -113,19 +124,30 @@ class StepLock:
 
     def acquire(self) -> None:
         """Wait for the lock (outside a step: `reset`, calls between steps)."""
+        if not self._lock.acquire(False):
+            self._wait()
+        self._owner = _get_ident()
+
+    def _wait(self) -> None:
+        """Wait for the lock, which is taken: never on a forbidden thread (it would wait for
+        itself, or stop the runtime's loop)."""
         assert not (self._forbidden and self._forbidden()), (
-            "a wait for the lock on a forbidden thread"
+            "a wait for the step lock on a thread that must never wait for it"
         )
         self._lock.acquire()
-        self._owner = threading.get_ident()
 
     def try_acquire(self) -> bool:
-        """The lock if it is free, at once (the runtime's thread). A step that has held it for
-        `STEP_WARN_AFTER` seconds is logged, once."""
-        if self._lock.acquire(blocking=False):
-            self._owner = threading.get_ident()
+        """The lock if it is free, at once (the runtime's thread). A step that has kept the
+        runtime out for `STEP_WARN_AFTER` seconds (from its first failed try) is logged, once."""
+        if self._lock.acquire(False):
+            self._owner = _get_ident()
             return True
-        if self.stepping and not self._warned and self.clock() - self._began > STEP_WARN_AFTER:
+        if not self.stepping or self._warned:
+            return False
+        now = self.clock()
+        if self._starved_since is None:
+            self._starved_since = now
+        elif now - self._starved_since > STEP_WARN_AFTER:
             self._warned = True
             log.warning(
                 "kvtier: an engine step has held the manager's lock for over %gs without "
