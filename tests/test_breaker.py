@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from tiering.breaker import fault_of
 from tiering.config import BreakerConfig
 from tiering.errors import CorruptObject, TierFull, TierUnavailable
 from tiering.keys import BlockKey, make_key
-from tiering.runtime import Job, JobResult, Runtime, fault_of
+from tiering.runtime import Job, JobResult, Runtime
 from tiering.testing import NAMESPACE
 from tiering.wrappers import FaultyTier
 from tiers.memory import MemoryTier

@@ -23,6 +23,7 @@ from tiering.keys import BlockKey, make_key
 from tiering.manager import TieringOffloadingManager
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.runtime import Job, Runtime
+from tiering.stepping import StepDriver
 from tiering.testing import NAMESPACE
 from tiering.tier import Tier
 
@@ -61,32 +62,27 @@ class Engine:
             runtime=self.runtime,
             block_tokens=16,
         )
+        self.driver = StepDriver(self.manager, fill=self.fill, idle_timeout=10, poll=0.002)
+
+    def fill(self, key: BlockKey, slot: int) -> None:
+        self.memory[slot] = key[31] % 251  # block i's bytes are i (every i here is below 251)
 
     def step(self) -> None:
         """End a step and let the runtime finish the jobs it queued."""
-        self.manager.on_schedule_end()
-        deadline = time.monotonic() + 10
-        while self.manager.has_pending_work() and time.monotonic() < deadline:
-            time.sleep(0.002)
-        self.manager.on_schedule_end()
+        self.driver.step()
+        self.driver.end_step()
 
     def store(self, i: int) -> None:
         """Store block `i` (its write-through demotion starts at the step's end) and step."""
-        grant = self.manager.prepare_store([k(i)])
-        assert grant is not None
-        for slot in grant.slots:
-            self.memory[slot] = i % 251
-        self.manager.complete_store(list(grant.keys))
+        assert self.driver.store([k(i)]) is not None
         self.step()
 
     def fetch(self, i: int) -> LookupResult:
         """Look block `i` up, stepping until the answer settles (HIT or MISS)."""
-        for _ in range(20):
-            result = self.manager.lookup(k(i))
-            if result in (HIT, MISS):
-                return result
-            self.step()
-        raise AssertionError(f"the lookup of {i} never settled: {result}")
+        seen = self.driver.lookup_until(k(i), (HIT, MISS), between=self.step)
+        if seen[-1] not in (HIT, MISS):
+            raise AssertionError(f"the lookup of {i} never settled: {seen[-1]}")
+        return seen[-1]
 
     def figures(self) -> dict[str, Any]:
         figures: dict[str, Any] = self.manager.stats()["tiers"][self.name]

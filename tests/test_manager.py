@@ -5,24 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest.mock import Mock
 
 import numpy as np
 import pytest
 
-from tiering.config import (
-    BreakerConfig,
-    Config,
-    FaultsConfig,
-    MetricsConfig,
-    PromotionConfig,
-    TierConfig,
-)
+from tests.memory_hooks import plant, stored
+from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
 from tiering.keys import BlockKey, make_key
 from tiering.manager import TierEvent, TieringOffloadingManager
+from tiering.metrics import MetricsServer
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.runtime import Job, Runtime
+from tiering.stepping import StepDriver
 from tiering.testing import NAMESPACE
 from tiering.tier import Tier
 from tiering.wrappers import FaultyTier
@@ -42,13 +39,13 @@ def k(i: int) -> BlockKey:
 
 
 class Harness:
-    """A manager over `slots` slots of BLOCK bytes in a numpy array, and its tiers."""
+    """A manager over `slots` slots of BLOCK bytes in a numpy array, and its tiers, driven
+    through vLLM's step protocol (`tiering.stepping.StepDriver`)."""
 
     def __init__(self, tiers: list[tuple[TierConfig, Tier]], slots: int = 8, **kw: Any) -> None:
         self.memory = np.zeros((slots, BLOCK), dtype=np.uint8)
         gate = kw.pop("gate", "always")
         config = Config(
-            metrics=kw.pop("metrics", MetricsConfig()),
             tiers=tuple(cfg for cfg, _ in tiers),
             promotion=PromotionConfig(
                 deadline=kw.pop("promotion_deadline", 2.0),
@@ -69,34 +66,28 @@ class Harness:
             block_tokens=32,
             **kw,
         )
+        self.driver = StepDriver(self.manager, fill=self.fill)
+
+    def fill(self, key: BlockKey, slot: int) -> None:
+        self.memory[slot] = int.from_bytes(key[:4], "big") % 251 + 1  # the "KV" of a block
 
     def settle(self, steps: int = 3) -> None:
         """Run engine steps until the runtime is idle."""
-        for _ in range(200):
-            self.manager.on_schedule_end()
-            deadline = time.monotonic() + 5
-            while self.manager.has_pending_work() and time.monotonic() < deadline:
-                time.sleep(0.001)
-            steps -= 1
-            if steps <= 0 and not self.manager.has_pending_work():
-                self.manager.on_schedule_end()
-                return
+        self.driver.settle(steps)
 
     def end_step(self) -> None:
         """End the step and give the runtime the time between steps (for its bookkeeping and
         the jobs it starts)."""
-        self.manager.on_schedule_end()
-        deadline = time.monotonic() + 5
-        while self.manager.has_pending_work() and time.monotonic() < deadline:
-            time.sleep(0.001)
+        self.driver.step()
 
     def store(self, *ids: int) -> None:
-        keys = [k(i) for i in ids]
-        grant = self.manager.prepare_store(keys)
-        assert grant is not None
-        for key, slot in zip(grant.keys, grant.slots, strict=True):
-            self.memory[slot] = int.from_bytes(key[:4], "big") % 251 + 1  # the "KV" of a block
-        self.manager.complete_store(grant.keys)
+        assert self.driver.store([k(i) for i in ids]) is not None
+
+    def demote_and_forget(self, *ids: int) -> None:
+        """Store blocks, let the tiers take them, and reset: the primary forgets them."""
+        self.store(*ids)
+        self.settle()
+        self.manager.reset()
 
     def block(self, i: int) -> bytes:
         return bytes([int.from_bytes(k(i)[:4], "big") % 251 + 1]) * BLOCK
@@ -105,14 +96,10 @@ class Harness:
         return bytes(self.memory[self.manager.pool.slot(k(i))])
 
     def lookup_until(self, i: int, want: LookupResult) -> list[LookupResult]:
-        seen = []
-        for _ in range(20):
-            result = self.manager.lookup(k(i))
-            seen.append(result)
-            if result is want:
-                return seen
-            self.settle(1)
-        raise AssertionError(f"lookup of {i} never answered {want}: {seen}")
+        seen = self.driver.lookup_until(k(i), (want,), between=lambda: self.settle(1))
+        if seen[-1] is not want:
+            raise AssertionError(f"lookup of {i} never answered {want}: {seen}")
+        return seen
 
     def close(self) -> None:
         self.manager.shutdown()
@@ -140,40 +127,53 @@ def memory_tier(
     return TierConfig(name=name, type="memory", write=write, **cfg), tier
 
 
+def spied(inner: MemoryTier) -> Any:
+    """`inner` behind a `Mock(wraps=...)` that counts its calls and keeps its attributes."""
+    tier = Mock(wraps=inner)
+    tier.counters, tier.indexed, tier.knows = inner.counters, inner.indexed, inner.knows
+    return tier
+
+
 @pytest.fixture
-def cleanup() -> Any:
-    harnesses: list[Harness] = []
-    yield harnesses.append
-    for h in harnesses:
+def make() -> Iterator[Callable[..., Harness]]:
+    """Builds harnesses (`make(tiers, **options)`), shut down at the end of the test."""
+    made: list[Harness] = []
+
+    def build(tiers: list[tuple[TierConfig, Tier]], **kw: Any) -> Harness:
+        made.append(Harness(tiers, **kw))
+        return made[-1]
+
+    yield build
+    for h in made:
         h.close()
 
 
-def test_without_tiers_the_primary_answers_alone(cleanup: Any) -> None:
-    h = Harness([])
-    cleanup(h)
+@pytest.fixture
+def through(make: Callable[..., Harness]) -> tuple[Harness, MemoryTier]:
+    """A harness over one write-through memory tier without an index (like Redis or S3)."""
+    cfg, tier = memory_tier()
+    return make([(cfg, tier)]), tier
+
+
+def test_without_tiers_the_primary_answers_alone(make: Callable[..., Harness]) -> None:
+    h = make([])
     h.store(1)
     assert h.manager.lookup(k(1)) is HIT and h.manager.lookup(k(2)) is MISS
 
 
-def test_write_through_demotes_each_stored_block(cleanup: Any) -> None:
-    cfg, tier = memory_tier()
-    h = Harness([(cfg, tier)])
-    cleanup(h)
+def test_write_through_demotes_each_stored_block(through: tuple[Harness, MemoryTier]) -> None:
+    h, tier = through
     h.store(1, 2)
     h.settle()
-    assert tier.raw_get(k(1)) is not None and tier.raw_get(k(2)) is not None
+    assert stored(tier, k(1)) is not None and stored(tier, k(2)) is not None
     assert h.manager.pool.ref_count(k(1)) == 0  # unpinned once written
     events = [e for e in h.manager.take_events() if isinstance(e, TierEvent)]
     assert {key for e in events for key in e.keys} == {k(1), k(2)} and events[0].tier == "mem"
 
 
-def test_a_secondary_hit_is_promoted_and_served(cleanup: Any) -> None:
-    cfg, tier = memory_tier()
-    h = Harness([(cfg, tier)])
-    cleanup(h)
-    h.store(1)
-    h.settle()
-    h.manager.reset()  # the primary forgets; the tier keeps the block
+def test_a_secondary_hit_is_promoted_and_served(through: tuple[Harness, MemoryTier]) -> None:
+    h, tier = through
+    h.demote_and_forget(1)  # the primary forgets; the tier keeps the block
     assert h.manager.lookup(k(1)) is RETRY  # existence unknown yet: ask again next step
     seen = h.lookup_until(1, HIT)
     assert PENDING in seen
@@ -181,14 +181,14 @@ def test_a_secondary_hit_is_promoted_and_served(cleanup: Any) -> None:
     assert h.manager.stats()["tiers"]["mem"]["promotions"] == 1
 
 
-def test_one_promotion_serves_every_request_and_checks_are_batched(cleanup: Any) -> None:
+def test_one_promotion_serves_every_request_and_checks_are_batched(
+    make: Callable[..., Harness],
+) -> None:
     cfg, inner = memory_tier()
-    tier = Mock(wraps=inner)
-    tier.counters, tier.indexed = inner.counters, inner.indexed
-    h = Harness([(cfg, tier)])
-    cleanup(h)
+    tier = spied(inner)
+    h = make([(cfg, tier)])
     for i in range(5):
-        inner.raw_put(k(i), b"")  # presence is enough for the check
+        plant(inner, k(i), b"")  # presence is enough for the check
     for _ in range(3):  # three requests look the same five keys up in one step
         assert [h.manager.lookup(k(i)) for i in range(5)] == [RETRY] * 5
     h.manager.on_schedule_end()
@@ -196,12 +196,12 @@ def test_one_promotion_serves_every_request_and_checks_are_batched(cleanup: Any)
     assert tier.contains.call_count == 1 and len(tier.contains.call_args.args[0]) == 5
 
 
-def test_absent_blocks_are_misses_and_not_asked_again_every_step(cleanup: Any) -> None:
+def test_absent_blocks_are_misses_and_not_asked_again_every_step(
+    make: Callable[..., Harness],
+) -> None:
     cfg, inner = memory_tier()
-    tier = Mock(wraps=inner)
-    tier.counters, tier.indexed = inner.counters, inner.indexed
-    h = Harness([(cfg, tier)])
-    cleanup(h)
+    tier = spied(inner)
+    h = make([(cfg, tier)])
     h.lookup_until(9, MISS)
     calls = tier.contains.call_count
     for _ in range(5):
@@ -210,14 +210,11 @@ def test_absent_blocks_are_misses_and_not_asked_again_every_step(cleanup: Any) -
     assert tier.contains.call_count == calls
 
 
-def test_failed_promotion_frees_the_slot_and_is_a_miss(cleanup: Any) -> None:
+def test_failed_promotion_frees_the_slot_and_is_a_miss(make: Callable[..., Harness]) -> None:
     cfg, inner = memory_tier()
     faulty = FaultyTier(inner)
-    h = Harness([(cfg, faulty)])
-    cleanup(h)
-    h.store(1)
-    h.settle()
-    h.manager.reset()
+    h = make([(cfg, faulty)])
+    h.demote_and_forget(1)
     assert h.manager.lookup(k(1)) is RETRY
     h.settle(1)
     faulty.corrupt = 1.0  # the block arrives damaged: verification refuses it
@@ -228,15 +225,13 @@ def test_failed_promotion_frees_the_slot_and_is_a_miss(cleanup: Any) -> None:
     assert h.manager.stats()["tiers"]["mem"]["promotion_failures"] == 1
 
 
-def test_an_indexed_tier_is_promoted_from_without_existence_checks(cleanup: Any) -> None:
+def test_an_indexed_tier_is_promoted_from_without_existence_checks(
+    make: Callable[..., Harness],
+) -> None:
     cfg, inner = memory_tier(indexed=True)
-    tier = Mock(wraps=inner)
-    tier.counters, tier.indexed, tier.knows = inner.counters, True, inner.knows
-    h = Harness([(cfg, tier)])
-    cleanup(h)
-    h.store(1, 2)
-    h.settle()
-    h.manager.reset()
+    tier = spied(inner)
+    h = make([(cfg, tier)])
+    h.demote_and_forget(1, 2)
     # The tier knows what it holds: a hit is pending at once, a block it lacks a miss at once.
     assert [h.manager.lookup(k(i)) for i in (1, 2, 3)] == [PENDING, PENDING, MISS]
     h.settle(1)
@@ -245,13 +240,12 @@ def test_an_indexed_tier_is_promoted_from_without_existence_checks(cleanup: Any)
     assert tier.get_many.call_count == 1  # one batch for the step's promotions
 
 
-def test_a_block_the_tier_holds_is_not_demoted_again(cleanup: Any) -> None:
+def test_a_block_the_tier_holds_is_not_demoted_again(make: Callable[..., Harness]) -> None:
     cfg, tier = memory_tier(write="back", indexed=True)
-    h = Harness([(cfg, tier)], slots=4, reserve=1)
-    cleanup(h)
+    h = make([(cfg, tier)], slots=4, reserve=1)
     h.store(1, 2, 3, 4)
     h.settle()  # the least recent block is reclaimed and demoted
-    assert tier.raw_get(k(1)) is not None
+    assert stored(tier, k(1)) is not None
     assert h.lookup_until(1, HIT)[-1] is HIT  # promoted back
     for i in range(5, 12):  # newer blocks push it out of the primary again
         h.store(i)
@@ -265,13 +259,10 @@ def test_a_block_the_tier_holds_is_not_demoted_again(cleanup: Any) -> None:
     assert h.manager.pool.num_held == 0  # its slot went back to the free list at once
 
 
-def test_promotions_without_room_are_misses_the_next_step(cleanup: Any) -> None:
+def test_promotions_without_room_are_misses_the_next_step(make: Callable[..., Harness]) -> None:
     cfg, tier = memory_tier(indexed=True)
-    h = Harness([(cfg, tier)], slots=4)
-    cleanup(h)
-    h.store(0, 1, 2, 3)
-    h.settle()
-    h.manager.reset()
+    h = make([(cfg, tier)], slots=4)
+    h.demote_and_forget(0, 1, 2, 3)
     h.store(10, 11, 12)  # the engine's blocks, still being written: 1 slot left
     h.manager.prepare_store([k(13)])
     assert [h.manager.lookup(k(i)) for i in range(2)] == [PENDING, PENDING]
@@ -298,13 +289,12 @@ class StubbornMemoryTier(MemoryTier):
 
 
 def test_a_late_promotion_is_a_miss_and_keeps_its_slot_until_the_tier_lets_go(
-    cleanup: Any,
+    make: Callable[..., Harness],
 ) -> None:
     cfg = TierConfig(name="mem", type="memory", write="back")
     tier = StubbornMemoryTier(namespace=NAMESPACE, name="mem")
-    h = Harness([(cfg, tier)], slots=4, reserve=1, promotion_deadline=0.2)
-    cleanup(h)
-    tier.raw_put(k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    h = make([(cfg, tier)], slots=4, reserve=1, promotion_deadline=0.2)
+    plant(tier, k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
     assert h.manager.lookup(k(1)) is PENDING
     h.manager.on_schedule_end()  # the promotion starts
     time.sleep(0.3)  # past its deadline, the read still running
@@ -320,13 +310,12 @@ def test_a_late_promotion_is_a_miss_and_keeps_its_slot_until_the_tier_lets_go(
 
 
 def test_a_reset_that_a_job_outlives_keeps_its_slot_out_of_use_until_it_ends(
-    cleanup: Any,
+    make: Callable[..., Harness],
 ) -> None:
     cfg = TierConfig(name="mem", type="memory", write="back")
     tier = StubbornMemoryTier(namespace=NAMESPACE, name="mem")
-    h = Harness([(cfg, tier)], slots=4, reserve=1)
-    cleanup(h)
-    tier.raw_put(k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    h = make([(cfg, tier)], slots=4, reserve=1)
+    plant(tier, k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
     assert h.manager.lookup(k(1)) is PENDING
     h.manager.on_schedule_end()
     time.sleep(0.1)  # the promotion's read into its slot has started (it takes 0.6 s)
@@ -343,11 +332,10 @@ def test_a_reset_that_a_job_outlives_keeps_its_slot_out_of_use_until_it_ends(
     assert h.manager.pool.num_held == 0  # the read ended: the slot is back
 
 
-def test_a_broken_tier_never_raises_into_the_caller(cleanup: Any) -> None:
+def test_a_broken_tier_never_raises_into_the_caller(make: Callable[..., Harness]) -> None:
     cfg, inner = memory_tier()
     faulty = FaultyTier(inner, fail=1.0)
-    h = Harness([(cfg, faulty)])
-    cleanup(h)
+    h = make([(cfg, faulty)])
     h.store(1, 2)  # demotions fail
     results = h.lookup_until(7, MISS)  # checks fail: a miss
     assert results[-1] is MISS
@@ -357,22 +345,24 @@ def test_a_broken_tier_never_raises_into_the_caller(cleanup: Any) -> None:
     assert h.manager.pool.ref_count(k(1)) == 0  # pins released after the failure
 
 
-def test_write_back_reclaims_least_recent_blocks_and_brings_them_back(cleanup: Any) -> None:
+def test_write_back_reclaims_least_recent_blocks_and_brings_them_back(
+    make: Callable[..., Harness],
+) -> None:
     cfg, tier = memory_tier(write="back")
-    h = Harness([(cfg, tier)], slots=8, reserve=3)
-    cleanup(h)
+    h = make([(cfg, tier)], slots=8, reserve=3)
     h.store(*range(6))  # 2 slots free, reserve 3: the oldest block is demoted and reclaimed
     h.settle()
-    assert tier.raw_get(k(0)) is not None
+    assert stored(tier, k(0)) is not None
     assert h.manager.pool.lookup(k(0)) is MISS and h.manager.pool.num_free >= 3
     assert h.lookup_until(0, HIT)[-1] is HIT
     assert h.slot_bytes(0) == h.block(0)
 
 
-def test_a_block_looked_up_as_hit_is_not_reclaimed_before_the_steps_load(cleanup: Any) -> None:
+def test_a_block_looked_up_as_hit_is_not_reclaimed_before_the_steps_load(
+    make: Callable[..., Harness],
+) -> None:
     cfg, tier = memory_tier(write="back", indexed=True)
-    h = Harness([(cfg, tier)], slots=8, reserve=8)  # the runtime reclaims every block it can
-    cleanup(h)
+    h = make([(cfg, tier)], slots=8, reserve=8)  # the runtime reclaims every block it can
     h.store(0, 1)
     h.runtime.submit(Job("busy", lambda: hog(0.1), 5.0))  # the runtime's thread is busy
     time.sleep(0.02)
@@ -381,15 +371,16 @@ def test_a_block_looked_up_as_hit_is_not_reclaimed_before_the_steps_load(cleanup
     time.sleep(0.2)  # the runtime is free and tries: it must wait for the step's end
     assert h.manager.prepare_load([k(0)]) == [h.manager.pool.slot(k(0))]
     h.end_step()  # between steps: block 1 is demoted and its slot reclaimed; 0 is pinned
-    assert h.manager.pool.lookup(k(1)) is MISS and tier.raw_get(k(1)) is not None
+    assert h.manager.pool.lookup(k(1)) is MISS and stored(tier, k(1)) is not None
     assert h.manager.pool.lookup(k(0)) is HIT
     h.manager.complete_load([k(0)])
 
 
-def test_the_scheduler_does_the_runtimes_work_when_it_missed_the_window(cleanup: Any) -> None:
+def test_the_scheduler_does_the_runtimes_work_when_it_missed_the_window(
+    make: Callable[..., Harness],
+) -> None:
     cfg, tier = memory_tier(write="back", indexed=True)
-    h = Harness([(cfg, tier)], slots=8, reserve=8)
-    cleanup(h)
+    h = make([(cfg, tier)], slots=8, reserve=8)
     h.store(0, 1)
     h.runtime.submit(Job("busy", lambda: hog(0.2), 5.0))  # the runtime's thread is busy...
     time.sleep(0.02)
@@ -399,35 +390,44 @@ def test_the_scheduler_does_the_runtimes_work_when_it_missed_the_window(cleanup:
     assert h.manager.counters["bookkeeping_on_scheduler"] == 1
     assert h.manager.pool.lookup(k(0)) is MISS and h.manager.pool.lookup(k(1)) is MISS
     h.settle()
-    assert tier.raw_get(k(0)) is not None and tier.raw_get(k(1)) is not None
+    assert stored(tier, k(0)) is not None and stored(tier, k(1)) is not None
 
 
-def test_selective_demotes_only_blocks_hit_often_enough(cleanup: Any) -> None:
+def test_selective_demotes_only_blocks_hit_often_enough(make: Callable[..., Harness]) -> None:
     cfg, tier = memory_tier(write="selective", admit_after_hits=2)
-    h = Harness([(cfg, tier)], slots=4, reserve=4)
-    cleanup(h)
+    h = make([(cfg, tier)], slots=4, reserve=4)
     h.store(1, 2)
     for _ in range(2):
         h.manager.prepare_load([k(2)])
         h.manager.complete_load([k(2)])
     h.settle()
-    assert tier.raw_get(k(2)) is not None and tier.raw_get(k(1)) is None
+    assert stored(tier, k(2)) is not None and stored(tier, k(1)) is None
 
 
-def test_min_age_keeps_young_blocks_off_the_tier(cleanup: Any) -> None:
+def test_a_named_admission_policy_replaces_the_implied_ones(
+    make: Callable[..., Harness],
+) -> None:
+    cfg, tier = memory_tier(write="back", admission="min-hits", admit_after_hits=1)
+    h = make([(cfg, tier)], slots=4, reserve=4)
+    h.store(1, 2)
+    h.manager.prepare_load([k(2)])
+    h.manager.complete_load([k(2)])
+    h.settle()
+    assert stored(tier, k(2)) is not None and stored(tier, k(1)) is None
+
+
+def test_min_age_keeps_young_blocks_off_the_tier(make: Callable[..., Harness]) -> None:
     cfg, tier = memory_tier(write="back", min_age=3600.0)
-    h = Harness([(cfg, tier)], slots=4, reserve=4)
-    cleanup(h)
+    h = make([(cfg, tier)], slots=4, reserve=4)
     h.store(1, 2)
     h.settle()
-    assert tier.raw_get(k(1)) is None and h.manager.pool.num_free == 4  # reclaimed, not demoted
+    assert stored(tier, k(1)) is None and h.manager.pool.num_free == 4  # reclaimed, not demoted
 
 
-def test_a_slow_tier_never_blocks_and_drops_are_counted(cleanup: Any) -> None:
+def test_a_slow_tier_never_blocks_and_drops_are_counted(make: Callable[..., Harness]) -> None:
     cfg, inner = memory_tier()
     slow = FaultyTier(inner, delay=1.0, delay_seconds=1.5)
-    h = Harness([(cfg, slow)], slots=64, max_inflight=4)
-    cleanup(h)
+    h = make([(cfg, slow)], slots=64, max_inflight=4)
     start = time.monotonic()
     for i in range(0, 40, 4):  # ten steps
         h.store(i, i + 1, i + 2, i + 3)
@@ -440,22 +440,18 @@ def test_a_slow_tier_never_blocks_and_drops_are_counted(cleanup: Any) -> None:
     assert dropped == 36 and h.manager.stats()["tiers"]["mem"]["inflight_demotions"] == 4
 
 
-def test_auto_gate_refuses_a_tier_slower_than_recomputing(cleanup: Any) -> None:
+def test_auto_gate_refuses_a_tier_slower_than_recomputing(make: Callable[..., Harness]) -> None:
     cfg, tier = memory_tier()
-    h = Harness([(cfg, tier)], gate="auto", prefill_rate=1e12)  # recomputing is instant
-    cleanup(h)
-    h.store(1, 2)
-    h.settle()
-    h.manager.reset()
+    h = make([(cfg, tier)], gate="auto", prefill_rate=1e12)  # recomputing is instant
+    h.demote_and_forget(1, 2)
     h.lookup_until(1, HIT)  # nothing measured yet: the first promotion goes
     h.lookup_until(2, MISS)  # now measured slower than recomputing: refused
     assert h.manager.stats()["tiers"]["mem"]["gated"] >= 1
 
 
-def test_reset_drains_jobs_and_leaks_no_pins(cleanup: Any) -> None:
+def test_reset_drains_jobs_and_leaks_no_pins(make: Callable[..., Harness]) -> None:
     cfg, inner = memory_tier()
-    h = Harness([(cfg, FaultyTier(inner, delay=1.0, delay_seconds=0.2))])
-    cleanup(h)
+    h = make([(cfg, FaultyTier(inner, delay=1.0, delay_seconds=0.2))])
     h.store(1, 2, 3)  # demotions in flight, slots pinned
     h.manager.reset()
     assert h.runtime.pending() == 0
@@ -567,36 +563,41 @@ ManagerMachine.TestCase.settings = settings(max_examples=40, stateful_step_count
 TestManagerMachine = ManagerMachine.TestCase
 
 
-def test_prometheus_endpoint(cleanup: Any) -> None:
+def test_prometheus_endpoint(make: Callable[..., Harness]) -> None:
+    """The snapshot the manager publishes at each step's end, served as the connector serves
+    it (the manager itself opens no socket)."""
     import urllib.request
 
-    cfg, tier = memory_tier()
-    h = Harness([(cfg, tier)], metrics=MetricsConfig(prometheus_port=0))  # 0: any free port
-    cleanup(h)
-    h.store(1, 2)
-    h.settle()
-    assert h.manager.metrics_server is not None
-    url = f"http://127.0.0.1:{h.manager.metrics_server.port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    assert 'kvtier_tier_demotions{tier="mem"} 2.0' in text
-    assert 'kvtier_tier_breaker_open{tier="mem"} 0.0' in text
-    assert "kvtier_primary_used 2.0" in text
+    server = MetricsServer(0)  # 0: any free port
+    try:
+        cfg, tier = memory_tier()
+        h = make([(cfg, tier)], publish=server.publish)
+        h.store(1, 2)
+        h.settle()
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        assert 'kvtier_tier_demotions{tier="mem"} 2.0' in text
+        assert 'kvtier_tier_breaker_open{tier="mem"} 0.0' in text
+        assert "kvtier_primary_used 2.0" in text
+    finally:
+        server.close()
 
 
-def test_a_tier_answering_the_wrong_number_of_items_is_a_miss(cleanup: Any) -> None:
+def test_a_tier_answering_the_wrong_number_of_items_is_a_miss(make: Callable[..., Harness]) -> None:
     class Broken(MemoryTier):
         async def _contains(self, keys: Any) -> list[bool]:
             return [True]  # one answer, whatever was asked
 
     cfg = TierConfig(name="broken", type="memory", write="through")
-    h = Harness([(cfg, Broken(namespace=NAMESPACE, name="broken"))])
-    cleanup(h)
+    h = make([(cfg, Broken(namespace=NAMESPACE, name="broken"))])
     for i in range(3):
         h.manager.lookup(k(i))
     assert h.lookup_until(1, MISS)[-1] is MISS  # no exception reached the caller
 
 
-def test_the_segment_layout_with_kernel_aio_serves_the_runtime(cleanup: Any, tmp_path: Any) -> None:
+def test_the_segment_layout_with_kernel_aio_serves_the_runtime(
+    make: Callable[..., Harness], tmp_path: Any
+) -> None:
     """The file tier's segment layout on the runtime's loop (its own thread), from page-aligned
     slots as the primary region's are: blocks written back by kernel AIO and promoted back byte
     for byte, after a restart of the tier too."""
@@ -606,10 +607,9 @@ def test_the_segment_layout_with_kernel_aio_serves_the_runtime(cleanup: Any, tmp
 
     def harness() -> tuple[Harness, SegmentFileTier]:
         tier = SegmentFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, direct=True)
-        h = Harness([(TierConfig(name="nvme", type="file", write="back"), tier)], reserve=3)
+        h = make([(TierConfig(name="nvme", type="file", write="back"), tier)], reserve=3)
         region = mmap.mmap(-1, 8 * BLOCK)  # page-aligned slots
         h.memory = np.frombuffer(region, dtype=np.uint8).reshape(8, BLOCK)
-        cleanup(h)
         return h, tier
 
     h, tier = harness()
@@ -633,10 +633,9 @@ def test_the_segment_layout_with_kernel_aio_serves_the_runtime(cleanup: Any, tmp
 
 
 def test_a_request_larger_than_the_primary_is_said_once_with_the_numbers(
-    cleanup: Any, caplog: pytest.LogCaptureFixture
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture
 ) -> None:
-    h = Harness([], slots=4)
-    cleanup(h)
+    h = make([], slots=4)
     h.store(0)
     caplog.set_level(logging.WARNING, logger="tiering.manager")
     for _ in range(3):  # vLLM offers the same blocks again every step
@@ -652,10 +651,9 @@ def test_a_request_larger_than_the_primary_is_said_once_with_the_numbers(
 
 
 def test_a_store_with_every_slot_pinned_is_said_once_with_the_numbers(
-    cleanup: Any, caplog: pytest.LogCaptureFixture
+    make: Callable[..., Harness], caplog: pytest.LogCaptureFixture
 ) -> None:
-    h = Harness([], slots=4)
-    cleanup(h)
+    h = make([], slots=4)
     h.store(0, 1, 2, 3)
     h.manager.prepare_load([k(0), k(1), k(2)])  # being loaded: pinned
     h.manager.on_schedule_end()

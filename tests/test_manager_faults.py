@@ -16,6 +16,7 @@ from tiering.keys import BlockKey, make_key
 from tiering.manager import TieringOffloadingManager
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.runtime import Runtime
+from tiering.stepping import StepDriver
 from tiering.testing import NAMESPACE
 from tiering.tier import Tier
 from tiers.redis import RedisTier
@@ -30,7 +31,7 @@ def k(i: int) -> BlockKey:
 
 
 class Engine:
-    """Drives a manager the way vLLM's connector does, timing every call."""
+    """Drives a manager the way vLLM's connector does (`StepDriver`), timing every call."""
 
     def __init__(self, cfg: TierConfig, tier: Tier) -> None:
         self.memory = np.zeros((32, BLOCK), dtype=np.uint8)
@@ -48,38 +49,31 @@ class Engine:
             runtime=self.runtime,
             block_tokens=16,
         )
-        self.slowest = 0.0
+        self.driver = StepDriver(self.manager, fill=self.fill)  # its calls must not raise
 
-    def call(self, method: str, *args: Any) -> Any:
-        start = time.monotonic()
-        result = getattr(self.manager, method)(*args)  # must not raise
-        self.slowest = max(self.slowest, time.monotonic() - start)
-        return result
+    def fill(self, key: BlockKey, slot: int) -> None:
+        self.memory[slot] = key[31]
+
+    @property
+    def slowest(self) -> float:
+        return self.driver.slowest
 
     def store(self, ids: range) -> None:
-        keys = [k(i) for i in ids]
-        grant = self.call("prepare_store", keys)
-        if grant is not None:
-            for key, slot in zip(grant.keys, grant.slots, strict=True):
-                self.memory[slot] = key[31]
-            self.call("complete_store", list(grant.keys))
+        self.driver.store([k(i) for i in ids])
 
     def step(self, n: int = 1) -> None:
         for _ in range(n):
-            self.call("on_schedule_end")
+            self.driver.end_step()
             time.sleep(0.02)
 
     def fetch(self, i: int, steps: int = 150) -> LookupResult:
         """Look a block up until the answer settles (HIT or MISS)."""
-        for _ in range(steps):
-            result = self.call("lookup", k(i))
-            if result in (LookupResult.HIT, LookupResult.MISS):
-                return result
-            self.step()
-        return result
+        return self.driver.lookup_until(k(i), steps=steps, between=self.step)[-1]
 
     def forget(self) -> None:
-        self.call("reset")
+        start = time.monotonic()
+        self.manager.reset()  # must not raise
+        self.driver.slowest = max(self.driver.slowest, time.monotonic() - start)
 
 
 def exercise(engine: Engine, stop: Any, start: Any) -> None:

@@ -391,10 +391,40 @@ class TestPinsAndReclaim:
     def test_pin_is_not_a_use(self) -> None:
         pool = PrimaryPool(2, "lru")
         a, b = stored(pool, 1, 2)
-        assert pool.pin([a]) == [pool.slot(a)]
-        pool.unpin([a])
+        assert pool.pin_for_demotion([a]) == [pool.slot(a)]
+        pool.release_demotion([a])
         grant = pool.prepare_store([k(3)])
         assert grant is not None and grant.evicted == (a,)  # pinning did not make `a` recent
+
+    def test_a_pinned_block_is_never_evicted_until_its_demotion_is_released(self) -> None:
+        pool = PrimaryPool(2, "lru")
+        a, b = stored(pool, 1, 2)
+        pool.pin_for_demotion([a])
+        grant = pool.prepare_store([k(3)])
+        assert grant is not None and grant.evicted == (b,)
+        assert pool.prepare_store([k(4)]) is None  # a is pinned, k(3) being written
+        pool.release_demotion([a])
+        with pytest.raises(StateError, match="release_demotion: key .* not being read"):
+            pool.release_demotion([a])
+
+    def test_a_promotion_allocates_and_completes_like_a_store(self) -> None:
+        pool = PrimaryPool(2, "lru", events=True)
+        (a,) = stored(pool, 1)
+        pool.take_events()
+        assert pool.allocate_for_promotion([a, k(2), k(3)]) is None  # a is its own: kept
+        grant = pool.allocate_for_promotion([k(2), k(3)])
+        assert grant is not None and grant.keys == (k(2), k(3)) and grant.evicted == (a,)
+        assert pool.lookup(k(2)) is LookupResult.PENDING
+        pool.complete_promotion([k(2)])
+        pool.complete_promotion([k(3)], ok=False)
+        assert pool.lookup(k(2)) is LookupResult.HIT and pool.lookup(k(3)) is LookupResult.MISS
+        assert pool.num_free == 1
+        assert pool.take_events() == [
+            PrimaryEvent((a,), removed=True),
+            PrimaryEvent((k(2),), removed=False),
+        ]
+        with pytest.raises(StateError, match="complete_promotion: key .* not being written"):
+            pool.complete_promotion([k(2)])
 
     def test_reclaim_holds_slots_until_released(self) -> None:
         pool = PrimaryPool(3, "lru", events=True)

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
+from tiering.breaker import Breaker
 from tiering.config import BreakerConfig
 from tiering.errors import StateError, TierTimeout, TierUnavailable
-from tiering.runtime import Breaker, Job, JobResult, Runtime
+from tiering.runtime import Job, JobResult, Runtime
 
 
 def wait_for(runtime: Runtime, n: int, timeout: float = 5.0) -> list[JobResult]:

@@ -1,8 +1,9 @@
 """A Prometheus endpoint for kvtier's own metrics (`metrics.prometheus_port`).
 
 vLLM's stats path carries the same figures to vLLM's `/metrics`; this endpoint is for
-deployments that scrape kvtier apart, or run it outside vLLM. The scheduler thread publishes a
-snapshot once per step (`publish`); the HTTP thread only ever reads the latest snapshot.
+deployments that scrape kvtier apart, or run it outside vLLM. The connector starts it
+(`connectors.vllm.spec`); the manager publishes a snapshot at the end of every step (`publish`);
+the HTTP thread only ever reads the latest snapshot.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ __all__ = ["MetricsServer", "render"]
 
 
 def render(snapshot: Mapping[str, Any]) -> str:
-    """The Prometheus text format of a manager's `stats()` plus primary gauges."""
+    """The Prometheus text format of a manager's `snapshot()` (counters, tier figures and the
+    primary's gauges)."""
     lines = []
     for name, value in sorted(snapshot.get("primary", {}).items()):
         lines += [f"# TYPE kvtier_primary_{name} gauge", f"kvtier_primary_{name} {float(value)}"]
@@ -39,7 +41,9 @@ def render(snapshot: Mapping[str, Any]) -> str:
 
 
 class MetricsServer:
-    """Serves `/metrics` from a background thread. Scheduler process."""
+    """Serves `/metrics`. Scheduler process: its own HTTP thread reads the latest snapshot;
+    `publish` is called under the manager's step lock (by the manager's `publish` hook), `close`
+    by the connector at shutdown."""
 
     def __init__(self, port: int, address: str = "127.0.0.1") -> None:
         self._snapshot: Mapping[str, Any] = {}

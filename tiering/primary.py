@@ -10,11 +10,21 @@ The primary tier is a fixed array of slots in one shared-memory region (the byte
 
 - WRITING: a slot is allocated and a copy into it is in flight; `lookup` answers PENDING.
 - READY: the bytes are in; `lookup` answers HIT; the key may be evicted.
-- READING: READY and pinned by one or more loads (or, later, demotions); never evicted.
+- READING: READY and pinned by one or more loads or demotions; never evicted.
+
+The engine's store and load use `prepare_store`/`complete_store` and `prepare_load`/
+`complete_load`; the tiering manager moves blocks with verbs that carry its own direction, on
+the same transitions: a promotion (secondary -> primary) `allocate_for_promotion`/
+`complete_promotion`; a write-through demotion (primary -> secondary) `pin_for_demotion`/
+`release_demotion`; a write-back demotion `reclaim`/`release` (the key leaves, its slot is held
+while the tier reads it).
 
 A slot that is being written or read is never evicted or reused. The eviction policy (LRU, ARC,
 or a registered one) holds the resident keys with their slots and chooses victims; this class
 owns the states, the ref counts, the free list and the events.
+
+Over 400 lines: one state machine, kept in one class so that every transition of a slot reads
+in one place.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ _READY = 0
 
 
 class LookupResult(enum.Enum):
-    """What the primary tier can say about a key right now."""
+    """Any thread (a value): what the primary tier can say about a key right now."""
 
     HIT = "hit"
     """Ready: a load may be prepared now."""
@@ -47,12 +57,13 @@ class LookupResult(enum.Enum):
     by the primary pool itself; the tiering manager uses it."""
 
 
-# Enum members as plain globals: `LookupResult.HIT` costs ~0.2 µs per access on Python 3.11.
+# Enum members as plain globals: a global load is cheaper than `LookupResult.HIT` on the lookup
+# path (BENCHMARKS.md, "Scheduler-side cost of the primary pool").
 _HIT, _PENDING, _MISS = LookupResult.HIT, LookupResult.PENDING, LookupResult.MISS
 
 
 class KeyState(enum.Enum):
-    """State of a resident key (see the module docstring)."""
+    """Any thread (a value): the state of a resident key (see the module docstring)."""
 
     WRITING = "writing"
     READY = "ready"
@@ -61,7 +72,8 @@ class KeyState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class StoreGrant:
-    """The answer to a successful `prepare_store`.
+    """Any thread (a frozen value): the answer to a successful `prepare_store` (or
+    `allocate_for_promotion`).
 
     `keys` is the order-preserving subsequence of the requested keys that must be written (the
     others were present already); `slots[i]` is where `keys[i]` goes. `evicted` lists the keys
@@ -77,15 +89,16 @@ class StoreGrant:
 
 @dataclass(frozen=True, slots=True)
 class PrimaryEvent:
-    """Keys that became readable (`removed=False`) or stopped being resident (`removed=True`)."""
+    """Any thread (a frozen value): keys that became readable (`removed=False`) or stopped
+    being resident (`removed=True`)."""
 
     keys: tuple[BlockKey, ...]
     removed: bool
 
 
 class PrimaryPool:
-    """Slot bookkeeping of the CPU primary tier. Scheduler process; not thread-safe (the
-    tiering manager serializes its users under its lock).
+    """Slot bookkeeping of the CPU primary tier. Scheduler process, under the tiering
+    manager's step lock (scheduler or runtime thread); not thread-safe itself.
 
     Every method is synchronous, does no I/O and costs O(keys given) amortized. A caller's
     misuse (completing a key that is not in flight, loading a key that is not ready) raises
@@ -188,7 +201,8 @@ class PrimaryPool:
     # -- store: engine -> primary ---------------------------------------------------------------
 
     def prepare_store(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
-        """Allocate slots for the keys that are not resident, evicting by policy if needed.
+        """Allocate slots for the keys that are not resident, evicting by policy if needed: the
+        engine's store (GPU -> primary).
 
         Keys already resident (in any state) are skipped and are never evicted by this call;
         duplicates count once. Returns the keys to write with their slots, in the given order,
@@ -196,6 +210,14 @@ class PrimaryPool:
         evictable (ready, unpinned) slots for all of them. New keys are WRITING until
         `complete_store`.
         """
+        return self._allocate(keys)
+
+    def allocate_for_promotion(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
+        """`prepare_store` for a promotion (secondary -> primary): the same allocation, the new
+        keys WRITING until `complete_promotion`."""
+        return self._allocate(keys)
+
+    def _allocate(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
         ref = self._ref
         wanted = dict.fromkeys(keys)
         new = [key for key in wanted if key not in ref]
@@ -239,17 +261,23 @@ class PrimaryPool:
         return StoreGrant(tuple(new), tuple(slots), tuple(evicted), tuple(evicted_slots))
 
     def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
-        """Finish the writes of these keys: READY on success; on failure, free their slots.
+        """Finish the engine's writes of these keys: READY on success; on failure, free their
+        slots.
 
         Every key must be WRITING (`StateError` otherwise, and nothing changes).
         """
+        self._finish_writes(keys, ok, "complete_store")
+
+    def complete_promotion(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
+        """`complete_store` for keys allocated by `allocate_for_promotion`."""
+        self._finish_writes(keys, ok, "complete_promotion")
+
+    def _finish_writes(self, keys: Iterable[BlockKey], ok: bool, what: str) -> None:
         done = dict.fromkeys(keys)  # ordered, so that events list keys as given
         writing = self._writing
         if not done.keys() <= writing:
             key = next(key for key in done if key not in writing)
-            raise StateError(
-                f"complete_store: key {key.hex()} is {self._describe(key)}, not being written"
-            )
+            raise StateError(f"{what}: key {key.hex()} is {self._describe(key)}, not being written")
         writing.difference_update(done)
         self._busy.difference_update(done)
         if ok:
@@ -279,13 +307,16 @@ class PrimaryPool:
 
     def complete_load(self, keys: Iterable[BlockKey]) -> None:
         """Unpin keys pinned by `prepare_load` (once per key per load)."""
+        self._unpin(keys, "complete_load")
+
+    def _unpin(self, keys: Iterable[BlockKey], what: str) -> None:
         ref = self._ref
         done = dict.fromkeys(keys)
         for key in done:
             r = ref.get(key)
             if r is None or r <= _READY:
                 raise StateError(
-                    f"complete_load: key {key.hex()} is {self._describe(key)}, not being read"
+                    f"{what}: key {key.hex()} is {self._describe(key)}, not being read"
                 )
         busy_discard = self._busy.discard
         for key in done:
@@ -296,10 +327,10 @@ class PrimaryPool:
 
     # -- pins and reclaim, for demotions ---------------------------------------------------------
 
-    def pin(self, keys: Sequence[BlockKey]) -> list[int]:
-        """Pin ready keys like `prepare_load`, without counting a use: for a demotion reading
-        them. Undo with `unpin`."""
-        return self._pin(keys, "pin")
+    def pin_for_demotion(self, keys: Sequence[BlockKey]) -> list[int]:
+        """Pin ready keys like `prepare_load`, without counting a use: a demotion (primary ->
+        secondary) reads them. Undo with `release_demotion`."""
+        return self._pin(keys, "pin_for_demotion")
 
     def _pin(self, keys: Sequence[BlockKey], what: str) -> list[int]:
         ref = self._ref
@@ -316,9 +347,9 @@ class PrimaryPool:
         get = self._policy.get
         return [get(key) for key in keys]  # type: ignore[misc]
 
-    def unpin(self, keys: Iterable[BlockKey]) -> None:
-        """Undo `pin` (the same as `complete_load`)."""
-        self.complete_load(keys)
+    def release_demotion(self, keys: Iterable[BlockKey]) -> None:
+        """Undo `pin_for_demotion` (once per key per demotion)."""
+        self._unpin(keys, "release_demotion")
 
     def reclaim(self, n: int) -> list[tuple[BlockKey, int]]:
         """Evict up to `n` ready, unpinned keys by policy but keep their slots out of the free

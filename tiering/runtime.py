@@ -7,40 +7,20 @@ handler that the runtime calls with its result on its own thread. Results are da
 runtime's thread at every tick (the tiering manager applies results and reclaims slots this way,
 off the scheduler's calls; `nudge` wakes an idle runtime for it).
 
-**Circuit breakers.** Each tier has two: its breaker, which every job of the tier passes, and a
-write breaker, which jobs that write (`Job.writes`: demotions) pass too. A breaker opens after
-`failures` consecutive failed jobs, refuses its jobs at once while open (reported failed, with
-no call to the tier), lets exactly one job through as a probe after `cooldown` (half-open), and
-closes when the probe succeeds (it opens again, for another cooldown, when the probe fails).
-Only the probe's outcome moves a half-open breaker; a job admitted before the breaker opened
-that ends later changes nothing.
-
-What a job's outcome is, for the breakers (`fault_of`):
-- it *faulted* when it raised, or when its value is a list (a batch: `Tier.get_many`,
-  `put_many`, ... answer per item, with the exceptions in place) in which at least half of the
-  items are exceptions (all of a one-item batch). A dead server fails every item of every
-  batch; one item lost in a large batch of a tier that serves the rest is a counted error, not
-  a reason to cut the tier off (with "any item", a 1% per-item error rate fails 92% of
-  256-block batches, and five such in a row open the breaker of a tier that works): a failure
-  rate of one half per job is the threshold circuit breakers commonly default to. An exception
-  is the tier's fault whatever its type (an untranslated library error too), except a
-  `CorruptObject`: that is the data's fault, a counted miss, never a breaker failure;
-- it *succeeded* otherwise (misses are answers); a job slower than `latency` counts as a failure.
-
-Which breaker a fault counts against: `TierFull` only against the write breaker of a job that
-writes (a full tier still answers, and serves what it holds: promotions go on from a full disk
-while writes are refused); other faults (unavailable, timed out: nothing gets through), when
-they alone are half a batch or more, against the tier's breaker and, for a job that writes, its
-write breaker too. A job's per-item results reach its submitter unchanged (`JobResult.ok` stays
-True for a batch that answered); `JobResult.fault` says what the breakers counted.
+Every job passes its tier's circuit breakers (`tiering.breaker`: a tier's breaker, and a write
+breaker for jobs that write); what a job's outcome counts for them is `fault_of`'s answer.
 
 Hand-off costs the scheduler no system call while the runtime is busy: `submit` appends to an
 inbox that the runtime looks at every `TICK` while it has work; only a runtime idle for
-`IDLE_AFTER` is woken (waking a thread costs ~45 µs of the waker's CPU on a small VM).
+`IDLE_AFTER` is woken (waking a thread costs the waker a system call and a context switch:
+too much for every step; BENCHMARKS.md, "The tiering manager on the shared trace").
 
 The runtime refuses to be called from its own loop (a tier calling back into the scheduler's
 API would deadlock), starts afresh in a forked child (threads do not survive `fork`), and shuts
 down within a bound: in-flight jobs get `grace` seconds, then are cancelled and reported.
+
+Over 400 lines: one thread, its loop and their whole lifecycle (start, hand-off, hooks, fork,
+shutdown) read best together; the breakers live apart (`tiering.breaker`).
 """
 
 from __future__ import annotations
@@ -58,17 +38,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tiering.breaker import Breaker, fault_of
 from tiering.config import BreakerConfig
-from tiering.errors import (
-    CorruptObject,
-    StateError,
-    TierError,
-    TierFull,
-    TierTimeout,
-    TierUnavailable,
-)
+from tiering.errors import CorruptObject, StateError, TierError, TierFull, TierTimeout
 
-__all__ = ["Breaker", "Job", "JobResult", "Runtime", "fault_of"]
+__all__ = ["Job", "JobResult", "Runtime"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +54,8 @@ IDLE_AFTER = 0.05
 
 @dataclass(frozen=True, slots=True)
 class Job:
+    """A unit of tier I/O. Made on any thread, run on the runtime's thread."""
+
     tier: str
     """The tier the job talks to: its breaker decides, and records the outcome."""
     run: Callable[[], Awaitable[Any]]
@@ -97,6 +73,8 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class JobResult:
+    """A job's outcome, as data. Made on the runtime's thread, read on any."""
+
     job_id: int
     tier: str
     ok: bool
@@ -105,7 +83,7 @@ class JobResult:
     seconds: float = 0.0
     tag: Any = None
     fault: BaseException | None = None
-    """What the breakers counted against the tier (module docstring): `error` for a job that
+    """What the breakers counted against the tier (`tiering.breaker`): `error` for a job that
     raised, the first fault among a batch's items otherwise (`ok` is True then: the items carry
     their own outcomes); None for a success or a job refused by an open breaker."""
 
@@ -115,106 +93,9 @@ _Tickets = tuple[int, int | None]
 breaker."""
 
 
-class Breaker:
-    """Closed, open or half-open: one tier's breaker, or its write breaker. Jobs are admitted
-    on the submitting threads and recorded on the runtime's, under a lock (so a half-open
-    breaker lets exactly one probe through); a state read is a single attribute load."""
-
-    def __init__(
-        self, name: str, config: BreakerConfig, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.name = name
-        """What it guards, for messages: `tier 'redis'`, `writes to tier 'nvme'`."""
-        self.config = config
-        self.clock = clock
-        self.state = "closed"
-        self.failures = 0
-        """Consecutive failures while closed."""
-        self.opened_at = 0.0
-        self.opened = 0  # times it opened, a failed probe's reopening too (a metric)
-        self.refused = 0  # jobs it refused (a metric)
-        self.last_fault: BaseException | None = None
-        self._epoch = 0  # bumped when it opens: outcomes of jobs admitted before are stale
-        self._probing = False  # the half-open breaker's probe is out
-        self._lock = threading.Lock()
-
-    def admit(self) -> int | None:
-        """A ticket for a job to pass (give it back to `record` or `cancel`), or None: refused."""
-        epoch = self._epoch  # read first: a job admitted as the breaker opens has a stale
-        if self.state == "closed":  # ticket, and is not counted (the common case: no lock)
-            return epoch
-        with self._lock:
-            if self.state == "open" and self.clock() - self.opened_at >= self.config.cooldown:
-                self.state = "half-open"
-            if self.state == "half-open" and not self._probing:
-                self._probing = True
-                return self._epoch
-            if self.state == "closed":
-                return self._epoch
-            self.refused += 1
-            return None
-
-    def cancel(self, ticket: int) -> None:
-        """An admitted job did not run after all (another breaker refused it): a probe's turn
-        goes to the next job."""
-        with self._lock:
-            if ticket == self._epoch and self.state == "half-open":
-                self._probing = False
-
-    def record(
-        self, ticket: int, ok: bool, seconds: float, fault: BaseException | None = None
-    ) -> None:
-        """The outcome of a job admitted with `ticket`: `ok` unless it faulted (`fault`, the
-        reason, for the log); a call slower than `latency` counts as a failure too."""
-        slow = self.config.latency is not None and seconds > self.config.latency
-        with self._lock:
-            if ticket != self._epoch:
-                return  # admitted before the breaker opened: only the probe decides now
-            if ok and not slow:
-                if self.state == "half-open":
-                    log.warning("%s: circuit breaker closes (its probe succeeded)", self.name)
-                self.state, self.failures, self._probing = "closed", 0, False
-                return
-            self.failures += 1
-            self.last_fault = fault or self.last_fault
-            reason = fault or (f"slower than {self.config.latency:g}s" if slow else "failed")
-            if self.state == "half-open":
-                log.info(
-                    "%s: the probe failed (%s); open for %gs more",
-                    self.name,
-                    reason,
-                    self.config.cooldown,
-                )
-            elif self.failures >= self.config.failures:
-                log.warning(
-                    "%s: circuit breaker opens after %d consecutive failed jobs (last: %s); "
-                    "refusing its jobs for %gs, then one probes",
-                    self.name,
-                    self.failures,
-                    reason,
-                    self.config.cooldown,
-                )
-            else:
-                return
-            self.state, self.opened_at, self._probing = "open", self.clock(), False
-            self._epoch += 1
-            self.opened += 1
-
-    def refusal(self) -> TierError:
-        """The error of a job this breaker refused: `TierFull` while it is open for a full
-        tier, `TierUnavailable` otherwise."""
-        fault = self.last_fault
-        kind = TierFull if isinstance(fault, TierFull) else TierUnavailable
-        why = f"last fault: {fault}" if fault else "slow calls"
-        return kind(f"{self.name}: circuit breaker open ({why})")
-
-    def _forget_lock(self) -> None:
-        """In a forked child: another thread of the parent may have held the lock."""
-        self._lock = threading.Lock()
-
-
 class Runtime:
-    """Submit from any thread but the runtime's own; poll from the scheduler thread."""
+    """The background I/O runtime. Scheduler process: its own thread runs the loop, the jobs
+    and the hooks; submit from any thread but that one; poll from the scheduler thread."""
 
     def __init__(self, breaker: BreakerConfig | None = None, name: str = "kvtier-runtime") -> None:
         self.breaker_config = breaker or BreakerConfig()
@@ -249,7 +130,7 @@ class Runtime:
             self._sleeping = False
             self._lock = threading.Lock()
             for breaker in [*self._breakers.values(), *self._write_breakers.values()]:
-                breaker._forget_lock()
+                breaker.after_fork()
         if self._loop is None:
             loop = asyncio.new_event_loop()
             ready = threading.Event()
@@ -297,8 +178,8 @@ class Runtime:
 
     def submit_many(self, jobs: list[Job]) -> list[int]:
         """`submit` for several jobs. A busy runtime picks them up at its next tick (at most
-        `TICK` seconds later) with no system call here; an idle one is woken, once. (Waking a
-        thread costs ~45 µs of this thread's CPU on a small VM: too much for every step.)"""
+        `TICK` seconds later) with no system call here; an idle one is woken, once (waking a
+        thread costs this thread a system call: too much for every step)."""
         self._refuse_reentry()
         return self._submit(jobs)
 
@@ -480,8 +361,12 @@ class Runtime:
         if write_ticket is not None:
             self._write_breaker(job.tier).record(write_ticket, fault is None, seconds, fault)
 
+    def on_loop_thread(self) -> bool:
+        """Whether the caller runs on the runtime's own thread (its jobs, handlers and hooks)."""
+        return self._thread is not None and threading.current_thread() is self._thread
+
     def _refuse_reentry(self) -> None:
-        if self._thread is not None and threading.current_thread() is self._thread:
+        if self.on_loop_thread():
             raise StateError(
                 f"runtime {self.name}: called from its own loop (a tier called back into the "
                 "scheduler's API); that would deadlock"
@@ -538,25 +423,6 @@ class Runtime:
             log.exception("runtime %s: the handler of job %d failed", self.name, result.job_id)
         with self._lock:
             self._pending.discard(result.job_id)
-
-
-def fault_of(value: Any) -> BaseException | None:
-    """The fault a job's value holds, for the breakers (module docstring): None when the value
-    is no batch or fewer than half of its items faulted (a `CorruptObject` is no fault); else
-    one of the faults: not a `TierFull` where those alone are half the items or more (it counts
-    against the tier's breaker too), a `TierFull` otherwise."""
-    if not isinstance(value, list):
-        return None
-    full: list[BaseException] = []
-    down: list[BaseException] = []
-    for item in value:
-        if isinstance(item, BaseException) and not isinstance(item, CorruptObject):
-            (full if isinstance(item, TierFull) else down).append(item)
-    if 2 * len(down) >= len(value) > 0:
-        return down[0]
-    if 2 * (len(full) + len(down)) >= len(value) > 0:
-        return full[0]
-    return None
 
 
 async def _cancel_all() -> None:

@@ -28,6 +28,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
+from tiering.metrics import MetricsServer
 from tiering.primary import LookupResult as KvtierLookup
 from tiers.region import PrimaryRegion
 
@@ -101,9 +102,17 @@ class KvtierManager(OffloadingManager):
     so uses reach the policy through `prepare_load` (a hit being loaded) and `prepare_store`
     (a resident block offered again: the request reused it from the GPU's prefix cache)."""
 
-    def __init__(self, manager: TieringOffloadingManager, region: PrimaryRegion) -> None:
+    def __init__(
+        self,
+        manager: TieringOffloadingManager,
+        region: PrimaryRegion,
+        metrics_server: MetricsServer | None = None,
+    ) -> None:
+        """`metrics_server`: kvtier's own Prometheus endpoint, fed by the manager's `publish`
+        hook; closed at `shutdown`."""
         self.manager = manager
         self.region = region
+        self.metrics_server = metrics_server
         self.medium = Medium.CPU
         self._reported: dict[tuple[str, str], float] = {}
 
@@ -194,5 +203,7 @@ class KvtierManager(OffloadingManager):
             self._reported[(name, *labels)] = total  # type: ignore[index]
 
     def shutdown(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         self.manager.shutdown()
         self.region.close()

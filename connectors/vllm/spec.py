@@ -7,7 +7,8 @@ vLLM builds the spec from `kv_connector_extra_config` in the scheduler and in ev
 - `cpu_bytes_to_use`: the primary capacity when the YAML gives no `primary.capacity`;
 - `block_size` / `blocks_per_chunk`: tokens per kvtier block (vLLM validates them).
 
-The scheduler gets a `KvtierManager` over a `PrimaryPool`; each worker a `KvtierWorker` over a
+The scheduler gets a `KvtierManager` over a `PrimaryPool` (and, with `metrics.prometheus_port`,
+kvtier's Prometheus endpoint, fed a snapshot every step); each worker a `KvtierWorker` over a
 copy engine (CUDA on GPUs, CPU on vLLM's CPU platform). Both map the same primary region,
 named after vLLM's engine id, so blocks never cross a pipe.
 
@@ -50,6 +51,7 @@ from connectors.vllm.manager import KvtierManager, metric_definitions
 from connectors.vllm.worker import KvtierWorker, engine_layout
 from tiering.errors import ConfigError
 from tiering.manager import TieringOffloadingManager, build_tiers
+from tiering.metrics import MetricsServer
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
 from tiering.units import parse_size
@@ -137,6 +139,10 @@ class TieredOffloadingSpec(OffloadingSpec):
         def slot_view(slot: int) -> memoryview:
             return memoryview(slots[slot, :block_bytes])
 
+        metrics = self.kvtier.metrics
+        server = None
+        if metrics.prometheus_port is not None:  # the manager opens no socket: the connector does
+            server = MetricsServer(metrics.prometheus_port, metrics.address)
         manager = TieringOffloadingManager(
             pool,
             build_tiers(self.kvtier, self.namespace.namespace()),
@@ -144,8 +150,9 @@ class TieredOffloadingSpec(OffloadingSpec):
             config=self.kvtier,
             runtime=Runtime(self.kvtier.faults.breaker),
             block_tokens=self.config.groups[0].tokens_per_block * self.blocks_per_chunk,
+            publish=None if server is None else server.publish,
         )
-        return KvtierManager(manager, region)
+        return KvtierManager(manager, region, server)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         region = self._region()

@@ -18,7 +18,6 @@ from typing import Any, Final
 from tiering.options import option
 
 __all__ = [
-    "GATES",
     "MIN_SECRET_BYTES",
     "SCHEMA_VERSION",
     "SECTION",
@@ -38,7 +37,6 @@ __all__ = [
 SCHEMA_VERSION: Final = 1
 MIN_SECRET_BYTES: Final = 16
 WRITE_MODES: Final = ("through", "back", "selective")
-GATES: Final = ("auto", "always", "never")
 NAME_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
 """What a tier's name looks like."""
 ENV_PATTERN: Final = r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"
@@ -110,6 +108,11 @@ class TierConfig:
         help="How long a block must have spent in the primary before it is demoted (spares "
         "SSD wear and network on blocks that die young).",
     )
+    admission: str | None = option(
+        None,
+        choices="tiering.placement.registry:ADMISSION_NAMES",  # any the registry knows
+        help="An admission policy by name, instead of the ones `write` and `min_age` imply.",
+    )
     capacity: int | None = option(
         None, kind="size", help="Bytes the tier may hold (null: unbounded, or the backend's own)."
     )
@@ -127,7 +130,7 @@ class PromotionConfig:
     )
     gate: str = option(
         "auto",
-        choices=GATES,
+        choices="tiering.placement.registry:GATE_NAMES",  # any gate the registry knows
         help="`auto`: promote only when loading is estimated faster than recomputing; "
         "`always`; `never`.",
     )

@@ -1,0 +1,267 @@
+"""Demotions: primary -> secondary tier, by each tier's write mode.
+
+- `through`: a block is demoted when its store completes. The stored keys are queued
+  (`stored`); between steps the ones still resident are pinned (`pin_for_demotion`) and
+  written to each write-through tier that does not hold them yet; the job's end unpins them.
+- `back` and `selective`: background reclaim (`reclaim`) keeps `reserve` slots free or held:
+  it takes blocks from the eviction policy's end (`PrimaryPool.reclaim`: they leave the
+  primary, their slots are held while a tier reads them) and demotes those each tier admits
+  (not held there already, then its admission policies: `selective`'s hits, `min_age`). A
+  slot goes back to the free list when the last demotion reading it ends.
+- A block evicted on the store path itself (no slot was reserved in time) has its bytes in a
+  slot that now belongs to a new block: they are copied out at once and the copies demoted
+  (`evicted_on_store`).
+
+Back-pressure: at most `max_inflight` blocks per tier are in flight; beyond that, demotions are
+dropped and counted (`demotions_dropped`): a slow tier never blocks the primary.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from tiering.errors import TierError
+from tiering.keys import BlockKey
+from tiering.manager.jobs import Demotion, SlotHold, answers, put_from
+from tiering.manager.locator import TierLocator, known_at
+from tiering.manager.tierstate import TierEvent, TierState
+from tiering.placement import BlockHistory
+from tiering.primary import LookupResult, PrimaryPool, StoreGrant
+from tiering.runtime import Job, JobResult
+
+__all__ = ["Demoter"]
+
+_HIT = LookupResult.HIT
+
+DemotionTag = Callable[[int, list[BlockKey], list[int], SlotHold], Demotion]
+
+
+class Demoter:
+    """The demotions of every tier. Scheduler process, under the step lock (scheduler or
+    runtime thread): `stored` and `evicted_on_store` on the store path, the rest between
+    steps."""
+
+    def __init__(
+        self,
+        pool: PrimaryPool,
+        tiers: Sequence[TierState],
+        locator: TierLocator,
+        history: BlockHistory,
+        *,
+        slot_view: Callable[[int], memoryview],
+        timeout: float,
+        reserve: int,
+        max_inflight: int,
+        counters: defaultdict[str, float],
+        clock: Callable[[], float],
+    ) -> None:
+        self.pool = pool
+        self.tiers = list(tiers)
+        self.locator = locator
+        self.history = history
+        self.slot_view = slot_view
+        self.timeout = timeout
+        """Seconds per block a demotion job may take (`faults.timeout`)."""
+        self.reserve = reserve
+        self.max_inflight = max_inflight
+        self.counters = counters
+        self.clock = clock
+        self.write_through = [t for t in self.tiers if t.config.write == "through"]
+        self.write_back = [t for t in self.tiers if t.config.write != "through"]
+        self.through: list[BlockKey] = []
+        """Stored blocks for the write-through tiers, pinned and demoted between steps."""
+        self._held: dict[int, int] = {}
+        """Reclaimed slot -> demotions still reading it."""
+        self.events: list[TierEvent] = []
+
+    def stored(self, keys: list[BlockKey]) -> None:
+        """The engine's store of `keys` completed."""
+        if self.write_through:
+            self.through += keys
+
+    def due(self) -> bool:
+        """Whether there is demotion work between steps (under the lock)."""
+        pool = self.pool
+        return bool(
+            self.through or (self.write_back and pool.num_free + pool.num_held < self.reserve)
+        )
+
+    def demote_through(
+        self, outbox: list[Job], tag: DemotionTag, done: Callable[[JobResult], None]
+    ) -> None:
+        """Pin the blocks stored since the last time and demote them to the write-through
+        tiers. One evicted meanwhile (it was not pinned yet) is dropped and counted."""
+        if not self.through:
+            return
+        lookup = self.pool.lookup
+        queued = dict.fromkeys(self.through)
+        self.through = []
+        stored = [key for key in queued if lookup(key) is _HIT]
+        if len(stored) < len(queued):
+            for state in self.write_through:
+                state.counters["demotions_dropped"] += len(queued) - len(stored)
+        now = self.clock()
+        for state in self.write_through:
+            keys = [key for key in stored if not self.locator.holds(state, key, now)]
+            if not keys:
+                continue
+            room = self.max_inflight - state.inflight
+            if room <= 0:
+                state.counters["demotions_dropped"] += len(keys)
+                continue
+            batch = keys[:room]
+            state.counters["demotions_dropped"] += len(keys) - len(batch)
+            slots = self.pool.pin_for_demotion(batch)  # released when the tier has them
+            self._submit(outbox, tag, done, state, batch, slots, SlotHold.PINNED)
+
+    def reclaim(
+        self, outbox: list[Job], tag: DemotionTag, done: Callable[[JobResult], None]
+    ) -> None:
+        """Take blocks from the policy's end until `reserve` slots are free or held, and
+        demote each to the write-back tiers that admit it."""
+        if not self.write_back:
+            return
+        pool = self.pool
+        need = self.reserve - pool.num_free - pool.num_held
+        room = min(self.max_inflight - t.inflight for t in self.write_back)
+        n = min(need, room)
+        if n <= 0:
+            return
+        victims = pool.reclaim(n)
+        if not victims:
+            return
+        now = self.clock()
+        held = self._held
+        for state in self.write_back:
+            chosen = self.admit(state, victims, now)
+            if chosen:
+                slots = [s for _, s in chosen]
+                for slot in slots:
+                    held[slot] = held.get(slot, 0) + 1
+                self._submit(outbox, tag, done, state, [k for k, _ in chosen], slots, SlotHold.HELD)
+        self.history.forget(key for key, _ in victims)
+        release = [slot for _, slot in victims if slot not in held]
+        if release:
+            pool.release(release)
+
+    def evicted_on_store(
+        self,
+        grant: StoreGrant,
+        outbox: list[Job],
+        tag: DemotionTag,
+        done: Callable[[JobResult], None],
+    ) -> None:
+        """Blocks evicted on the store path, whose slots now belong to new blocks: their bytes
+        stay there until the engine's copy runs (a later step), so copy them out now and demote
+        the copies. A memcpy per block on the scheduler's thread: background reclaim keeps
+        these rare, and `max_inflight` bounds them (beyond it they are dropped and counted)."""
+        self.counters["direct_evictions"] += len(grant.evicted)
+        now = self.clock()
+        copies: dict[int, bytes] = {}
+        for state in self.write_back:
+            room = self.max_inflight - state.inflight
+            chosen: list[tuple[BlockKey, bytes]] = []
+            evicted = list(zip(grant.evicted, grant.evicted_slots, strict=True))
+            for key, slot in self.admit(state, evicted, now):
+                if len(chosen) >= room:
+                    state.counters["demotions_dropped"] += 1
+                    continue
+                if slot not in copies:
+                    copies[slot] = bytes(self.slot_view(slot))
+                chosen.append((key, copies[slot]))
+            if chosen:
+                state.inflight += len(chosen)
+                keys = [key for key, _ in chosen]
+                outbox.append(
+                    Job(
+                        state.config.name,
+                        functools.partial(state.tier.put_many, chosen),
+                        self.timeout * len(chosen),
+                        tag=tag(state.index, keys, [], SlotHold.COPY),
+                        done=done,
+                        writes=True,
+                    )
+                )
+
+    def admit(
+        self, state: TierState, blocks: Sequence[tuple[BlockKey, int]], now: float
+    ) -> Sequence[tuple[BlockKey, int]]:
+        """The (key, slot) pairs to demote to `state`'s tier: those it does not hold already
+        (no second write, counted as skipped), then those its admission policies take."""
+        if state.indexed:
+            knows = state.tier.knows
+            chosen: Sequence[tuple[BlockKey, int]] = [b for b in blocks if not knows(b[0])]
+        else:
+            where, index = self.locator.known.get, state.index
+            chosen = [b for b in blocks if not known_at(where(b[0]), index, now)]
+        if len(chosen) < len(blocks):
+            state.counters["demotions_skipped"] += len(blocks) - len(chosen)
+        history = self.history
+        for policy in state.admission:
+            chosen = policy.admit(chosen, history, now)
+        return chosen
+
+    def _submit(
+        self,
+        outbox: list[Job],
+        tag: DemotionTag,
+        done: Callable[[JobResult], None],
+        state: TierState,
+        keys: list[BlockKey],
+        slots: list[int],
+        hold: SlotHold,
+    ) -> None:
+        state.inflight += len(keys)
+        outbox.append(
+            Job(
+                state.config.name,
+                functools.partial(put_from, state.tier, self.slot_view, keys, slots),
+                self.timeout * max(1, len(keys)),
+                tag=tag(state.index, keys, slots, hold),
+                done=done,
+                writes=True,
+            )
+        )
+
+    def demoted(self, state: TierState, job: Demotion, result: JobResult) -> None:
+        """A demotion's result: count it, locate what the tier took, give back what the job
+        held."""
+        keys = job.keys
+        state.inflight -= len(keys)
+        outcomes = answers(result, len(keys), result.error or TierError("malformed answer"))
+        stored = [key for key, outcome in zip(keys, outcomes, strict=True) if outcome is None]
+        state.counters["demotions"] += len(stored)
+        state.counters["demotion_failures"] += len(keys) - len(stored)
+        if stored:
+            if not state.indexed:  # an indexed tier knows it has them
+                self.locator.found_in(stored, state.index, self.clock())
+            self.events.append(TierEvent(state.config.name, tuple(stored)))
+        match job.hold:
+            case SlotHold.COPY:
+                pass  # no slot to give back
+            case SlotHold.HELD:
+                held_by, release = self._held, []
+                for slot in job.slots:
+                    left = held_by[slot] - 1
+                    if left:
+                        held_by[slot] = left
+                    else:
+                        del held_by[slot]
+                        release.append(slot)
+                self.pool.release(release)
+            case SlotHold.PINNED:
+                self.pool.release_demotion(keys)
+
+    def take_events(self) -> list[TierEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def clear(self) -> None:
+        """Forget every demotion (a reset: their results will be dropped); the events not taken
+        yet stay."""
+        self.through.clear()
+        self._held.clear()
+        for state in self.tiers:
+            state.inflight = 0

@@ -1,0 +1,137 @@
+"""Where each block is known to be, among the tiers without an index (Redis, S3).
+
+A tier with an index answers `knows(key)` without I/O; the others are asked by batched
+existence checks, whose answers are remembered for a while: found in tier `i` for
+`POSITIVE_TTL` seconds (demoted there, or found there), found nowhere for `NEGATIVE_TTL`
+seconds (so a block no tier has is not looked for again every step; a failed promotion is
+remembered the same way). A key being looked for waits for every checked tier's answer and
+goes to the first one, in order, that has it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+
+from tiering.keys import BlockKey
+from tiering.manager.jobs import ExistenceCheck
+from tiering.manager.tierstate import TierState
+from tiering.runtime import Job, JobResult
+
+__all__ = ["ABSENT", "NEGATIVE_TTL", "POSITIVE_TTL", "TierLocator"]
+
+ABSENT = -1
+"""The tier index of a block found in no tier."""
+NEGATIVE_TTL = 2.0
+"""Seconds a block found in no tier is taken as absent before it is looked for again."""
+POSITIVE_TTL = 30.0
+"""Seconds a block found in (or demoted to) a tier without an index is taken as there."""
+
+
+class TierLocator:
+    """Where blocks are known to be. Scheduler process, under the step lock (scheduler or
+    runtime thread).
+
+    `known` maps a key to `(tier index or ABSENT, expiry)`; `checking` the keys whose check
+    is out to the tiers yet to answer; `to_check` the keys queued this step. `lookup` reads
+    `known` and `checking` directly (they are never rebound): the lookup path stays one dict
+    probe.
+    """
+
+    def __init__(self, tiers: Sequence[TierState]) -> None:
+        self.tiers = list(tiers)
+        self.checked = [t for t in self.tiers if not t.indexed]
+        """The tiers asked by existence checks."""
+        self.known: dict[BlockKey, tuple[int, float]] = {}
+        self.checking: dict[BlockKey, set[int]] = {}
+        self._found: dict[BlockKey, set[int]] = {}
+        self.to_check: list[BlockKey] = []
+
+    def queue_check(self, key: BlockKey) -> None:
+        """Look for `key` in the checked tiers (submitted at the end of the step)."""
+        if key not in self.checking:
+            self.checking[key] = set()
+            self.to_check.append(key)
+
+    def submit_checks(
+        self,
+        outbox: list[Job],
+        tag: Callable[[int, list[BlockKey]], ExistenceCheck],
+        done: Callable[[JobResult], None],
+        timeout: float,
+    ) -> None:
+        """Add one existence check per checked tier, of every key queued, to `outbox`."""
+        if not self.to_check:
+            return
+        keys, self.to_check = self.to_check, []
+        everyone = {t.index for t in self.checked}
+        for key in keys:
+            self.checking[key] = set(everyone)
+            self._found[key] = set()
+        for state in self.checked:
+            outbox.append(
+                Job(
+                    state.config.name,
+                    functools.partial(state.tier.contains, keys),
+                    timeout,
+                    tag=tag(state.index, keys),
+                    done=done,
+                )
+            )
+            state.counters["lookups"] += len(keys)
+
+    def answered(
+        self, state: TierState, keys: list[BlockKey], present: list[bool], now: float
+    ) -> None:
+        """`state`'s tier's answers to a check; a key all tiers answered is located."""
+        for key, here in zip(keys, present, strict=True):
+            waiting = self.checking.get(key)
+            if waiting is None:
+                continue
+            waiting.discard(state.index)
+            if here:
+                self._found[key].add(state.index)
+                state.counters["hits"] += 1
+            else:
+                state.counters["misses"] += 1
+            if not waiting:
+                del self.checking[key]
+                found = self._found.pop(key)
+                if found:
+                    self.known[key] = (min(found), now + POSITIVE_TTL)
+                else:
+                    self.known[key] = (ABSENT, now + NEGATIVE_TTL)
+
+    def found_in(self, keys: Iterable[BlockKey], index: int, now: float) -> None:
+        """`keys` are in tier `index` now (demoted there)."""
+        self.known.update(dict.fromkeys(keys, (index, now + POSITIVE_TTL)))
+
+    def absent(self, keys: Iterable[BlockKey], now: float) -> None:
+        """`keys` are in no tier, for a while (a promotion failed)."""
+        self.known.update(dict.fromkeys(keys, (ABSENT, now + NEGATIVE_TTL)))
+
+    def holds(self, state: TierState, key: BlockKey, now: float) -> bool:
+        """Whether `state`'s tier is known to hold `key` (its index says so, or it was demoted
+        there or found there lately)."""
+        if state.indexed:
+            return bool(state.tier.knows(key))
+        return known_at(self.known.get(key), state.index, now)
+
+    def where(self, key: BlockKey) -> TierState | None:
+        """The first tier known to hold `key` (expired entries count: a hint for reports)."""
+        for state in self.tiers:
+            if state.indexed and state.tier.knows(key):
+                return state
+        known = self.known.get(key)
+        return None if known is None or known[0] == ABSENT else self.tiers[known[0]]
+
+    def clear(self) -> None:
+        self.known.clear()
+        self.checking.clear()
+        self._found.clear()
+        self.to_check.clear()
+
+
+def known_at(where: tuple[int, float] | None, index: int, now: float) -> bool:
+    """Whether a `known` entry says tier `index` holds the block, and is still fresh."""
+    return where is not None and where[0] == index and where[1] > now

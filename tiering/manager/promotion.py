@@ -1,0 +1,184 @@
+"""Promotions: secondary tier -> primary.
+
+A secondary hit that the gate lets through is queued (`request`: PENDING); between steps the
+queued keys of each tier get primary slots (`allocate_for_promotion`, one batch per tier, as
+many as fit) and one `get_many` job. Every request that needs the block waits on the same
+promotion (`promoting`). A key that got no slot reads as MISS for the next step (`refused`).
+A promotion past `promotion.deadline` is late: its key reads as MISS (recompute) while the
+slot stays WRITING until the tier lets go of it. A failed promotion frees the slot and the
+block is remembered as absent for a while (`TierLocator.absent`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+
+from tiering.keys import BlockKey
+from tiering.manager.jobs import Promotion, answers, get_into
+from tiering.manager.locator import TierLocator
+from tiering.manager.tierstate import TierState
+from tiering.placement import BlockHistory, PromotionGate
+from tiering.primary import LookupResult, PrimaryPool, StoreGrant
+from tiering.runtime import Job, JobResult
+
+__all__ = ["Promoter"]
+
+_PENDING, _MISS = LookupResult.PENDING, LookupResult.MISS
+
+
+class Promoter:
+    """The promotions queued and in flight. Scheduler process: `request` on the scheduler
+    thread inside a step, the rest under the step lock (scheduler or runtime thread)."""
+
+    def __init__(
+        self,
+        pool: PrimaryPool,
+        tiers: Sequence[TierState],
+        locator: TierLocator,
+        history: BlockHistory,
+        gate: PromotionGate,
+        *,
+        slot_view: Callable[[int], memoryview],
+        deadline: float,
+        counters: defaultdict[str, float],
+        clock: Callable[[], float],
+        write_back: bool,
+    ) -> None:
+        self.pool = pool
+        self.tiers = list(tiers)
+        self.locator = locator
+        self.history = history
+        self.gate = gate
+        self._gate_allows = None if gate.always_open else gate.allows
+        self.slot_view = slot_view
+        self.deadline = deadline
+        self.counters = counters
+        self.clock = clock
+        self.write_back = write_back
+        """Some tier demotes on eviction: a block evicted by a promotion's allocation is a
+        dropped demotion (counted)."""
+        self.queued: dict[int, list[BlockKey]] = defaultdict(list)
+        """Tier index -> keys to promote from it, this step."""
+        self.promoting: set[BlockKey] = set()
+        """Keys being promoted (queued this step or in flight): the WRITING keys of the primary
+        that the engine did not write, and those queued this step."""
+        self.refused: set[BlockKey] = set()
+        """No slot at the end of the last step: MISS until the next step ends."""
+        self.late: set[BlockKey] = set()
+        """Keys whose promotion outlived `deadline`: MISS while their slots stay WRITING."""
+        self._deadlines: deque[tuple[float, list[BlockKey]]] = deque()
+
+    def request(self, key: BlockKey, state: TierState) -> LookupResult:
+        """A lookup found `key` in `state`'s tier: PENDING once queued, MISS when gated."""
+        allows = self._gate_allows
+        if allows is not None and not allows(state):
+            state.counters["gated"] += 1
+            return _MISS
+        self.queued[state.index].append(key)
+        self.promoting.add(key)
+        return _PENDING
+
+    def overdue(self) -> bool:
+        """Whether a promotion in flight passed its deadline (checked without the lock)."""
+        return bool(self._deadlines) and self._deadlines[0][0] <= self.clock()
+
+    def mark_late(self, now: float) -> None:
+        """The promotions in flight past their deadline become late."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            late = [key for key in deadlines.popleft()[1] if key in self.promoting]
+            self.late.update(late)
+            self.counters["promotions_late"] += len(late)
+
+    def submit(
+        self,
+        outbox: list[Job],
+        tag: Callable[[int, list[tuple[BlockKey, int]]], Promotion],
+        done: Callable[[JobResult], None],
+    ) -> None:
+        """Allocate primary slots for each tier's queued promotions and add their jobs to
+        `outbox`. Keys that get no slot read as MISS during the next step."""
+        pool = self.pool
+        for index, keys in self.queued.items():
+            if not keys:
+                continue
+            state = self.tiers[index]
+            grant = pool.allocate_for_promotion(keys) or self._allocate_some(keys)
+            if len(grant.keys) < len(keys):
+                granted = set(grant.keys)
+                left = [key for key in keys if key not in granted]
+                self.promoting.difference_update(left)
+                refused = [key for key in left if pool.lookup(key) is _MISS]
+                self.refused.update(refused)  # (the others became resident meanwhile)
+                self.counters["promotion_allocation_failures"] += len(refused)
+            if grant.evicted:
+                self.history.forget(grant.evicted)
+                if self.write_back:
+                    self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
+            if not grant.keys:
+                continue
+            batch = list(zip(grant.keys, grant.slots, strict=True))
+            self._deadlines.append((self.clock() + self.deadline, list(grant.keys)))
+            outbox.append(
+                Job(
+                    state.config.name,
+                    functools.partial(get_into, state.tier, self.slot_view, batch),
+                    self.deadline,
+                    tag=tag(index, batch),
+                    done=done,
+                )
+            )
+        self.queued.clear()
+
+    def _allocate_some(self, keys: list[BlockKey]) -> StoreGrant:
+        """As many of `keys` as the primary can take, in order (a batch that does not fit)."""
+        new: list[BlockKey] = []
+        slots: list[int] = []
+        evicted: list[BlockKey] = []
+        for key in keys:
+            grant = self.pool.allocate_for_promotion([key])
+            if grant is None:
+                break
+            new += grant.keys
+            slots += grant.slots
+            evicted += grant.evicted
+        return StoreGrant(tuple(new), tuple(slots), tuple(evicted))
+
+    def promoted(self, state: TierState, job: Promotion, result: JobResult) -> None:
+        """A promotion's result: the blocks that arrived become ready, the others free their
+        slots and are remembered as absent."""
+        batch = job.batch
+        found = answers(result, len(batch), False)
+        arrived: list[BlockKey] = []
+        missing: list[BlockKey] = []
+        for (key, _), ok in zip(batch, found, strict=True):
+            (arrived if ok is True else missing).append(key)
+        self.promoting.difference_update(key for key, _ in batch)
+        if self.late:
+            self.late.difference_update(key for key, _ in batch)
+        if arrived:
+            self.pool.complete_promotion(arrived)
+            state.counters["promotions"] += len(arrived)
+            state.counters["bytes_promoted"] += len(arrived) * len(self.slot_view(batch[0][1]))
+            per_block = result.seconds / len(batch)
+            previous = state.seconds_per_block
+            state.seconds_per_block = (
+                per_block if previous is None else 0.8 * previous + 0.2 * per_block
+            )
+        if missing:
+            self.pool.complete_promotion(missing, ok=False)
+            state.counters["promotion_failures"] += len(missing)
+            self.locator.absent(missing, self.clock())
+
+    def pending(self) -> bool:
+        """Queued promotions not yet submitted."""
+        return any(self.queued.values())
+
+    def clear(self) -> None:
+        self.queued.clear()
+        self.promoting.clear()
+        self.refused.clear()
+        self._deadlines.clear()
+        self.late.clear()

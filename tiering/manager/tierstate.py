@@ -1,0 +1,78 @@
+"""The secondary tiers as the manager holds them: each tier with its configuration, its
+admission policies, its in-flight demotions and its figures; and how they are built."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tiering.config import Config, TierConfig
+from tiering.keys import BlockKey
+from tiering.placement import AdmissionPolicy, admission_class, default_admission
+from tiering.tier import Tier
+
+__all__ = ["TierEvent", "TierState", "build_tiers"]
+
+
+def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier]]:
+    """The configured secondary tiers, in order, each with the deployment's secret (`auth`)."""
+    from tiering.registry import create_tier
+
+    return [
+        (
+            cfg,
+            create_tier(
+                cfg.type,
+                namespace=namespace,
+                name=cfg.name,
+                capacity=cfg.capacity,
+                secret=config.auth.secret,
+                **{"timeout": config.faults.timeout, **cfg.options},
+            ),
+        )
+        for cfg in config.tiers
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class TierEvent:
+    """Any thread (a frozen value): keys that a secondary tier now holds (removed=False)."""
+
+    tier: str
+    keys: tuple[BlockKey, ...]
+    removed: bool = False
+
+
+@dataclass(eq=False)
+class TierState:
+    """One secondary tier in the manager. Scheduler process, under the step lock (scheduler or
+    runtime thread)."""
+
+    config: TierConfig
+    tier: Tier
+    index: int
+    indexed: bool = False
+    """The tier answers `knows` (no existence checks)."""
+    admission: tuple[AdmissionPolicy, ...] = ()
+    """Applied in order to the blocks a write-back or selective demotion would take."""
+    inflight: int = 0
+    """Blocks being demoted to this tier."""
+    seconds_per_block: float | None = None
+    """Moving average of promotion time per block (what the `auto` gate reads)."""
+    counters: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
+    latencies: list[float] = field(default_factory=list)
+    """Job durations since the last `stats()`."""
+
+    @classmethod
+    def of(cls, config: TierConfig, tier: Tier, index: int) -> TierState:
+        """The tier's state, with the admission policy its `admission` names or, without one,
+        those its `write` and `min_age` imply."""
+        if config.admission is None:
+            admission = default_admission(config)
+        else:
+            admission = (admission_class(config.admission)(config),)
+        return cls(config, tier, index, tier.indexed, admission)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
