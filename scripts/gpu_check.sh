@@ -14,7 +14,7 @@ import torch
 assert torch.cuda.is_available(), "scripts/gpu_check.sh needs CUDA"
 print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())
 PY
-python3 -m pytest -m gpu -p no:cacheprovider -q tests/test_copy.py tests/test_region.py 2>&1 | tee "$out/gpu-tests.txt"
+python3 -m pytest -m gpu -p no:cacheprovider -q tests/tiers/test_copy.py tests/tiers/test_region.py 2>&1 | tee "$out/gpu-tests.txt"
 python3 bench/gpu_copy.py --json > "$out/gpu-bench.json"
 python3 - "$out/gpu-bench.json" <<'PY'
 import json, sys

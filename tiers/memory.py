@@ -17,7 +17,7 @@ class MemoryTier(Tier):
     """Objects in a dict, on the runtime's event loop thread (no I/O, so no thread pool).
 
     Least recently used first; evicts to stay within `capacity` bytes. Its settings are the
-    base's (`TierOptions`). Tests reach its dict directly (tests/memory_hooks.py)."""
+    base's (`TierOptions`). Tests reach its dict directly (tests/tiers/memory_hooks.py)."""
 
     type_name = "memory"
     supports_listing = True

@@ -17,7 +17,7 @@ from connectors.startup import (
     namespace_layout,
     read_config,
 )
-from tests.test_identity import write_model
+from tests.connectors.test_identity import write_model
 from tiering.config import PrimaryConfig, parse_config
 from tiering.errors import ConfigError
 from tiering.keys import Layout
@@ -184,7 +184,10 @@ def test_weights_streamed_from_object_storage_are_named_by_their_url(
 
 def test_a_function_in_hf_overrides_is_named_stably(model: Path) -> None:
     layout = namespace_layout(offloading_config(), vllm_config(model, hf_overrides=write_model), 1)
-    assert json.loads(layout.model_options)["hf_overrides"] == "tests.test_identity.write_model"
+    assert (
+        json.loads(layout.model_options)["hf_overrides"]
+        == "tests.connectors.test_identity.write_model"
+    )
 
 
 def test_lasting_tiers_are_the_persistent_and_shared_ones(tmp_path: Path) -> None:

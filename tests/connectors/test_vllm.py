@@ -150,7 +150,7 @@ def test_canary_a_load_that_copies_nothing_is_caught(
     vllm_python: Path, workdir: Path, baseline: dict[str, Any]
 ) -> None:
     extra = kvtier_extra(workdir)
-    extra.update(spec_name="CanarySpec", spec_module_path="tests.vllm_specs.canary")
+    extra.update(spec_name="CanarySpec", spec_module_path="tests.connectors.vllm_specs.canary")
     result = run_scenario(vllm_python, scenario(workdir, extra), workdir)
     assert result["outputs"][2]["cached_tokens"] == PREFIX  # the scheduler believes in the hit
     with pytest.raises(AssertionError):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.memory_hooks import plant, stored
+from tests.tiers.memory_hooks import plant, stored
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload

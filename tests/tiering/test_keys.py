@@ -122,7 +122,7 @@ class TestNamespace:
         assert layout(model_dtype="torch.bfloat16").namespace() == layout().namespace()
 
     def test_same_digest_in_other_processes_and_hash_seeds(self) -> None:
-        code = "from tests.test_keys import layout; print(layout().namespace_hex())"
+        code = "from tests.tiering.test_keys import layout; print(layout().namespace_hex())"
         for seed in ("0", "12345", "random"):
             out = subprocess.run(
                 [sys.executable, "-c", code],

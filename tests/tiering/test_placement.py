@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.memory_hooks import plant
+from tests.tiers.memory_hooks import plant
 from tiering.config import TierConfig
 from tiering.errors import ConfigError, UnknownNameError
 from tiering.keys import BlockKey, make_key

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.memory_hooks import plant, stored
+from tests.tiers.memory_hooks import plant, stored
 from tiering.errors import ConfigError, MissingDependencyError, UnknownNameError
 from tiering.keys import BlockKey
 from tiering.registry import create_tier, get_tier_class, register_tier, tier_types

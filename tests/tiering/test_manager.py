@@ -12,7 +12,7 @@ from unittest.mock import Mock
 import numpy as np
 import pytest
 
-from tests.memory_hooks import plant, stored
+from tests.tiers.memory_hooks import plant, stored
 from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
 from tiering.keys import BlockKey, make_key
 from tiering.manager import TierEvent, TieringOffloadingManager

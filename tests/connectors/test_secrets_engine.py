@@ -12,7 +12,7 @@ import redis
 
 from kvtier.scenario import run_scenario
 from kvtier.servers import RedisServer
-from tests.test_vllm import (  # noqa: F401 - fixtures
+from tests.connectors.test_vllm import (  # noqa: F401 - fixtures
     prompts,
     scenario,
     vllm_python,
