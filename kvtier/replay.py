@@ -2,7 +2,7 @@
 
 The trace is a Mooncake one, read by `kvtier.trace`.
 
-Replay semantics (shared/traces/README.md): requests in file order; a request's blocks are
+Replay semantics (bench/traces/README.md): requests in file order; a request's blocks are
 looked up front to back and count as hit while present, stopping at the first absent one; the
 hit blocks are used in that order (here: pinned by `prepare_load`, which is the use the policy
 sees); then every absent block of the request is stored, evicting by policy but never a block of
@@ -12,6 +12,7 @@ least `floor(n / 2)`: the first half warms the cache.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,8 +22,8 @@ import numpy as np
 
 from kvtier.trace import BLOCK_TOKENS, TraceRequest, trace_keys
 from tiering.config import Config
-from tiering.keys import BlockKey
 from tiering.primary import LookupResult, PrimaryPool
+from tiering.stepping import StepDriver
 
 __all__ = ["ReplayResult", "TieredReplayResult", "replay", "replay_tiered"]
 
@@ -164,27 +165,10 @@ def replay_tiered(
         runtime=runtime,
         block_tokens=BLOCK_TOKENS,
     )
-    clock = time.perf_counter
-    spent = 0.0
-    by_call: dict[str, float] = {}
-    blocks: dict[str, int] = {}
+    driver = StepDriver(manager, fill=lambda key, slot: memory.__setitem__(slot, key[0]))
     measured_from = len(requests) // 2
     hit_tokens = total_tokens = refs = deferrals = 0
     tier_tokens: dict[str, int] = {cfg.name: 0 for cfg in config.tiers}
-
-    def call(function: Callable[..., Any], *args: Any) -> Any:
-        nonlocal spent
-        start = clock()
-        try:
-            return function(*args)
-        finally:
-            seconds = clock() - start
-            spent += seconds
-            name = function.__name__
-            by_call[name] = by_call.get(name, 0.0) + seconds
-            n = len(args[0]) if args and isinstance(args[0], list) else 1
-            blocks[name] = blocks.get(name, 0) + n
-
     model = np.zeros(ENGINE_SWEEP_BYTES, dtype=np.uint8)
 
     def step() -> None:
@@ -192,50 +176,26 @@ def replay_tiered(
         streams `ENGINE_SWEEP_BYTES` through the caches and takes `ENGINE_STEP` seconds, in
         every configuration), and the runtime is let finish before the next step (ample time
         between steps)."""
-        call(manager.on_schedule_end)
+        driver.end_step()
         np.add(model, 1, out=model)
         time.sleep(ENGINE_STEP)
-        while manager.has_pending_work():
-            time.sleep(ENGINE_STEP)
+        driver.wait_idle(math.inf, ENGINE_STEP)
 
-    HIT, MISS = LookupResult.HIT, LookupResult.MISS
     try:
         for index, (request, keys) in enumerate(zip(requests, trace_keys(requests), strict=True)):
-            # vLLM's scan (shared/vllm-0.32-api.md 8.2): HIT counts; PENDING counts and
-            # defers; RETRY defers and the scan goes on (so the manager can look further
-            # keys up in the same step); MISS ends the scan. A deferred request is looked up
-            # again, whole, at the next step.
-            waited: set[BlockKey] = set()
-            for _ in range(MAX_DEFERRALS):
-                n_hit, deferred = 0, False
-                for key in keys:
-                    result = call(manager.lookup, key)
-                    if result is MISS:
-                        break
-                    if result is HIT and not deferred:
-                        n_hit += 1  # the leading hits: all of them once nothing defers
-                    elif result is not HIT:
-                        deferred = True
-                        waited.add(key)
-                if not deferred:
-                    break
-                step()
-            else:
-                deferrals += 1  # never settled: the leading hits are used
+            # vLLM's scan (tiering.stepping): a deferred request is looked up again, whole,
+            # at the next step; one never settled uses its leading hits.
+            scan = driver.admit(keys, max_scans=MAX_DEFERRALS, between=step)
+            if not scan.settled:
+                deferrals += 1
+            n_hit = scan.hits
             promoted: dict[int, str] = {}  # position in the request -> tier
             for i, key in enumerate(keys[:n_hit]):
-                if key in waited:
+                if key in scan.waited:
                     promoted[i] = manager.where(key) or config.tiers[0].name
                     slot = manager.pool.slot(key)
                     assert memory[slot, 0] == key[0], "a promoted block holds other bytes"
-            hits = keys[:n_hit]
-            call(manager.prepare_load, hits)
-            grant = call(manager.prepare_store, keys[n_hit:])
-            if grant is not None:
-                for key, slot in zip(grant.keys, grant.slots, strict=True):
-                    memory[slot] = key[0]
-                call(manager.complete_store, list(grant.keys))
-            call(manager.complete_load, hits)
+            driver.serve(keys, n_hit)
             step()
             refs += len(keys)
             if index >= measured_from:
@@ -258,10 +218,10 @@ def replay_tiered(
         total_tokens,
         tier_tokens,
         refs,
-        spent,
+        driver.spent,
         stats,
-        by_call,
-        blocks,
+        driver.seconds,
+        driver.blocks,
     )
 
 
@@ -269,10 +229,11 @@ ENGINE_STEP = 0.0002
 """Seconds a tiered replay pauses after each step, for the model's step."""
 
 ENGINE_SWEEP_BYTES = 16 << 20
-"""Bytes the model's step streams through the caches (half this machine's L3 and all of its L2:
-a real forward pass streams gigabytes). Every configuration pauses and sweeps, the primary
-alone too: a replay that paused only while work was pending measured the primary alone with
-warm caches and the tiered setups with cold ones, and charged the difference to the tiers."""
+"""Bytes the model's step streams through the caches (enough to evict the L2 and much of the L3
+of the development machines; a real forward pass streams gigabytes). Every configuration pauses
+and sweeps, the primary alone too: a replay that paused only while work was pending measured the
+primary alone with warm caches and the tiered setups with cold ones, and charged the difference
+to the tiers."""
 
 MAX_DEFERRALS = 32
 """Steps a request may be deferred in a tiered replay before its leading hits are used."""

@@ -36,7 +36,7 @@ BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry in the Mooncake traces."""
 
 REFERENCE_HIT_RATES: dict[str, dict[str, dict[int, float]]] = {
-    # The Mooncake FAST'25 conversation trace (shared/traces/README.md, "Reference figures"),
+    # The Mooncake FAST'25 conversation trace (bench/traces/README.md, "Reference figures"),
     # keyed by the SHA-256 of its uncompressed JSONL. Printed beside measured figures so a
     # reader sees at once whether a replay reproduces them; never used as a result.
     "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df": {

@@ -12,7 +12,7 @@ values, on as many connections at once.
 Blocks move through `tiers.resp` on a plain-TCP server: a GET lands in the primary slot with no
 intermediate copy and a SET sends header and payload from where they lie (redis-py copies a
 value two or three times on the way). TLS and Cluster go through redis-py (`redis.asyncio`,
-which packs large values faster than hiredis's packer: shared/services.md), as do the other
+which packs large values faster than hiredis's packer), as do the other
 commands. Connection errors become `TierUnavailable`; the tier's deadline bounds every call.
 
 Anyone who can write to the server can put another type under a block's key (a list, say):
