@@ -130,7 +130,7 @@ class TestNamespace:
                 text=True,
                 check=True,
                 env={**os.environ, "PYTHONHASHSEED": seed},
-                cwd=os.path.dirname(os.path.dirname(__file__)),
+                cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
             )
             assert out.stdout.strip() == GOLDEN
 
