@@ -210,14 +210,6 @@ class PrimaryPool:
         evictable (ready, unpinned) slots for all of them. New keys are WRITING until
         `complete_store`.
         """
-        return self._allocate(keys)
-
-    def allocate_for_promotion(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
-        """`prepare_store` for a promotion (secondary -> primary): the same allocation, the new
-        keys WRITING until `complete_promotion`."""
-        return self._allocate(keys)
-
-    def _allocate(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
         ref = self._ref
         wanted = dict.fromkeys(keys)
         new = [key for key in wanted if key not in ref]
@@ -260,24 +252,23 @@ class PrimaryPool:
         self._policy.insert_many(new, slots)
         return StoreGrant(tuple(new), tuple(slots), tuple(evicted), tuple(evicted_slots))
 
+    def allocate_for_promotion(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
+        """`prepare_store`'s allocation for a promotion (secondary -> primary): the new keys
+        are WRITING until `complete_promotion`."""
+        return self.prepare_store(keys)
+
     def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
-        """Finish the engine's writes of these keys: READY on success; on failure, free their
-        slots.
+        """Finish the engine's writes of these keys: READY on success; on failure, free their slots.
 
         Every key must be WRITING (`StateError` otherwise, and nothing changes).
         """
-        self._finish_writes(keys, ok, "complete_store")
-
-    def complete_promotion(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
-        """`complete_store` for keys allocated by `allocate_for_promotion`."""
-        self._finish_writes(keys, ok, "complete_promotion")
-
-    def _finish_writes(self, keys: Iterable[BlockKey], ok: bool, what: str) -> None:
         done = dict.fromkeys(keys)  # ordered, so that events list keys as given
         writing = self._writing
         if not done.keys() <= writing:
             key = next(key for key in done if key not in writing)
-            raise StateError(f"{what}: key {key.hex()} is {self._describe(key)}, not being written")
+            raise StateError(
+                f"complete_store: key {key.hex()} is {self._describe(key)}, not being written"
+            )
         writing.difference_update(done)
         self._busy.difference_update(done)
         if ok:
@@ -289,6 +280,16 @@ class PrimaryPool:
             for key in done:
                 del ref[key]
                 free.append(remove(key))
+
+    def complete_promotion(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
+        """`complete_store` for keys allocated by `allocate_for_promotion`."""
+        done = dict.fromkeys(keys)
+        if not done.keys() <= self._writing:
+            key = next(key for key in done if key not in self._writing)
+            raise StateError(
+                f"complete_promotion: key {key.hex()} is {self._describe(key)}, not being written"
+            )
+        self.complete_store(done, ok)
 
     # -- load: primary -> engine ----------------------------------------------------------------
 
@@ -307,16 +308,13 @@ class PrimaryPool:
 
     def complete_load(self, keys: Iterable[BlockKey]) -> None:
         """Unpin keys pinned by `prepare_load` (once per key per load)."""
-        self._unpin(keys, "complete_load")
-
-    def _unpin(self, keys: Iterable[BlockKey], what: str) -> None:
         ref = self._ref
         done = dict.fromkeys(keys)
         for key in done:
             r = ref.get(key)
             if r is None or r <= _READY:
                 raise StateError(
-                    f"{what}: key {key.hex()} is {self._describe(key)}, not being read"
+                    f"complete_load: key {key.hex()} is {self._describe(key)}, not being read"
                 )
         busy_discard = self._busy.discard
         for key in done:
@@ -349,7 +347,14 @@ class PrimaryPool:
 
     def release_demotion(self, keys: Iterable[BlockKey]) -> None:
         """Undo `pin_for_demotion` (once per key per demotion)."""
-        self._unpin(keys, "release_demotion")
+        done = dict.fromkeys(keys)
+        for key in done:
+            r = self._ref.get(key)
+            if r is None or r <= _READY:
+                raise StateError(
+                    f"release_demotion: key {key.hex()} is {self._describe(key)}, not being read"
+                )
+        self.complete_load(done)
 
     def reclaim(self, n: int) -> list[tuple[BlockKey, int]]:
         """Evict up to `n` ready, unpinned keys by policy but keep their slots out of the free

@@ -97,7 +97,7 @@ class Demoter:
             return
         lookup = self.pool.lookup
         queued = dict.fromkeys(self.through)
-        self.through = []
+        self.through.clear()  # cleared in place: the manager reads it directly
         stored = [key for key in queued if lookup(key) is _HIT]
         if len(stored) < len(queued):
             for state in self.write_through:

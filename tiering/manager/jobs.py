@@ -1,7 +1,10 @@
 """The manager's job records: what each job it submits to the runtime was for.
 
 A record rides in `Job.tag` and comes back in `JobResult.tag`; the manager dispatches on its
-type with `match` (`TieringOffloadingManager._drain`). Each carries the `generation` it was
+type with `match` (`TieringOffloadingManager._drain`). The records are typed named tuples, not
+frozen dataclasses: one is made for every job, and a frozen dataclass's constructor costs
+several times a tuple's on the runtime's bookkeeping (BENCHMARKS.md, "The tiering manager on
+the shared trace": the runtime's thread per block). Each carries the `generation` it was
 submitted in: a result from before a `reset` is dropped. The coroutine factories here build
 their slot views on the runtime's thread, so a job costs the scheduler no view.
 """
@@ -10,8 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tiering.keys import BlockKey
 from tiering.runtime import JobResult
@@ -42,9 +44,8 @@ class SlotHold(enum.Enum):
     """Evicted on the store path: the bytes were copied out; no slot to give back."""
 
 
-@dataclass(frozen=True, slots=True)
-class ExistenceCheck:
-    """Any thread (a frozen value): a batched `contains` of the keys looked up in a tier
+class ExistenceCheck(NamedTuple):
+    """Any thread (an immutable value): a batched `contains` of the keys looked up in a tier
     without an index."""
 
     generation: int
@@ -52,9 +53,8 @@ class ExistenceCheck:
     keys: list[BlockKey]
 
 
-@dataclass(frozen=True, slots=True)
-class Promotion:
-    """Any thread (a frozen value): a batched `get_many` from a tier into freshly allocated
+class Promotion(NamedTuple):
+    """Any thread (an immutable value): a batched `get_many` from a tier into freshly allocated
     primary slots."""
 
     generation: int
@@ -63,9 +63,8 @@ class Promotion:
     """(key, slot) pairs."""
 
 
-@dataclass(frozen=True, slots=True)
-class Demotion:
-    """Any thread (a frozen value): a batched `put_many` of primary blocks (or copies of them)
+class Demotion(NamedTuple):
+    """Any thread (an immutable value): a batched `put_many` of primary blocks (or copies of them)
     to a tier."""
 
     generation: int

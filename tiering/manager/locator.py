@@ -63,7 +63,8 @@ class TierLocator:
         """Add one existence check per checked tier, of every key queued, to `outbox`."""
         if not self.to_check:
             return
-        keys, self.to_check = self.to_check, []
+        keys = list(self.to_check)
+        self.to_check.clear()  # cleared in place: the manager reads it directly
         everyone = {t.index for t in self.checked}
         for key in keys:
             self.checking[key] = set(everyone)

@@ -165,7 +165,9 @@ class TieringOffloadingManager:
         self._stuck: set[int] = set()  # jobs that outlived a reset's drain
         self._quarantined: set[int] = set()  # their possible slots, held until they end
         self._outbox: list[Job] = []  # submitted together at the end of the step
-        # The lookup path reads these directly (each is cleared in place, never rebound).
+        # The engine's calls read these directly (each is cleared in place, never rebound): a
+        # call touches as few objects as it can (BENCHMARKS.md, "The tiering manager on the
+        # shared trace": the scheduler-side cost per call).
         self._knows = [(t.tier.knows, t) for t in self.tiers if t.indexed]
         self._checked = bool(self.locator.checked)
         self._known = self.locator.known
@@ -174,6 +176,11 @@ class TieringOffloadingManager:
         self._promoting = self.promoter.promoting
         self._refused = self.promoter.refused
         self._late = self.promoter.late
+        self._to_check = self.locator.to_check
+        self._queued = self.promoter.queued
+        self._through = self.demoter.through
+        self._tracks_hits = self.history.tracks_hits
+        self._tracks_age = self.history.tracks_age
         self._write_through = bool(self.demoter.write_through)
         self._write_back = bool(self.demoter.write_back)
         runtime.add_hook(self._on_tick)
@@ -231,7 +238,7 @@ class TieringOffloadingManager:
             if self._write_back:
                 self.demoter.evicted_on_store(grant, self._outbox, self._demotion, self._arrived)
             self.history.forget(grant.evicted)
-        if self.history.tracks_age:
+        if self._tracks_age:
             self.history.stored(grant.keys, self.clock())
         jobs, self._outbox = self._outbox, []
         return grant, jobs
@@ -249,7 +256,7 @@ class TieringOffloadingManager:
         if not self.lock.stepping:
             self.lock.begin()
         slots = self.pool.prepare_load(keys)
-        if self.history.tracks_hits:
+        if self._tracks_hits:
             self.history.loaded(keys)
         return slots
 
@@ -301,9 +308,9 @@ class TieringOffloadingManager:
             or self._arrivals
             or self._work_queued
             or self._ticking
-            or self.locator.to_check
+            or self._to_check
             or self._outbox
-            or self.demoter.through
+            or self._through
             or self.promoter.pending()
         )
 
@@ -395,7 +402,9 @@ class TieringOffloadingManager:
 
     def _between_due(self) -> bool:
         """Whether the runtime has between-step work (checked under the lock)."""
-        return bool(self.locator.to_check or self.promoter.queued or self.demoter.due())
+        if self._to_check or self._queued or self._through:
+            return True
+        return self._write_back and self.demoter.due()
 
     def _on_tick(self) -> bool:
         """The runtime's hook, on its thread at every tick: apply finished jobs, mark late
