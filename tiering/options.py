@@ -31,6 +31,7 @@ import dataclasses
 import functools
 import importlib
 import math
+import numbers
 import os
 import types
 import typing
@@ -116,6 +117,7 @@ class Field:
         return tuple(getattr(importlib.import_module(module), name))
 
     def read(self, value: object, where: str) -> Any:
+        value = _plain_number(value)
         if value is None:
             if self.optional:
                 return None
@@ -393,3 +395,16 @@ class TierOptions:
             if f.required and name not in mapping:
                 raise ConfigError(f"{prefix}{name}: missing")
         return cls(**read_fields(mapping, fields, prefix))
+
+
+def _plain_number(value: object) -> object:
+    """A number of another type than int or float (numpy's `int64`, `float32`: what Python
+    callers building a tier often hold) as the int or float it is; anything else as it is. YAML
+    yields none of these, so the loader reads exactly as before."""
+    if isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value

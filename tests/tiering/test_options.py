@@ -139,3 +139,23 @@ def test_choices_may_name_a_tuple_imported_when_used() -> None:
 def test_a_mutable_default_is_refused() -> None:
     with pytest.raises(TypeError, match="mutable"):
         option([], help="No.")
+
+
+def test_python_callers_may_pass_numpy_numbers() -> None:
+    """A tier built from Python takes numpy's integers and floats as the numbers they are (the
+    constructors took them before options were records); numpy's bool is still no size."""
+    import numpy as np
+
+    from tiers.memory import MemoryTier
+
+    tier = MemoryTier(
+        namespace=bytes(16),
+        capacity=np.int64(1 << 30),
+        concurrency=np.int32(4),
+        timeout=np.float32(1.5),
+    )
+    assert tier.capacity == 1 << 30 and type(tier.capacity) is int
+    assert tier.options.concurrency == 4 and type(tier.options.concurrency) is int
+    assert tier.options.timeout == 1.5 and type(tier.options.timeout) is float
+    with pytest.raises(ConfigError, match="capacity: expected a size"):
+        MemoryTier(namespace=bytes(16), capacity=np.bool_(True))
