@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -159,6 +160,36 @@ def test_without_tiers_the_primary_answers_alone(make: Callable[..., Harness]) -
     h = make([])
     h.store(1)
     assert h.manager.lookup(k(1)) is HIT and h.manager.lookup(k(2)) is MISS
+
+
+def test_another_thread_waits_for_the_step_and_may_end_it(
+    through: tuple[Harness, MemoryTier], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The scheduler's thread holds the lock for its step; a call from another thread
+    (`stats`, `take_events`, `prepare_store`) waits for that step to end instead of running
+    inside it unlocked, and a cleanup thread's `shutdown` ends a step left open, closing the
+    tiers and the runtime."""
+    h, _tier = through
+    h.store(1)
+    assert h.manager.lookup(k(1)) is HIT  # the step begins, on this thread
+    answers: list[Any] = []
+    other = threading.Thread(
+        target=lambda: answers.append((h.manager.stats(), h.manager.prepare_store([k(2)])))
+    )
+    other.start()
+    other.join(0.2)
+    assert other.is_alive() and not answers  # waits for the step
+    h.manager.on_schedule_end()
+    other.join(5)
+    assert not other.is_alive() and answers[0][1] is not None
+    assert h.manager.lookup(k(1)) is HIT  # a new step, left open
+    with caplog.at_level(logging.WARNING, logger="tiering.manager.steplock"):
+        closer = threading.Thread(target=h.manager.shutdown)
+        closer.start()
+        closer.join(10)
+    assert not closer.is_alive()
+    assert "ended by another thread" in caplog.text
+    assert h.runtime._closed  # the runtime was shut down
 
 
 def test_write_through_demotes_each_stored_block(through: tuple[Harness, MemoryTier]) -> None:

@@ -84,16 +84,20 @@ class StepLock:
         self._warned = False
 
     def end(self) -> None:
-        """The step ends (a no-op outside a step)."""
+        """The step ends (a no-op outside a step). Another thread than the step's may end it
+        (`shutdown` or `reset` from a cleanup thread after the scheduler's thread stopped
+        mid-step): the lock is given back all the same, and that is logged."""
         if self.stepping:
-            assert self._owner == _get_ident(), "a step ended by another thread than its own"
+            if self._owner != _get_ident():
+                log.warning("kvtier: an engine step was ended by another thread than its own")
             self.stepping = False
             self._owner = None
             self._lock.release()
 
     def call(self, function: Callable[..., _T], *args: Any) -> _T:
-        """`function(*args)` under the lock, unless the scheduler holds it for the step."""
-        if self.stepping:
+        """`function(*args)` under the lock, unless the calling thread holds it for its step
+        (another thread waits for that step to end)."""
+        if self.stepping and self._owner == _get_ident():
             return function(*args)
         lock = self._lock
         if not lock.acquire(False):
@@ -107,8 +111,9 @@ class StepLock:
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Hold the lock for a block of code (inside a step: the step's hold)."""
-        if self.stepping:
+        """Hold the lock for a block of code (inside the calling thread's step: the step's
+        hold)."""
+        if self.stepping and self._owner == _get_ident():
             yield
             return
         with self._hold():
