@@ -75,8 +75,8 @@ def test_python_dash_m_kvtier_is_the_command() -> None:
 def test_the_demo_config_is_package_data_equal_to_the_example() -> None:
     assert DEFAULT_CONFIG == Path(kvtier.__file__).parent / "configs" / "demo.yaml"
     assert DEFAULT_CONFIG.read_bytes() == (ROOT / "configs" / "demo.yaml").read_bytes()
-    os.environ.setdefault("KVTIER_DEMO_DIR", "/tmp/kvtier-demo")
-    assert [t.type for t in load_config(DEFAULT_CONFIG).tiers] == ["file"]
+    config = load_config(DEFAULT_CONFIG, {"KVTIER_DEMO_DIR": "/tmp/kvtier-demo"})
+    assert [t.type for t in config.tiers] == ["file"]
 
 
 @pytest.mark.slow
