@@ -2,8 +2,10 @@
 
 vLLM 0.33 waits for an expedited load inside the step, before the forward pass, so its latency
 is the step's. A copy engine serves it in a lane of its own (`tiers/copy/base.py`). Here a
-backlog of `--backlog` bytes of stores (jobs of `--job-blocks` blocks of `--block` bytes) is
-submitted, then at once one load of `--load-blocks` blocks, regular or expedited; the time from
+backlog of `--backlog` bytes of stores, each followed by a load of the same blocks back (jobs
+of `--job-blocks` blocks of `--block` bytes: the CPU engine's one regular lane, and both CUDA
+streams, busy), is submitted, then at once one load of `--load-blocks` other blocks, regular or
+expedited; the time from
 the load's submission until `wait` returns is measured. Baseline: the same load on an idle
 engine. Each case is run `--repeat` times, interleaved, and the median taken.
 
@@ -88,10 +90,12 @@ def measure(
             queued = []
             if behind:
                 for start in range(0, backlog_blocks, job_blocks):
-                    job = next(ids)
                     rows = np.arange(start, min(start + job_blocks, backlog_blocks))
-                    engine.submit_store(job, EngineBlocks.of(rows, [len(rows)], [0]), rows)
-                    queued.append(job)
+                    blocks = EngineBlocks.of(rows, [len(rows)], [0])
+                    store, load = next(ids), next(ids)
+                    engine.submit_store(store, blocks, rows)
+                    engine.submit_load(load, rows, blocks)  # the same bytes back
+                    queued += [store, load]
             load = next(ids)
             start = time.perf_counter()
             engine.submit_load(load, load_slots, target, expedited=expedited)
@@ -127,7 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--block", default="256KiB", help="bytes per block (default 256KiB)")
-    parser.add_argument("--backlog", default="256MiB", help="stores queued ahead (256MiB)")
+    parser.add_argument("--backlog", default="256MiB", help="bytes copied ahead (256MiB)")
     parser.add_argument("--job-blocks", type=int, default=32, help="blocks per store job (32)")
     parser.add_argument("--load-blocks", type=int, default=16, help="blocks of the load (16)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each case (5)")
@@ -146,7 +150,7 @@ def main() -> None:
         return
     print(
         f"{args.device}: a load of {result['load_blocks']} blocks of {result['block_bytes'] >> 10}"
-        f" KiB behind {result['backlog_bytes'] >> 20} MiB of stores"
+        f" KiB behind {result['backlog_bytes'] >> 20} MiB of stores and loads"
     )
     print(f"  idle engine  {result['idle_ms']:8.2f} ms")
     print(f"  regular      {result['regular_ms']:8.2f} ms  ({result['regular_ratio']:.1f}x idle)")

@@ -29,5 +29,5 @@ python3 bench/expedited.py --device cuda --json > "$out/gpu-expedited.json"
 python3 - "$out/gpu-expedited.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"load of {r['load_blocks']} blocks behind {r['backlog_bytes'] >> 20} MiB of stores: idle {r['idle_ms']:.2f} ms, regular {r['regular_ms']:.2f} ms ({r['regular_ratio']:.1f}x), expedited {r['expedited_ms']:.2f} ms ({r['expedited_ratio']:.1f}x; target <= 1.5x idle)")
+print(f"load of {r['load_blocks']} blocks behind {r['backlog_bytes'] >> 20} MiB of stores and loads: idle {r['idle_ms']:.2f} ms, regular {r['regular_ms']:.2f} ms ({r['regular_ratio']:.1f}x), expedited {r['expedited_ms']:.2f} ms ({r['expedited_ratio']:.1f}x; target <= 1.5x idle)")
 PY
