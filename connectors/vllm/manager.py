@@ -142,9 +142,10 @@ def config_info(config: Config, num_slots: int, block_bytes: int) -> list[dict[s
 
 class KvtierManager(OffloadingManager):
     """vLLM's manager contract over a `TieringOffloadingManager`. Scheduler process, scheduler
-    thread. Type conversion only: the logic lives in `tiering/`. vLLM (0.32, 0.33) never calls `touch`,
-    so uses reach the policy through `prepare_load` (a hit being loaded) and `prepare_store`
-    (a resident block offered again: the request reused it from the GPU's prefix cache).
+    thread. Type conversion only: the logic lives in `tiering/`. vLLM (0.32, 0.33) never calls
+    `touch`, so uses reach the policy through `prepare_load` (a hit being loaded) and
+    `prepare_store` (a resident block offered again: the request reused it from the GPU's
+    prefix cache).
 
     A block a request waited for while it was promoted from a secondary tier is reported to
     vLLM as coming from that tier's medium (`get_load_source`: disk for a file tier), so
