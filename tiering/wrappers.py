@@ -43,6 +43,7 @@ class ForwardingTier(Tier):
         self.type_name = inner.type_name  # type: ignore[misc]
         self.persistent = inner.persistent  # type: ignore[misc]
         self.shared = inner.shared  # type: ignore[misc]
+        self.medium = inner.medium  # type: ignore[misc]
         self.supports_listing = inner.supports_listing  # type: ignore[misc]
         self.evicts = inner.evicts  # type: ignore[misc]
         self.align = inner.align  # type: ignore[misc]

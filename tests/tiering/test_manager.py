@@ -434,6 +434,47 @@ def test_a_failed_promotion_of_a_block_resident_again_is_not_removed(
     assert not any(getattr(e, "metadata_only", False) for e in events)
 
 
+def test_a_key_pending_again_from_another_tier_is_not_removed(
+    make: Callable[..., Harness],
+) -> None:
+    a_inner, b = (MemoryTier(namespace=NAMESPACE, name=name) for name in "ab")
+    a = FaultyTier(a_inner)
+    h = make(
+        [
+            (TierConfig(name="a", type="memory", write="through"), a),
+            (TierConfig(name="b", type="memory", write="through"), b),
+        ]
+    )
+    for tier in (a_inner, b):
+        plant(tier, k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    h.manager.take_events()
+    a.corrupt = 1.0
+    assert h.manager.lookup(k(1)) is PENDING and h.manager.promoted_from(k(1)) is a
+    h.settle()  # a's copy arrives damaged
+    h.lookup_until(1, PENDING)
+    assert h.manager.promoted_from(k(1)) is b  # PENDING again: vLLM records it resident
+    h.runtime.submit(Job("busy", lambda: hog(0.2), 5.0))  # b's promotion not allocated yet
+    time.sleep(0.02)
+    h.manager.on_schedule_end()
+    events = [e for e in h.manager.take_events() if not isinstance(e, TierEvent)]
+    assert not any(e.metadata_only for e in events), events
+    h.settle()
+    assert h.manager.lookup(k(1)) is HIT
+
+
+def test_a_second_fenced_reset_counts_only_new_slots_and_one_flush_frees_all(
+    make: Callable[..., Harness],
+) -> None:
+    h = make([], slots=4)
+    assert h.manager.prepare_store([k(1)]) is not None
+    h.manager.reset(fence=True)
+    assert h.manager.prepare_store([k(2)]) is not None
+    h.manager.reset(fence=True)  # vLLM 0.33 merges the fences: one on_reset_flushed
+    assert h.manager.pool.num_free == 2 and h.manager.counters["reset_slots_fenced"] == 2
+    h.manager.reset_flushed()
+    assert h.manager.pool.num_free == 4 and h.manager.pool.num_held == 0
+
+
 def test_every_counter_exists_at_zero_from_the_start(make: Callable[..., Harness]) -> None:
     h = make([memory_tier("a"), memory_tier("b")])
     stats = h.manager.stats()

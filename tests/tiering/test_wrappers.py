@@ -121,3 +121,9 @@ def test_a_cancelled_batch_leaves_no_call_unstarted_and_unawaited() -> None:
         asyncio.run(cancel_midway())
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+def test_a_wrapped_tier_keeps_its_medium() -> None:
+    inner = MemoryTier(namespace=NAMESPACE, name="m")
+    assert inner.medium == "memory"
+    assert FaultyTier(inner).medium == "memory"  # its hits are the host's, not a remote's

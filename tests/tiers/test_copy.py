@@ -358,6 +358,87 @@ def test_a_later_job_waits_for_the_expedited_load_it_conflicts_with(device: str)
     engine.shutdown()
 
 
+def test_an_expedited_load_does_not_wait_for_a_queued_load_of_the_same_slot(device: str) -> None:
+    setup = make_setup(device=device)
+    hold = Hold(setup)
+    engine = hold.engine()
+    setup.tensors[0].tensor[1].fill_(9)
+    engine.submit_store(0, one(1), [0])
+    engine.wait([0])
+    hold.before(engine, 1, "load")
+    engine.submit_load(1, [7], one(20))  # held (CPU: the regular lane's backlog)
+    engine.submit_load(2, [0], one(5))  # another request's load of slot 0, queued behind it
+    engine.submit_load(3, [0], one(6), expedited=True)  # two reads of one slot: no order
+    finished = threading.Thread(target=engine.wait, args=([3],), daemon=True)
+    finished.start()
+    finished.join(5)
+    try:
+        assert not finished.is_alive(), "the expedited load waited for a load that only reads"
+        assert int(setup.tensors[0].tensor[6, 0]) == 9
+    finally:
+        hold.release()
+    engine.wait([1, 2])
+    engine.shutdown()
+
+
+def test_a_job_id_used_again_after_its_report_does_not_tie_the_lanes(device: str) -> None:
+    setup = make_setup(device=device)
+    hold = Hold(setup)
+    engine = hold.engine()
+    hold.before(engine, 100, "expedited")
+    engine.submit_load(100, [10], one(10), expedited=True)  # holds the expedited lane
+    engine.submit_store(5, one(1), [0])
+    engine.submit_load(6, [0], one(2), expedited=True)  # reads slot 0: follows store 5
+    engine.wait([5])
+    assert 5 in [r.job_id for r in engine.get_finished()]  # reported: id 5 is free again
+    engine.submit_store(5, one(2), [1])  # reads block 2, which job 6 writes: follows it
+    hold.release()
+    finished = threading.Thread(target=engine.wait, args=([6, 5],), daemon=True)
+    finished.start()
+    finished.join(10)
+    assert not finished.is_alive(), "the lanes wait for each other"
+    engine.shutdown()
+
+
+def test_submitting_an_expedited_load_behind_a_long_backlog_is_quick() -> None:
+    setup = make_setup(num_blocks=4096, num_slots=4096)
+    hold = Hold(setup)
+    engine = hold.engine()
+    rng = np.random.default_rng(0)
+    hold.before(engine, 0, "load")
+    for job_id in range(1000):  # stores of 16 blocks each, queued behind a held one
+        ids = rng.choice(np.arange(100, 4096), 16, replace=False)
+        first = 16 + job_id % 100
+        engine.submit_store(job_id, EngineBlocks.of(ids, [16, 0], [0, 0]), range(first, first + 16))
+    start = time.perf_counter()
+    engine.submit_load(1000, [4000], one(5), expedited=True)
+    took = time.perf_counter() - start
+    hold.release()
+    engine.wait(range(1001))
+    engine.shutdown()
+    # What it costs depends on the new job's size, not on the 1000 queued (about 0.1 s before).
+    assert took < 0.005, f"one submit_load took {took * 1e3:.1f} ms"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("expedited", [False, True])
+def test_a_load_lands_after_what_the_compute_stream_queued_before_it(expedited: bool) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available on this machine")
+    setup = make_setup(device="cuda")
+    engine = setup.engine()
+    setup.tensors[0].tensor[1].fill_(7)
+    engine.submit_store(0, one(1), [0])
+    engine.wait([0])
+    torch.cuda._sleep(2_000_000_000)  # the compute stream is busy (~1 s)...
+    setup.tensors[0].tensor[4].zero_()  # ...then zeroes block 4, as vLLM zeroes new blocks
+    engine.submit_load(1, [0], one(4), expedited=expedited)
+    engine.wait([1])
+    torch.cuda.synchronize()
+    assert int(setup.tensors[0].tensor[4, 0]) == 7, "the load landed before the zeroing"
+    engine.shutdown()
+
+
 def test_failed_jobs_are_reported_and_later_jobs_run(device: str) -> None:
     setup = make_setup(device=device)
 

@@ -298,8 +298,9 @@ class TieringOffloadingManager:
                 self._stuck |= stuck
             self._quarantined = keep
             if fence:
-                self._fenced = self.pool.slots_in_use()
-                self.counters["reset_slots_fenced"] += len(self._fenced)
+                fenced = self.pool.slots_in_use()
+                self.counters["reset_slots_fenced"] += len(fenced - self._fenced)
+                self._fenced = fenced
             self._generation += 1
             self.pool.reset(keep | self._fenced)
             self._arrivals.clear()

@@ -190,10 +190,14 @@ class Promoter:
         return any(self.queued.values())
 
     def take_failed(self) -> list[BlockKey]:
-        """The keys of failed promotions since the last call that are not resident again."""
+        """The keys of failed promotions since the last call that are neither resident nor
+        being promoted again."""
         failed, self.failed = self.failed, []
-        lookup = self.pool.lookup
-        return [key for key in dict.fromkeys(failed) if lookup(key) is _MISS]
+        lookup, promoting = self.pool.lookup, self.promoting
+        # A key queued again (from another tier) reads PENDING again: it is not removed.
+        return [
+            key for key in dict.fromkeys(failed) if key not in promoting and lookup(key) is _MISS
+        ]
 
     def clear(self) -> None:
         self.queued.clear()

@@ -11,9 +11,12 @@ KV cache and the worker's shard of the primary region.
   store that writes it (submitted earlier) has finished.
 - An expedited load (vLLM 0.33 waits for it inside the step, before the forward pass) has a lane
   of its own: it does not queue behind earlier stores or loads, and may finish before them. It
-  still waits for every earlier job it conflicts with (one that writes a slot it reads, or
-  touches an engine block it writes), and a later job waits for an expedited load it conflicts
-  with, so lanes never reorder two copies of the same bytes.
+  still waits for every earlier job of another lane it conflicts with, and a later job for an
+  expedited load it conflicts with, so lanes never reorder two copies of the same bytes. Two
+  jobs conflict when one writes what the other reads or writes: a store writes slots and reads
+  engine blocks, a load the other way round (two loads of one slot do not conflict). Which
+  earlier job a new one must follow is found in time proportional to the new job's size
+  (`LaneMarks`), never to what is queued.
 - A failed copy (bad ids, a driver error, an injected fault) is a failed job, never an
   exception raised into the engine. Misusing the contract (a job id twice) raises StateError.
 """
@@ -34,7 +37,7 @@ from tiers.copy.mapping import EngineBlocks, GroupRef, IntArray, TensorRows, pla
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CopyEngine", "CopyResult", "Direction", "CopyJob", "KVTensor", "Pieces"]
+__all__ = ["CopyEngine", "CopyResult", "Direction", "CopyJob", "KVTensor", "LaneMarks", "Pieces"]
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +83,46 @@ class CopyJob:
     blocks: EngineBlocks
     slots: IntArray
     expedited: bool = False
+    seq: int = 0
+    """The engine's submission number of the job (from 1): unlike job ids, never reused."""
+    in_range: bool = True
+    """Every slot and engine block id is within the engine's bounds (else the job fails
+    when it is planned, touching nothing, and no other job waits for it)."""
 
-    def conflicts(self, other: CopyJob) -> bool:
-        """Whether the two jobs touch a common slot or engine block, so their order matters
-        (a slot is written by a store and read by a load; an engine block the other way)."""
-        return bool(
-            np.isin(self.slots, other.slots).any()
-            or np.isin(self.blocks.block_ids, other.blocks.block_ids).any()
-        )
+
+class LaneMarks:
+    """For one lane of a copy engine: per slot and per engine block, the submission number
+    of the lane's newest job that writes it and that reads it (worker process, under the
+    engine's lock or on the engine's thread). A lane finishes its jobs in order, so a job of
+    another lane that conflicts with some of them need only follow the newest (`after`)."""
+
+    def __init__(self, num_slots: int, num_blocks: int) -> None:
+        self.slot_written = np.zeros(num_slots, dtype=np.int64)
+        self.slot_read = np.zeros(num_slots, dtype=np.int64)
+        self.block_written = np.zeros(num_blocks, dtype=np.int64)
+        self.block_read = np.zeros(num_blocks, dtype=np.int64)
+
+    def after(self, job: CopyJob) -> int:
+        """The submission number of this lane's newest job that `job` must follow (0: none)."""
+        if not job.in_range:
+            return 0
+        slots, blocks = job.slots, job.blocks.block_ids
+        if job.direction is Direction.STORE:  # writes slots, reads blocks
+            marks = (self.slot_read[slots], self.slot_written[slots], self.block_written[blocks])
+        else:  # reads slots, writes blocks
+            marks = (self.slot_written[slots], self.block_read[blocks], self.block_written[blocks])
+        return max(int(m.max(initial=0)) for m in marks)
+
+    def mark(self, job: CopyJob) -> None:
+        """`job` is this lane's newest."""
+        if not job.in_range:
+            return
+        if job.direction is Direction.STORE:
+            self.slot_written[job.slots] = job.seq
+            self.block_read[job.blocks.block_ids] = job.seq
+        else:
+            self.slot_read[job.slots] = job.seq
+            self.block_written[job.blocks.block_ids] = job.seq
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +205,7 @@ class CopyEngine(ABC):
         self._slot_base = [shard.data_ptr() + offset for offset in offsets]
         self._num_blocks = min((int(kv.tensor.shape[0]) for kv in self.tensors), default=0)
         self._known: set[int] = set()  # submitted and not yet reported
+        self._seq = 0  # submissions so far
 
     def submit_store(self, job_id: int, blocks: EngineBlocks, slots: Sequence[int] | Any) -> None:
         """Copy `blocks` of the engine's KV cache into `slots` (in the background). The arrays
@@ -220,13 +256,21 @@ class CopyEngine(ABC):
         # No copies: the caller hands the arrays over and must not change them until the job
         # is reported (vLLM builds fresh ones per transfer).
         ids = np.asarray(blocks.block_ids, dtype=np.int64)
+        slot_ids = np.asarray(slots, dtype=np.int64).reshape(-1)
+        self._seq += 1
         return CopyJob(
             job_id,
             direction,
             EngineBlocks(ids, blocks.group_sizes, blocks.block_indices),
-            np.asarray(slots, dtype=np.int64).reshape(-1),
+            slot_ids,
             expedited,
+            self._seq,
+            _within(ids, self._num_blocks) and _within(slot_ids, self.num_slots),
         )
+
+    def lane_marks(self) -> LaneMarks:
+        """Fresh marks for one lane of this engine."""
+        return LaneMarks(self.num_slots, self._num_blocks)
 
     def _reported(self, job_id: int) -> None:
         self._known.discard(job_id)
@@ -258,3 +302,7 @@ class CopyEngine(ABC):
                 )
             segments.append((engine, slot, r.nbytes) if store else (slot, engine, r.nbytes))
         return Pieces(segments)
+
+
+def _within(ids: IntArray, bound: int) -> bool:
+    return not len(ids) or (int(ids.min()) >= 0 and int(ids.max()) < bound)

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from tiers.copy.base import CopyEngine, CopyJob, CopyResult, KVTensor
+from tiers.copy.base import CopyEngine, CopyJob, CopyResult, KVTensor, LaneMarks
 from tiers.copy.mapping import GroupRef
 
 if TYPE_CHECKING:
@@ -46,20 +46,16 @@ _copy_batch = _load_batch_copy()
 
 
 class _Lane:
-    """A queue of copy jobs and the thread that copies them in order (worker process; the
-    queue is guarded by the engine's condition). Each job comes with the ids of the jobs of the
-    other lane it must not overtake."""
+    """A queue of copy jobs and the thread that copies them in order (worker process; guarded
+    by the engine's condition). Each job comes with the submission number of the other lane's
+    newest job it must follow; `done` is the number of this lane's last finished job (the lane
+    finishes in order, so every earlier job of it has finished too)."""
 
-    def __init__(self, name: str, run: Callable[[_Lane], None]) -> None:
-        self.queue: deque[tuple[CopyJob, frozenset[int]]] = deque()
-        self.current: CopyJob | None = None
+    def __init__(self, name: str, run: Callable[[_Lane], None], marks: LaneMarks) -> None:
+        self.queue: deque[tuple[CopyJob, int]] = deque()
+        self.marks = marks
+        self.done = 0
         self.thread = threading.Thread(target=run, args=(self,), name=name, daemon=True)
-
-    def jobs(self) -> Iterable[CopyJob]:
-        if self.current is not None:
-            yield self.current
-        for job, _ in self.queue:
-            yield job
 
 
 class CpuCopyEngine(CopyEngine):
@@ -98,8 +94,9 @@ class CpuCopyEngine(CopyEngine):
         self._awaited: set[int] = set()
         self._results: list[CopyResult] = []
         self._stopping = False
-        self._lane = _Lane("kvtier-copy", self._run)
-        self._expedited = _Lane("kvtier-copy-expedited", self._run)
+        self._lane = _Lane("kvtier-copy", self._run, self.lane_marks())
+        self._expedited = _Lane("kvtier-copy-expedited", self._run, self.lane_marks())
+        self._other = {id(self._lane): self._expedited, id(self._expedited): self._lane}
         for lane in (self._lane, self._expedited):
             lane.thread.start()
 
@@ -113,8 +110,8 @@ class CpuCopyEngine(CopyEngine):
             lane, other = (
                 (self._expedited, self._lane) if job.expedited else (self._lane, self._expedited)
             )
-            after = frozenset(j.job_id for j in other.jobs() if job.conflicts(j))
-            lane.queue.append((job, after))
+            lane.queue.append((job, other.marks.after(job)))
+            lane.marks.mark(job)
             self._pending.add(job.job_id)
             self._cond.notify_all()
 
@@ -142,8 +139,8 @@ class CpuCopyEngine(CopyEngine):
             lane.thread.join()
 
     def _ready(self, lane: _Lane) -> bool:
-        """The lane's first job may start: the jobs it must not overtake have finished."""
-        return bool(lane.queue) and self._pending.isdisjoint(lane.queue[0][1])
+        """The lane's first job may start: the other lane's jobs it must follow have finished."""
+        return bool(lane.queue) and lane.queue[0][1] <= self._other[id(lane)].done
 
     def _run(self, lane: _Lane) -> None:
         while True:
@@ -153,10 +150,9 @@ class CpuCopyEngine(CopyEngine):
                 if not lane.queue:
                     return
                 job, _ = lane.queue.popleft()
-                lane.current = job
             result = self._execute(job)
             with self._cond:
-                lane.current = None
+                lane.done = job.seq
                 self._results.append(result)
                 self._pending.discard(job.job_id)
                 self._awaited.discard(job.job_id)

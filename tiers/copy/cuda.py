@@ -155,7 +155,6 @@ class _InFlight:
     start: Any  # torch.cuda.Event
     end: Any
     nbytes: int
-    slots: IntArray
 
 
 class CudaCopyEngine(CopyEngine):
@@ -163,11 +162,12 @@ class CudaCopyEngine(CopyEngine):
 
     - One stream per lane: stores, loads, expedited loads (`tiers.copy.base`), so the jobs of a
       lane run and finish in submission order; lanes overlap each other and the forward pass.
-    - A store first waits on an event recorded on the compute stream at submission (the KV it
-      reads is written by kernels queued there), never on a device-wide synchronize.
+    - Every job first waits on an event recorded on the compute stream at submission, never on
+      a device-wide synchronize: a store reads KV written by kernels queued there, and a load
+      must land after what is queued there for its blocks (vLLM zeroes new blocks there).
     - A job waits, in each other lane, on the end event of the newest in-flight job it
-      conflicts with (a store writing a slot a load reads, a load writing an engine block a
-      store reads, or the other way round); within a lane, stream order does it.
+      conflicts with (`LaneMarks`: a store writing a slot a load reads, a load writing an
+      engine block a store reads, ...); within a lane, stream order does it.
     - A job is one `cuMemcpyBatchAsync` (CUDA >= 12.8; source order ANY for slot -> GPU, STREAM
       for GPU -> slot), or a `cuMemcpyAsync` per piece where the batch call is missing or fails
       its start-up self-check.
@@ -198,6 +198,7 @@ class CudaCopyEngine(CopyEngine):
         self._streams = {lane: torch.cuda.Stream(self.device) for lane in _LANES}  # type: ignore[no-untyped-call]
         self._events: list[Any] = []
         self._inflight: dict[str, deque[_InFlight]] = {lane: deque() for lane in _LANES}
+        self._marks = {lane: self.lane_marks() for lane in _LANES}
         self._failed: list[CopyResult] = []
         self.batched = batch and self._driver.has_batch and self._batch_self_check()
         log.info(
@@ -219,18 +220,22 @@ class CudaCopyEngine(CopyEngine):
             pieces = self.pieces(job, self.plan(job))
             lane = _lane(job)
             stream = self._streams[lane]
-            if job.direction is Direction.STORE:
-                ready = self._event()
-                ready.record(torch.cuda.current_stream(self.device))
-                stream.wait_event(ready)
-                self._events.append(ready)  # reusable at once: wait_event captured it
+            ready = self._event()
+            ready.record(torch.cuda.current_stream(self.device))
+            stream.wait_event(ready)
+            self._events.append(ready)  # reusable at once: wait_event captured it
             for other, queue in self._inflight.items():
                 if other == lane:
                     continue
-                for item in reversed(queue):
-                    if job.conflicts(item.job):
-                        stream.wait_event(item.end)
+                after = self._marks[other].after(job)
+                newest = None
+                for item in queue:  # in submission order: the first few are the candidates
+                    if item.job.seq > after:
                         break
+                    newest = item
+                if newest is not None:
+                    stream.wait_event(newest.end)
+            self._marks[lane].mark(job)
             start, end = self._event(), self._event()
             start.record(stream)
             self._copy(pieces, job.direction, stream)
@@ -239,7 +244,7 @@ class CudaCopyEngine(CopyEngine):
             log.warning("copy job %d (%s) failed: %s", job.job_id, job.direction.value, e)
             self._failed.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, repr(e)))
             return
-        self._inflight[lane].append(_InFlight(job, start, end, pieces.total, job.slots))
+        self._inflight[lane].append(_InFlight(job, start, end, pieces.total))
 
     def _copy(self, pieces: Pieces, direction: Direction, stream: Any) -> None:
         if not pieces.segments:
