@@ -64,6 +64,8 @@ class Shape:
             raise ValueError(f"model kind {shape.kind!r}: expected llama, qwen3 or gemma3")
         if shape.kind == "gemma3" and len(shape.layer_types) != shape.layers:
             raise ValueError(f"gemma3: {shape.layers} layers need as many layer_types")
+        if shape.kind != "gemma3" and shape.layer_types:
+            raise ValueError("layer_types: only a gemma3 model mixes attention kinds")
         if any(t not in ATTENTION for t in shape.layer_types):
             raise ValueError(f"layer_types {shape.layer_types}: each is sliding or full")
         return shape

@@ -24,7 +24,7 @@ import os
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +81,13 @@ def later_prompt(baseline: dict[str, Any]) -> list[int]:
 
 def third_turn(baseline: dict[str, Any]) -> list[int]:
     """Conversation A's third turn: its history, as the baseline answered it."""
-    answers = baseline["outputs"]
-    return SHARED + answers[0]["tokens"] + TURN_2 + answers[2]["tokens"] + TURN_3
+    first: list[int] = baseline["outputs"][0]["tokens"]
+    second: list[int] = baseline["outputs"][2]["tokens"]
+    return SHARED + first + TURN_2 + second + TURN_3
 
 
 @dataclass(frozen=True)
-class Shape:
+class ShapeCase:
     """One model shape and what kvtier must give it.
 
     `block_bytes`: one kvtier block over all workers (one KV-cache group's layers).
@@ -107,21 +108,21 @@ class Shape:
     restart_blocks: int
     num_layers: int = 2
     tensor_parallel_size: int = 1
-    env: dict[str, str] = field(default_factory=dict)
 
 
-def cpu_pair() -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for two ranks: one CPU each, the first two this process may
-    use (vLLM's automatic binding reserves cores for the scheduler and leaves none on 2)."""
+def cpu_binding(ranks: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `ranks` workers: one CPU each, the first this process may
+    use. vLLM's automatic binding wants a NUMA node per rank ("Not enough allowed NUMA nodes
+    to bind threads of 2 local CPUWorkers") and these machines have one."""
     cpus = sorted(os.sched_getaffinity(0))
-    assert len(cpus) >= 2, f"tensor_parallel_size=2 needs 2 CPUs; this process has {cpus}"
-    return f"{cpus[0]}|{cpus[1]}"
+    assert len(cpus) >= ranks, f"{ranks} ranks need as many CPUs; this process has {cpus}"
+    return "|".join(str(cpu) for cpu in cpus[:ranks])
 
 
 SHAPES = [
     # 9 prefix blocks were evicted (the engine kept the first); the restarted engine, whose
     # cache is empty, loads all 10.
-    Shape(
+    ShapeCase(
         name="qwen3-gqa",
         model=QWEN3,
         engine_blocks=18,
@@ -137,7 +138,7 @@ SHAPES = [
     # a block: 288): 9 blocks of the full-attention group and, of each sliding group, the 2
     # blocks of the 64-token window before it. Turn 3 (416 tokens) ends one at 352, where
     # turn 2 left its windows: 11 + 2 x 2 blocks.
-    Shape(
+    ShapeCase(
         name="gemma3-sliding-and-full",
         model=GEMMA3,
         engine_blocks=54,  # shared by the 3 groups: 18 blocks of 32 tokens each
@@ -150,7 +151,7 @@ SHAPES = [
         restart_blocks=11 + 2 * 2,
         num_layers=6,
     ),
-    Shape(
+    ShapeCase(
         name="qwen3-tp2",
         model=QWEN3,
         engine_blocks=18,
@@ -162,7 +163,6 @@ SHAPES = [
         restart_hit=PREFIX,
         restart_blocks=PREFIX // BLOCK,
         tensor_parallel_size=2,
-        env={"VLLM_CPU_OMP_THREADS_BIND": cpu_pair()},
     ),
 ]
 
@@ -172,13 +172,14 @@ def vllm_python() -> Path:
     return ensure_vllm_venv()
 
 
-def run(python: Path, workdir: Path, shape: Shape, extra: Any, **body: Any) -> dict[str, Any]:
+def run(python: Path, workdir: Path, shape: ShapeCase, extra: Any, **body: Any) -> dict[str, Any]:
+    ranks = shape.tensor_parallel_size
     scenario = {
         "model_dir": str(workdir / "model"),
         "model": shape.model,
         "engine_blocks": shape.engine_blocks,
-        "tensor_parallel_size": shape.tensor_parallel_size,
-        "env": shape.env,
+        "tensor_parallel_size": ranks,
+        "env": {"VLLM_CPU_OMP_THREADS_BIND": cpu_binding(ranks)} if ranks > 1 else {},
         "extra": extra,
         **body,
     }
@@ -201,7 +202,7 @@ def kvtier_extra(workdir: Path) -> dict[str, Any]:
 
 @dataclass
 class Runs:
-    shape: Shape
+    shape: ShapeCase
     workdir: Path
     baseline: dict[str, Any]
     offloaded: dict[str, Any]
@@ -212,7 +213,7 @@ def runs(
     request: pytest.FixtureRequest, vllm_python: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Runs:
     """The baseline and the run with kvtier of one shape, shared by its tests."""
-    shape: Shape = request.param
+    shape: ShapeCase = request.param
     workdir = tmp_path_factory.mktemp(shape.name)
     baseline = run(vllm_python, workdir, shape, None, **shape.scenario(True))
     offloaded = run(vllm_python, workdir, shape, kvtier_extra(workdir), **shape.scenario(False))
