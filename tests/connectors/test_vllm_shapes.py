@@ -8,8 +8,10 @@ Each shape runs the scenario of shared/vllm-cpu-e2e.md three times, one engine a
 1. vLLM alone: the baseline, whose tokens and logprobs every other run must reproduce;
 2. with kvtier (a large primary, a write-through file tier): an unrelated request evicts a
    shared prefix from the engine's own cache, and the request that comes back to it must get
-   the prefix from kvtier (vLLM's cached-token count, its load bytes, kvtier's counters);
-3. a fresh engine on the same file tier: its first request finds the prefix on disk.
+   the prefix from kvtier (vLLM's cached-token count, its count of tokens by source, the
+   bytes its workers report loaded), and every process must log the same kvtier namespace;
+3. a fresh engine on the same file tier: its first request finds the prefix on disk (kvtier's
+   promotion counter, then the same three figures).
 
 A sliding-window layer keeps (and so offloads) only the blocks a later hit can use: the window
 before each block boundary its prompt can end a hit at; the last prompt token is always
