@@ -24,11 +24,16 @@ def run_scenario(
     the engine's output (vLLM's and kvtier's log lines) under `log`.
 
     Scenario keys besides the prompts: `model_dir` (written there unless it holds the model of
-    `model_seed`, default `connectors.vllm.run.MODEL_SEED`), `engine_blocks`, `max_model_len`,
-    `max_tokens`, `extra` (`kv_connector_extra_config`; None: no offloading),
-    `prefix_caching_hash_algo`, `env` (variables for the engine; a null value removes one).
-    `uniproc` (default True) keeps scheduler and worker in one process; False is vLLM's default
-    deployment, scheduler and worker in separate processes.
+    `model_seed`, default `connectors.vllm.run.MODEL_SEED`, and of `model`), `model` (the
+    fields of `connectors.vllm.run.Shape`, e.g. `{"kind": "qwen3", "heads": 8}`; default: the
+    2-layer Llama), `engine_blocks` (the engine's KV cache, in blocks of 32 tokens, shared by
+    a hybrid model's KV-cache groups), `max_model_len`, `max_tokens`, `extra`
+    (`kv_connector_extra_config`; None: no offloading), `prefix_caching_hash_algo`, `env`
+    (variables for the engine; a null value removes one). `uniproc` (default True) keeps
+    scheduler and worker in one process; False is vLLM's default deployment, scheduler and
+    worker in separate processes. `tensor_parallel_size` (default 1): above 1, one worker
+    process per rank (vLLM's multiprocess executor; on CPUs give each rank its cores with
+    `VLLM_CPU_OMP_THREADS_BIND` in `env`, e.g. "0|1"), the scheduler where `uniproc` says.
     """
     root = Path(__file__).resolve().parent.parent  # where kvtier's packages are
     name = f"scenario-{os.getpid()}-{time.monotonic_ns()}"

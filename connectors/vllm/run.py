@@ -5,9 +5,10 @@ Runs inside the vLLM virtual environment as a script, never imported by kvtier i
 `kvtier demo` and the end-to-end tests use it; `kvtier.scenario.run_scenario` is how they call
 it (and documents the scenario's keys).
 
-The model is a tiny Llama written locally with realistic random weights (embeddings ~N(0,1),
+The model is tiny and written locally with realistic random weights (embeddings ~N(0,1),
 projections ~N(0, 1/fan_in)), so outputs depend on the context and a wrong KV load changes
-them. No tokenizer: prompts are token ids.
+them: a 2-layer Llama, or the `Shape` the scenario's `model` key names (a GQA Qwen3, a Gemma3
+mixing sliding-window and full attention). No tokenizer: prompts are token ids.
 """
 
 from __future__ import annotations
@@ -16,42 +17,133 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-HIDDEN, HEADS, KV_HEADS, LAYERS, INTER, VOCAB = 128, 4, 2, 2, 256, 1000
-HEAD_DIM = HIDDEN // HEADS
+if TYPE_CHECKING:
+    import torch
+
 ENGINE_BLOCK = 32
-
-
 MODEL_SEED = 1234
+ATTENTION = {"sliding": "sliding_attention", "full": "full_attention"}
+"""`Shape.layer_types` as Gemma3's config names them."""
 
 
-def write_model(path: Path, seed: int = MODEL_SEED) -> Path:
-    """A Llama with 2 layers, head_dim 32 (CPU attention needs 32..512), float32, its weights
-    drawn from `seed`. A folder holding the model of another seed is written over: same config,
-    same safetensors header and sizes, other weight bytes."""
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The shape of the tiny model a scenario runs (its `model` key; the default is the
+    2-layer Llama every other scenario runs).
+
+    `kind`: `llama` (LlamaForCausalLM), `qwen3` (Qwen3ForCausalLM: per-head q_norm/k_norm),
+    `gemma3` (Gemma3ForCausalLM, text-only: sliding-window and full-attention layers after
+    `layer_types`, `sliding` for a sliding-window layer and `full` for a full one; vLLM puts
+    each kind in its own KV-cache groups). CPU attention needs `head_dim` in {32, 64, 80, 96,
+    112, 128, ...}.
+    """
+
+    kind: str = "llama"
+    hidden: int = 128
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    layers: int = 2
+    intermediate: int = 256
+    vocab: int = 1000
+    sliding_window: int = 64
+    layer_types: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, model: dict[str, Any] | None) -> Shape:
+        fields = dict(model or {})
+        if "layer_types" in fields:
+            fields["layer_types"] = tuple(fields["layer_types"])
+        shape = cls(**fields)
+        if shape.kind not in ("llama", "qwen3", "gemma3"):
+            raise ValueError(f"model kind {shape.kind!r}: expected llama, qwen3 or gemma3")
+        if shape.kind == "gemma3" and len(shape.layer_types) != shape.layers:
+            raise ValueError(f"gemma3: {shape.layers} layers need as many layer_types")
+        if shape.kind != "gemma3" and shape.layer_types:
+            raise ValueError("layer_types: only a gemma3 model mixes attention kinds")
+        if any(t not in ATTENTION for t in shape.layer_types):
+            raise ValueError(f"layer_types {shape.layer_types}: each is sliding or full")
+        return shape
+
+    @property
+    def cache_tensors(self) -> int:
+        """KV-cache tensors vLLM allocates: one per layer, or, for a hybrid model, one per
+        layer of a KV-cache group (vLLM's `_get_kv_cache_groups_uniform_page_size`: the
+        groups have the size of the smallest layer kind, or of the largest when that is less
+        than 1.5 times the smallest)."""
+        counts = [self.layer_types.count(t) for t in ATTENTION if t in self.layer_types]
+        if len(counts) < 2:
+            return self.layers
+        return max(counts) if max(counts) < 1.5 * min(counts) else min(counts)
+
+    def kv_cache_bytes(self, blocks: int, tensor_parallel_size: int = 1) -> int:
+        """What `kv_cache_memory_bytes` (per worker) must be for `blocks` engine blocks."""
+        kv_heads = max(1, self.kv_heads // tensor_parallel_size)
+        return blocks * ENGINE_BLOCK * self.cache_tensors * 2 * kv_heads * self.head_dim * 4
+
+
+LLAMA = Shape()
+
+
+def write_model(path: Path, seed: int = MODEL_SEED, shape: Shape = LLAMA) -> Path:
+    """A model of `shape`, float32, its weights drawn from `seed` at a realistic scale. A folder
+    holding the model of another seed or shape is written over (another seed of the same shape:
+    same config, same safetensors header and sizes, other weight bytes)."""
     import torch
     from safetensors.torch import save_file
 
     marker = path / ".kvtier-seed"
-    if (
-        (path / "model.safetensors").exists()
-        and marker.exists()
-        and marker.read_text() == str(seed)
-    ):
+    # The default model's marker is its seed alone, as before shapes existed.
+    mark = str(seed) if shape == LLAMA else json.dumps({"seed": seed, **asdict(shape)})
+    if (path / "model.safetensors").exists() and marker.exists() and marker.read_text() == mark:
         return path
     path.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTER,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "num_hidden_layers": LAYERS,
-        "vocab_size": VOCAB,
-        "head_dim": HEAD_DIM,
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(*size: int, std: float) -> torch.Tensor:
+        return torch.randn(*size, generator=gen) * std
+
+    config, weights = _model(shape, normal)
+    (path / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
+    marker.write_text(mark)
+    return path
+
+
+def _model(
+    shape: Shape, normal: Callable[..., torch.Tensor]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The config.json and weights of `shape`: embeddings ~N(0, 1) (Gemma3 scales its
+    embeddings by sqrt(hidden), so ~N(0, 1/hidden) there), projections ~N(0, 1/fan_in), norms
+    neutral (Gemma's norms multiply by 1 + weight). For the default Llama the config and the
+    order of the draws are those of the first version, so model folders already written and
+    the outputs tests compare stay the same."""
+    import torch
+
+    h, q, kv, inter, vocab = (
+        shape.hidden,
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+        shape.intermediate,
+        shape.vocab,
+    )
+    gemma = shape.kind == "gemma3"
+    norm = torch.zeros if gemma else torch.ones
+    config: dict[str, Any] = {
+        "architectures": [_ARCHITECTURES[shape.kind]],
+        "model_type": _MODEL_TYPES[shape.kind],
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "num_hidden_layers": shape.layers,
+        "vocab_size": vocab,
+        "head_dim": shape.head_dim,
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
@@ -60,33 +152,53 @@ def write_model(path: Path, seed: int = MODEL_SEED) -> Path:
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
-    gen = torch.Generator().manual_seed(seed)
-
-    def normal(*shape: int, std: float) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen) * std
-
+    if shape.kind == "qwen3":
+        config["attention_bias"] = False
+    if gemma:
+        config |= {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": shape.head_dim,
+            "sliding_window": shape.sliding_window,
+            "layer_types": [ATTENTION[t] for t in shape.layer_types],
+            "pad_token_id": 0,
+        }
     weights = {
-        "model.embed_tokens.weight": normal(VOCAB, HIDDEN, std=1.0),
-        "model.norm.weight": torch.ones(HIDDEN),
-        "lm_head.weight": normal(VOCAB, HIDDEN, std=HIDDEN**-0.5),
+        "model.embed_tokens.weight": normal(vocab, h, std=h**-0.5 if gemma else 1.0),
+        "model.norm.weight": norm(h),
+        "lm_head.weight": normal(vocab, h, std=h**-0.5),
     }
-    for i in range(LAYERS):
+    for i in range(shape.layers):
         p = f"model.layers.{i}."
         weights |= {
-            p + "self_attn.q_proj.weight": normal(HEADS * HEAD_DIM, HIDDEN, std=HIDDEN**-0.5),
-            p + "self_attn.k_proj.weight": normal(KV_HEADS * HEAD_DIM, HIDDEN, std=HIDDEN**-0.5),
-            p + "self_attn.v_proj.weight": normal(KV_HEADS * HEAD_DIM, HIDDEN, std=HIDDEN**-0.5),
-            p + "self_attn.o_proj.weight": normal(HIDDEN, HEADS * HEAD_DIM, std=HIDDEN**-0.5),
-            p + "mlp.gate_proj.weight": normal(INTER, HIDDEN, std=HIDDEN**-0.5),
-            p + "mlp.up_proj.weight": normal(INTER, HIDDEN, std=HIDDEN**-0.5),
-            p + "mlp.down_proj.weight": normal(HIDDEN, INTER, std=INTER**-0.5),
-            p + "input_layernorm.weight": torch.ones(HIDDEN),
-            p + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+            p + "self_attn.q_proj.weight": normal(q, h, std=h**-0.5),
+            p + "self_attn.k_proj.weight": normal(kv, h, std=h**-0.5),
+            p + "self_attn.v_proj.weight": normal(kv, h, std=h**-0.5),
+            p + "self_attn.o_proj.weight": normal(h, q, std=h**-0.5),
+            p + "mlp.gate_proj.weight": normal(inter, h, std=h**-0.5),
+            p + "mlp.up_proj.weight": normal(inter, h, std=h**-0.5),
+            p + "mlp.down_proj.weight": normal(h, inter, std=inter**-0.5),
+            p + "input_layernorm.weight": norm(h),
+            p + "post_attention_layernorm.weight": norm(h),
         }
-    (path / "config.json").write_text(json.dumps(config))
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
-    marker.write_text(str(seed))
-    return path
+        if shape.kind != "llama":
+            weights |= {
+                p + "self_attn.q_norm.weight": norm(shape.head_dim),
+                p + "self_attn.k_norm.weight": norm(shape.head_dim),
+            }
+        if gemma:
+            weights |= {
+                p + "pre_feedforward_layernorm.weight": norm(h),
+                p + "post_feedforward_layernorm.weight": norm(h),
+            }
+    return config, weights
+
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+_MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 
 
 def run(scenario: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +206,8 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    model = write_model(Path(scenario["model_dir"]), scenario.get("model_seed", MODEL_SEED))
+    shape = Shape.of(scenario.get("model"))
+    model = write_model(Path(scenario["model_dir"]), scenario.get("model_seed", MODEL_SEED), shape)
     transfer = None
     if scenario.get("extra") is not None:
         transfer = KVTransferConfig(
@@ -102,8 +215,11 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
             kv_role="kv_both",
             kv_connector_extra_config=scenario["extra"],
         )
+    tensor_parallel = scenario.get("tensor_parallel_size", 1)
     kwargs: dict[str, Any] = {}
-    if scenario.get("uniproc", True):
+    if tensor_parallel > 1:
+        kwargs["distributed_executor_backend"] = "mp"  # one worker process per rank
+    elif scenario.get("uniproc", True):
         kwargs["distributed_executor_backend"] = "uni"
     if scenario.get("prefix_caching_hash_algo") is not None:
         kwargs["prefix_caching_hash_algo"] = scenario["prefix_caching_hash_algo"]
@@ -115,17 +231,12 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
         dtype="float32",
         seed=0,
         block_size=ENGINE_BLOCK,
-        kv_cache_memory_bytes=scenario["engine_blocks"]
-        * ENGINE_BLOCK
-        * LAYERS
-        * 2
-        * KV_HEADS
-        * HEAD_DIM
-        * 4,
+        kv_cache_memory_bytes=shape.kv_cache_bytes(scenario["engine_blocks"], tensor_parallel),
         max_model_len=scenario.get("max_model_len", 512),
         max_num_seqs=4,
         kv_transfer_config=transfer,
         disable_log_stats=False,
+        tensor_parallel_size=tensor_parallel,
         **kwargs,
     )
     params = SamplingParams(
