@@ -35,6 +35,7 @@ import yaml
 
 from kvtier.venv import ensure_vllm_venv
 from tests.connectors.openai_model import WORDS, write_chat_model
+from tiering.manager.stats import TIER_COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -61,27 +62,8 @@ SYSTEM_PROMPT_TOKENS = 10 * BLOCK_TOKENS  # `<|system|>` and 319 words: ten full
 CONVERSATIONS, TURNS, USER_WORDS, ANSWER_TOKENS = 3, 3, 24, 8
 UNRELATED_WORDS = MAX_MODEL_LEN - 50  # with its template and a user word: 30 of the 31 blocks
 STARTUP_TIMEOUT = 300.0
-KVTIER_COUNTERS = (
-    *(
-        f"vllm:kvtier_tier_{name}_total"
-        for name in (
-            "lookups",
-            "hits",
-            "misses",
-            "promotions",
-            "promotion_failures",
-            "demotions",
-            "demotion_failures",
-            "demotions_dropped",
-            "demotions_skipped",
-            "gated",
-            "errors",
-            "bytes_promoted",
-        )
-    ),
-)
-"""kvtier's per-tier counters as /metrics names them (`connectors/vllm/manager.py`); the README
-lists them for dashboards, which must be able to tell zero from missing."""
+KVTIER_COUNTERS = tuple(f"vllm:kvtier_tier_{name}_total" for name in TIER_COUNTERS)
+"""kvtier's per-tier counters as /metrics names them (`connectors/vllm/manager.py`)."""
 KVTIER_TOTALS = ("vllm:kvtier_promotions_late_total", "vllm:kvtier_dropped_direct_evictions_total")
 
 
