@@ -10,7 +10,7 @@ lookups, loads, waits, forwards, resets and `on_reset_flushed` is visible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from vllm.v1.kv_offload.base import (
@@ -42,7 +42,11 @@ class Event:
     """Lookups: how many in a row answered `result` (an idle engine asks every step)."""
 
     def as_json(self) -> dict[str, object]:
-        return {k: v for k, v in vars(self).items() if v not in ((), "", False, 0, 1) or k == "kind"}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name == "kind" or getattr(self, f.name) != f.default
+        }
 
 
 class Recorder(OffloadingWorker):
