@@ -94,6 +94,10 @@ class PrimaryEvent:
 
     keys: tuple[BlockKey, ...]
     removed: bool
+    metadata_only: bool = False
+    """A removal of keys never announced as stored: promotions that failed after a lookup
+    answered PENDING for them, which vLLM 0.33 records as primary residency. It drops that
+    record without announcing a public eviction."""
 
 
 class PrimaryPool:
@@ -416,6 +420,11 @@ class PrimaryPool:
         self._writing.clear()
         self._held = set(keep)
         self._free = [slot for slot in range(self.num_slots - 1, -1, -1) if slot not in self._held]
+
+    @property
+    def events(self) -> bool:
+        """Whether the pool was built with `events=True`."""
+        return self._events is not None
 
     def take_events(self) -> list[PrimaryEvent]:
         """Events since the last call, oldest first (empty unless built with `events=True`)."""

@@ -186,6 +186,10 @@ class Tier(ABC):
     """Objects survive the tier's process and a restart."""
     shared: ClassVar[bool] = False
     """Several engines (hosts) can use the same tier at once."""
+    medium: ClassVar[str] = "remote"
+    """Where the tier keeps its blocks: "memory" (this host's RAM), "disk" (this host's
+    storage) or "remote" (a server elsewhere). The engine is told where a hit came from by it
+    (vLLM's `CacheHitSource`: host, disk, external_unspecified)."""
     supports_listing: ClassVar[bool] = False
     """The tier can list its keys (`keys`, `entries`): the backend implements `_list`."""
     evicts: ClassVar[bool] = False

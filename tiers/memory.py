@@ -20,6 +20,7 @@ class MemoryTier(Tier):
     base's (`TierOptions`). Tests reach its dict directly (tests/tiers/memory_hooks.py)."""
 
     type_name = "memory"
+    medium = "memory"
     supports_listing = True
     evicts = True
     indexed = True

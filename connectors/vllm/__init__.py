@@ -1,4 +1,4 @@
-"""kvtier for vLLM 0.32: load it by configuration alone.
+"""kvtier for vLLM 0.32 and 0.33: load it by configuration alone.
 
     --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
       "kv_connector_extra_config": {"spec_name": "TieredOffloadingSpec",

@@ -1,8 +1,15 @@
-"""Scheduler side: vLLM's `OffloadingManager` contract served by kvtier's tiering manager."""
+"""Scheduler side: vLLM's `OffloadingManager` contract served by kvtier's tiering manager.
+
+One adapter for vLLM 0.32 and 0.33: what 0.33 adds (`lock`, `on_reset_flushed`,
+`config_info`, `metadata_only` events) is served where vLLM has it and harmless where it does
+not (0.32 never calls the new methods)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import dataclasses
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
     OffloadingConnectorStats,
@@ -26,33 +33,50 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
+from tiering.manager.stats import MANAGER_COUNTERS, TIER_COUNTERS
 from tiering.metrics import MetricsServer
 from tiering.primary import LookupResult as KvtierLookup
 from tiers.region import PrimaryRegion
 
-__all__ = ["KvtierManager", "metric_definitions"]
+__all__ = ["CONFIG_INFO_KEYS", "KvtierManager", "config_info", "metric_definitions"]
 
 USED = "vllm:kvtier_primary_used_perc"
 WRITING = "vllm:kvtier_primary_write_perc"
 READING = "vllm:kvtier_primary_read_perc"
-TIER_COUNTERS = {
-    "lookups": "Blocks looked for in the tier (existence checks).",
-    "hits": "Blocks the tier had when looked for.",
-    "misses": "Blocks the tier did not have when looked for.",
-    "promotions": "Blocks promoted from the tier into the CPU primary.",
-    "promotion_failures": "Promotions that failed (error, timeout, corrupt or missing block).",
-    "demotions": "Blocks written to the tier.",
-    "demotion_failures": "Blocks the tier failed to write.",
-    "demotions_dropped": "Demotions dropped because the tier had too many in flight.",
-    "demotions_skipped": "Demotions not written: the tier already held the block.",
-    "gated": "Tier hits not used because loading was estimated slower than recomputing.",
-    "errors": "Tier jobs that failed (the breaker counts these).",
-    "bytes_promoted": "Bytes promoted from the tier.",
+MANAGER_METRICS = {
+    "demotions_dropped_direct_eviction": "vllm:kvtier_dropped_direct_evictions",
+    "promotions_late": "vllm:kvtier_promotions_late",
 }
 BREAKER = "vllm:kvtier_tier_breaker_open"
 LATENCY = "vllm:kvtier_tier_job_seconds"
+
+CONFIG_INFO_KEYS = (
+    "kvtier_tier",
+    "kvtier_type",
+    "kvtier_slots",
+    "kvtier_bytes_per_block",
+    "kvtier_eviction",
+    "kvtier_write_mode",
+)
+"""Labels of kvtier's series of vLLM 0.33's `vllm:kv_offload_config_info`: one series for the
+primary (`kvtier_tier="primary"`, type cpu, its slots, bytes per block and eviction) and one per
+secondary tier (its name, type and write mode); a label a series does not have reads empty."""
+
+_SOURCES = {
+    "memory": CacheHitSource.HOST,
+    "disk": CacheHitSource.DISK,
+    "remote": CacheHitSource.EXTERNAL_UNSPECIFIED,
+}
+"""`Tier.medium` as vLLM's source of cached prompt tokens."""
+_FENCED_RESET = hasattr(OffloadingManager, "on_reset_flushed")
+"""vLLM (0.33) tells the manager when the copies in flight at a cache reset have ended."""
+_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
+_MAX_TRACKED_REQUESTS = 4096
+"""Requests whose promoted blocks' sources are remembered: vLLM ends each request with
+`on_request_finished`; the bound keeps a request it never ends from growing the map."""
 
 _LOOKUP = {
     KvtierLookup.HIT: LookupResult.HIT,
@@ -89,6 +113,8 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
             documentation="Promotions that outlived promotion.deadline (blocks recomputed)."
         ),
     }
+    for name, metric in MANAGER_METRICS.items():
+        definitions[metric] = OffloadingCounterMetadata(documentation=MANAGER_COUNTERS[name])
     for name, doc in TIER_COUNTERS.items():
         definitions[f"vllm:kvtier_tier_{name}"] = OffloadingCounterMetadata(
             documentation=doc, labelnames=("tier",)
@@ -96,34 +122,95 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     return definitions
 
 
+def config_info(config: Config, num_slots: int, block_bytes: int) -> list[dict[str, Any]]:
+    """kvtier's series of `vllm:kv_offload_config_info` (`CONFIG_INFO_KEYS`)."""
+    series: list[dict[str, Any]] = [
+        {
+            "kvtier_tier": "primary",
+            "kvtier_type": "cpu",
+            "kvtier_slots": num_slots,
+            "kvtier_bytes_per_block": block_bytes,
+            "kvtier_eviction": config.primary.eviction,
+        }
+    ]
+    for tier in config.tiers:
+        series.append(
+            {"kvtier_tier": tier.name, "kvtier_type": tier.type, "kvtier_write_mode": tier.write}
+        )
+    return series
+
+
 class KvtierManager(OffloadingManager):
     """vLLM's manager contract over a `TieringOffloadingManager`. Scheduler process, scheduler
-    thread. Type conversion only: the logic lives in `tiering/`. vLLM 0.32 never calls `touch`,
-    so uses reach the policy through `prepare_load` (a hit being loaded) and `prepare_store`
-    (a resident block offered again: the request reused it from the GPU's prefix cache)."""
+    thread. Type conversion only: the logic lives in `tiering/`. vLLM (0.32, 0.33) never calls
+    `touch`, so uses reach the policy through `prepare_load` (a hit being loaded) and
+    `prepare_store` (a resident block offered again: the request reused it from the GPU's
+    prefix cache).
+
+    A block a request waited for while it was promoted from a secondary tier is reported to
+    vLLM as coming from that tier's medium (`get_load_source`: disk for a file tier), so
+    `vllm:prompt_tokens_cached` by source shows what the tiers give; every other hit is the
+    host's (the CPU primary)."""
 
     def __init__(
         self,
         manager: TieringOffloadingManager,
         region: PrimaryRegion,
         metrics_server: MetricsServer | None = None,
+        info: Sequence[Mapping[str, Any]] = ({},),
     ) -> None:
         """`metrics_server`: kvtier's own Prometheus endpoint, fed by the manager's `publish`
-        hook; closed at `shutdown`."""
+        hook; closed at `shutdown`. `info`: the series of `config_info` (`config_info()`)."""
         self.manager = manager
         self.region = region
         self.metrics_server = metrics_server
         self.medium = Medium.CPU
-        self._reported: dict[tuple[str, str], float] = {}
+        self.info = [dict(series) for series in info]
+        self._reported: dict[tuple[str, ...], float] = {}
+        self._sources: dict[str, dict[OffloadKey, CacheHitSource]] = {}
+        """Request id -> the keys it found being promoted, and the source of each."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """vLLM 0.33's connector enters this around each step's calls. A no-op, deliberately:
+        every call vLLM makes comes from the scheduler's thread, and the tiering manager
+        excludes its own runtime thread itself (`TieringOffloadingManager.lock`, a `StepLock`
+        its methods take from a step's first lookup to `on_schedule_end`). Handing vLLM that
+        lock would have it held around calls that take it again, and a `StepLock` is not
+        re-entrant (a step never begins inside a step; its owner is the step, not the thread),
+        while the runtime's thread, which only ever tries it, would gain nothing."""
+        return nullcontext()
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return _LOOKUP[self.manager.lookup(BlockKey(key))]
+        result = self.manager.lookup(BlockKey(key))
+        if result is KvtierLookup.PENDING:
+            self._promoted(key, req_context.req_id)
+        return _LOOKUP[result]
+
+    def _promoted(self, key: OffloadKey, request: str) -> None:
+        tier = self.manager.promoted_from(BlockKey(key))
+        if tier is None:  # PENDING for the engine's own store of the block
+            return
+        sources = self._sources.get(request)
+        if sources is None:
+            if len(self._sources) >= _MAX_TRACKED_REQUESTS:
+                del self._sources[next(iter(self._sources))]
+            sources = self._sources[request] = {}
+        sources[key] = _SOURCES.get(tier.medium, CacheHitSource.EXTERNAL_UNSPECIFIED)
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        sources = self._sources.get(req_context.req_id)
+        if sources is not None:
+            source = sources.get(key)
+            if source is not None:
+                return source
         return CacheHitSource.HOST
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._sources.pop(req_context.req_id, None)
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         return CPULoadStoreSpec(self.manager.prepare_load(list(keys)))  # type: ignore[arg-type]
@@ -163,11 +250,28 @@ class KvtierManager(OffloadingManager):
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         for event in self.manager.take_events():
-            medium = Medium.STORAGE if isinstance(event, TierEvent) else self.medium
-            yield OffloadingEvent(keys=list(event.keys), medium=medium, removed=event.removed)
+            if isinstance(event, TierEvent):
+                yield OffloadingEvent(
+                    keys=list(event.keys), medium=Medium.STORAGE, removed=event.removed
+                )
+            elif not event.metadata_only:
+                yield OffloadingEvent(
+                    keys=list(event.keys), medium=self.medium, removed=event.removed
+                )
+            elif _METADATA_ONLY:  # vLLM 0.32 has no such event, and recorded nothing to drop
+                yield OffloadingEvent(
+                    keys=list(event.keys), medium=self.medium, removed=True, metadata_only=True
+                )
 
     def reset_cache(self) -> None:
-        self.manager.reset()
+        self._sources.clear()
+        self.manager.reset(fence=_FENCED_RESET)
+
+    def on_reset_flushed(self) -> None:
+        self.manager.reset_flushed()
+
+    def config_info(self) -> Sequence[Mapping[str, Any]]:
+        return self.info
 
     def get_stats(self) -> OffloadingConnectorStats | None:
         stats = OffloadingConnectorStats()
@@ -177,15 +281,8 @@ class KvtierManager(OffloadingManager):
         stats.set_gauge(WRITING, pool.num_writing / slots)
         stats.set_gauge(READING, pool.num_reading / slots)
         report = self.manager.stats()
-        self._delta(
-            stats,
-            "vllm:kvtier_dropped_direct_evictions",
-            (),
-            report["manager"].get("demotions_dropped_direct_eviction", 0),
-        )
-        self._delta(
-            stats, "vllm:kvtier_promotions_late", (), report["manager"].get("promotions_late", 0)
-        )
+        for name, metric in MANAGER_METRICS.items():
+            self._delta(stats, metric, (), report["manager"].get(name, 0))
         for tier, figures in report["tiers"].items():
             for name in TIER_COUNTERS:
                 self._delta(stats, f"vllm:kvtier_tier_{name}", (tier,), figures.get(name, 0))
@@ -197,10 +294,12 @@ class KvtierManager(OffloadingManager):
     def _delta(
         self, stats: OffloadingConnectorStats, name: str, labels: tuple[str, ...], total: float
     ) -> None:
-        previous = self._reported.get((name, *labels), 0.0)  # type: ignore[arg-type]
-        if total > previous:
-            stats.increase_counter(name, total - previous, labelvalues=labels)
-            self._reported[(name, *labels)] = total  # type: ignore[index]
+        """Add what a counter grew since the last report; its first report adds its total,
+        zero included, so the counter exists in /metrics from the first step."""
+        previous = self._reported.get((name, *labels))
+        if previous is None or total > previous:
+            stats.increase_counter(name, total - (previous or 0.0), labelvalues=labels)
+            self._reported[(name, *labels)] = total
 
     def shutdown(self) -> None:
         if self.metrics_server is not None:

@@ -169,28 +169,33 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     # which turns the copy-time counters (seconds) into zeros.
     from prometheus_client import REGISTRY
 
-    totals = {key: 0.0 for key in _METRICS.values()}
+    totals = {key: 0.0 for keys in _METRICS.values() for key in keys}
     for family in REGISTRY.collect():
         for sample in family.samples:
             if sample.name.endswith("_total"):
-                key = _METRICS.get((sample.name[: -len("_total")], sample.labels.get("source")))
-                if key is not None:
+                name = (sample.name[: -len("_total")], sample.labels.get("source"))
+                for key in _METRICS.get(name, ()):
                     totals[key] += sample.value
     del llm
     return {"outputs": outputs, "metrics": totals, "seconds": elapsed}
 
 
+_CACHED = "vllm:prompt_tokens_cached_by_source"
 _METRICS = {
-    ("vllm:prompt_tokens_cached_by_source", "device"): "engine_cached_tokens",
-    ("vllm:prompt_tokens_cached_by_source", "host"): "kvtier_cached_tokens",
-    ("vllm:kv_offload_load_bytes", None): "load_bytes",
-    ("vllm:kv_offload_store_bytes", None): "store_bytes",
-    ("vllm:kv_offload_load_time", None): "load_seconds",
-    ("vllm:kv_offload_store_time", None): "store_seconds",
-    ("vllm:kvtier_tier_promotions", None): "tier_promotions",
-    ("vllm:kvtier_tier_demotions", None): "tier_demotions",
+    (_CACHED, "device"): ("engine_cached_tokens",),
+    (_CACHED, "host"): ("kvtier_cached_tokens", "host_cached_tokens"),
+    (_CACHED, "disk"): ("kvtier_cached_tokens", "disk_cached_tokens"),
+    (_CACHED, "external_unspecified"): ("kvtier_cached_tokens", "remote_cached_tokens"),
+    ("vllm:kv_offload_load_bytes", None): ("load_bytes",),
+    ("vllm:kv_offload_store_bytes", None): ("store_bytes",),
+    ("vllm:kv_offload_load_time", None): ("load_seconds",),
+    ("vllm:kv_offload_store_time", None): ("store_seconds",),
+    ("vllm:kvtier_tier_promotions", None): ("tier_promotions",),
+    ("vllm:kvtier_tier_demotions", None): ("tier_demotions",),
 }
-"""vLLM metrics the scenario reports: (name, source label) -> result key, summed."""
+"""vLLM metrics the scenario reports: (name, source label) -> the result keys it adds to.
+`kvtier_cached_tokens` is every prompt token kvtier served, by any source: host (the CPU
+primary), disk (promoted from a file tier), remote (from Redis or S3)."""
 
 
 if __name__ == "__main__":

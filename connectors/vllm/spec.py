@@ -1,11 +1,14 @@
-"""`TieredOffloadingSpec`: kvtier as an out-of-tree offloading spec of vLLM 0.32.
+"""`TieredOffloadingSpec`: kvtier as an out-of-tree offloading spec of vLLM 0.32 and 0.33
+(`connectors.startup.SUPPORTED_VLLM`; one code base, what 0.33 adds served where it exists).
 
 vLLM builds the spec from `kv_connector_extra_config` in the scheduler and in every worker:
 
 - `config`: the path of a kvtier YAML file, or
 - `kvtier`: the same structure inline;
 - `cpu_bytes_to_use`: the primary capacity when the YAML gives no `primary.capacity`;
-- `block_size` / `blocks_per_chunk`: tokens per kvtier block (vLLM validates them).
+- `block_size` / `blocks_per_chunk`: tokens per kvtier block (vLLM validates them);
+- `sync_load_budget_bytes` (vLLM 0.33, read by vLLM): hits within this many bytes per step are
+  loaded inside the step, on the copy engine's expedited lane.
 
 The scheduler gets a `KvtierManager` over a `PrimaryPool` (and, with `metrics.prometheus_port`,
 kvtier's Prometheus endpoint, fed a snapshot every step); each worker a `KvtierWorker` over a
@@ -47,7 +50,12 @@ from connectors.startup import (
     namespace_layout,
     read_config,
 )
-from connectors.vllm.manager import KvtierManager, metric_definitions
+from connectors.vllm.manager import (
+    CONFIG_INFO_KEYS,
+    KvtierManager,
+    config_info,
+    metric_definitions,
+)
 from connectors.vllm.worker import KvtierWorker, engine_layout
 from tiering.errors import ConfigError
 from tiering.manager import TieringOffloadingManager, build_tiers
@@ -71,6 +79,11 @@ class TieredOffloadingSpec(OffloadingSpec):
         cls, extra_config: dict[str, Any]
     ) -> dict[str, OffloadingMetricMetadata]:
         return metric_definitions()
+
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        """The labels of kvtier's series of vLLM 0.33's `vllm:kv_offload_config_info`."""
+        return CONFIG_INFO_KEYS
 
     def __init__(self, config: OffloadingConfig) -> None:
         check_vllm_version(vllm.__version__)
@@ -152,7 +165,8 @@ class TieredOffloadingSpec(OffloadingSpec):
             block_tokens=self.config.groups[0].tokens_per_block * self.blocks_per_chunk,
             publish=None if server is None else server.publish,
         )
-        return KvtierManager(manager, region, server)
+        info = config_info(self.kvtier, self.region_layout.num_slots, block_bytes)
+        return KvtierManager(manager, region, server, info)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         region = self._region()
@@ -174,9 +188,9 @@ def _engine_config() -> tuple[VllmConfig, str]:
     """The `VllmConfig` of the connector that is building this spec, and its role (`scheduler`
     or `worker rank N`).
 
-    vLLM 0.32 hands a spec only its `OffloadingConfig`, which lacks what the namespace and the
-    hash check need (model revision and settings, KV heads, head size, the block-hash
-    algorithm). The `OffloadingConnector` that calls `create_spec` holds the engine's
+    vLLM (0.32 and 0.33 alike) hands a spec only its `OffloadingConfig`, which lacks what the
+    namespace and the hash check need (model revision and settings, KV heads, head size, the
+    block-hash algorithm). The `OffloadingConnector` that calls `create_spec` holds the engine's
     `VllmConfig` (`KVConnectorBase_V1.__init__` has set it before), in both roles; no global
     holds it in the scheduler (`get_current_vllm_config_or_none()` is None there). So it is
     taken from the calling connector, and a spec built any other way is refused rather than

@@ -33,9 +33,9 @@ def _blocks(spec: GPULoadStoreSpec) -> EngineBlocks:
 class KvtierWorker(OffloadingWorker):
     """vLLM's worker contract over a kvtier copy engine. Worker process, engine thread.
 
-    Type conversion only. A failed copy is reported as `success=False`: vLLM 0.32's connector
-    has no failure path and stops on it, which is what a failed local memory copy deserves
-    (it is a bug, not a tier fault: tier faults never reach the worker).
+    Type conversion only. A failed copy is reported as `success=False`: vLLM's connector
+    (0.32 and 0.33) has no failure path and stops on it, which is what a failed local memory
+    copy deserves (it is a bug, not a tier fault: tier faults never reach the worker).
     """
 
     def __init__(self, engine: CopyEngine, region: PrimaryRegion) -> None:
@@ -48,8 +48,21 @@ class KvtierWorker(OffloadingWorker):
         self.engine.submit_store(job_id, _blocks(src_spec), dst_spec.block_ids)  # type: ignore[attr-defined]
         return True
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
-        self.engine.submit_load(job_id, src_spec.block_ids, _blocks(dst_spec))  # type: ignore[attr-defined]
+    def submit_load(
+        self,
+        job_id: int,
+        src_spec: LoadStoreSpec,
+        dst_spec: GPULoadStoreSpec,
+        expedited: bool = False,
+    ) -> bool:
+        """`expedited` (vLLM 0.33, with `sync_load_budget_bytes`): the connector waits for
+        this load inside the step, so it goes to the copy engine's own lane."""
+        self.engine.submit_load(
+            job_id,
+            src_spec.block_ids,  # type: ignore[attr-defined]
+            _blocks(dst_spec),
+            expedited=expedited,
+        )
         return True
 
     def get_finished(self) -> list[TransferResult]:

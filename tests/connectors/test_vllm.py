@@ -238,6 +238,9 @@ def test_restart_finds_the_prefix_on_disk(
     (out,) = result["outputs"]
     assert out["cached_tokens"] == PREFIX  # nothing in this engine's own cache: all from disk
     assert result["metrics"]["kvtier_cached_tokens"] == PREFIX
+    # vLLM's own metric says where: the file tier's blocks are the disk's, not the host's
+    assert result["metrics"]["disk_cached_tokens"] == PREFIX
+    assert result["metrics"]["host_cached_tokens"] == 0
     assert result["metrics"]["tier_promotions"] == PREFIX // 32
     expected = baseline["outputs"][2]
     assert (out["tokens"], out["logprobs"]) == (expected["tokens"], expected["logprobs"])

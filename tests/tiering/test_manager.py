@@ -363,6 +363,86 @@ def test_a_reset_that_a_job_outlives_keeps_its_slot_out_of_use_until_it_ends(
     assert h.manager.pool.num_held == 0  # the read ended: the slot is back
 
 
+def test_a_fenced_reset_keeps_the_engines_slots_out_of_use_until_reset_flushed(
+    make: Callable[..., Harness],
+) -> None:
+    h = make([], slots=4)
+    pool = h.manager.pool
+    h.store(1)  # ready
+    assert h.manager.prepare_store([k(2)]) is not None  # the engine's store still in flight
+    writing = pool.slot(k(2))
+    assert h.manager.prepare_load([k(1)]) == [pool.slot(k(1))]  # the engine's load in flight
+    reading = pool.slot(k(1))
+    h.manager.on_schedule_end()
+    h.manager.reset(fence=True)  # vLLM 0.33: its copies may still run until on_reset_flushed
+    assert pool.num_free == 2 and h.manager.counters["reset_slots_fenced"] == 2
+    grant = h.manager.prepare_store([k(3), k(4)])
+    assert grant is not None and {writing, reading}.isdisjoint(grant.slots)
+    assert h.manager.prepare_store([k(5)]) is None  # nothing else: the fenced slots stay out
+    h.manager.reset_flushed()
+    assert pool.num_free == 2 and pool.num_held == 0
+    h.manager.reset_flushed()  # a second call changes nothing
+    assert pool.num_free == 2
+
+
+def test_an_unfenced_reset_frees_every_slot_at_once(make: Callable[..., Harness]) -> None:
+    h = make([], slots=4)
+    assert h.manager.prepare_store([k(2)]) is not None
+    h.manager.reset()  # vLLM 0.32: its reset flushed the engine's copies
+    assert h.manager.pool.num_free == 4
+
+
+def test_a_failed_promotion_that_was_pending_is_removed_metadata_only(
+    make: Callable[..., Harness],
+) -> None:
+    cfg, inner = memory_tier()
+    faulty = FaultyTier(inner)
+    h = make([(cfg, faulty)])
+    h.demote_and_forget(1, 2)
+    h.manager.take_events()
+    assert h.manager.lookup(k(1)) is RETRY and h.manager.lookup(k(2)) is RETRY
+    h.settle(1)
+    assert h.manager.lookup(k(1)) is PENDING and h.manager.lookup(k(2)) is PENDING
+    assert h.manager.promoted_from(k(1)) is faulty
+    assert h.manager.promoted_from(k(7)) is None
+    faulty.corrupt = 1.0  # both arrive damaged
+    h.settle()
+    assert h.manager.lookup(k(1)) is MISS
+    assert h.manager.promoted_from(k(1)) is None
+    events = [e for e in h.manager.take_events() if not isinstance(e, TierEvent)]
+    assert [(set(e.keys), e.removed, e.metadata_only) for e in events] == [
+        ({k(1), k(2)}, True, True)
+    ]
+    assert h.manager.take_events() == []
+
+
+def test_a_failed_promotion_of_a_block_resident_again_is_not_removed(
+    make: Callable[..., Harness],
+) -> None:
+    cfg, inner = memory_tier()
+    faulty = FaultyTier(inner)
+    h = make([(cfg, faulty)])
+    h.demote_and_forget(1)
+    h.manager.lookup(k(1))
+    h.settle(1)
+    assert h.manager.lookup(k(1)) is PENDING
+    faulty.corrupt = 1.0
+    h.settle()
+    faulty.corrupt = 0.0
+    h.store(1)  # the engine computed and stored it again before the events were taken
+    events = h.manager.take_events()
+    assert not any(getattr(e, "metadata_only", False) for e in events)
+
+
+def test_every_counter_exists_at_zero_from_the_start(make: Callable[..., Harness]) -> None:
+    h = make([memory_tier("a"), memory_tier("b")])
+    stats = h.manager.stats()
+    for name in ("lookups", "hits", "promotions", "demotion_failures", "bytes_promoted"):
+        assert stats["tiers"]["a"][name] == 0 and stats["tiers"]["b"][name] == 0
+    assert stats["manager"]["promotions_late"] == 0
+    assert stats["manager"]["demotions_dropped_direct_eviction"] == 0
+
+
 def test_a_broken_tier_never_raises_into_the_caller(make: Callable[..., Harness]) -> None:
     cfg, inner = memory_tier()
     faulty = FaultyTier(inner, fail=1.0)

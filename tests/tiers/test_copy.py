@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,6 +256,105 @@ def test_wait_blocks_until_a_held_job_finishes() -> None:
     assert sorted(r.job_id for r in engine.get_finished()) == [1, 2]
     engine.wait([1, 2])  # finished and reported: returns at once
     assert engine.get_finished() == []
+    engine.shutdown()
+
+
+class Hold:
+    """Keeps one lane of an engine busy until released: on the CPU engine a fault hook that
+    blocks the held job's copy thread; on CUDA a sleep kernel queued on the lane's stream
+    before the job (it then ends on its own, about a second later)."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self.gate = threading.Event()
+        self.held: set[int] = set()
+
+    def engine(self) -> CopyEngine:
+        def hold(job: CopyJob) -> None:
+            if job.job_id in self.held:
+                assert self.gate.wait(10), "held job never released"
+
+        if self.setup.tensors[0].tensor.is_cuda:
+            return self.setup.engine()
+        return self.setup.engine(fault=hold)
+
+    def before(self, engine: CopyEngine, job_id: int, lane: str) -> None:
+        """Hold job `job_id`, about to be submitted to `lane` (store, load, expedited)."""
+        if self.setup.tensors[0].tensor.is_cuda:
+            with torch.cuda.stream(engine._streams[lane]):  # type: ignore[attr-defined]
+                torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU cycles
+        else:
+            self.held.add(job_id)
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+def one(block: int) -> EngineBlocks:
+    return EngineBlocks.of([block], [1, 0], [0, 0])
+
+
+def test_an_expedited_load_does_not_queue_behind_earlier_jobs(device: str) -> None:
+    setup = make_setup(device=device)
+    hold = Hold(setup)
+    engine = hold.engine()
+    setup.tensors[0].tensor[1].fill_(7)
+    engine.submit_store(0, one(1), [0])
+    engine.wait([0])
+    hold.before(engine, 1, "store")
+    engine.submit_store(1, one(2), [1])  # held
+    hold.before(engine, 2, "load")
+    engine.submit_load(2, [5], one(3))  # a regular load: queued behind the store (CPU) or held
+    engine.submit_load(3, [0], one(4), expedited=True)  # reads slot 0, written by job 0
+    finished = threading.Thread(target=engine.wait, args=([3],), daemon=True)
+    finished.start()
+    finished.join(5)
+    try:
+        assert not finished.is_alive(), "the expedited load waited for the held jobs"
+        assert int(setup.tensors[0].tensor[4, 0]) == 7
+        assert sorted(r.job_id for r in engine.get_finished()) == [0, 3]
+    finally:
+        hold.release()
+    engine.wait([1, 2])
+    assert sorted(r.job_id for r in engine.get_finished()) == [1, 2]
+    engine.shutdown()
+
+
+def test_an_expedited_load_waits_for_the_store_of_its_slot(device: str) -> None:
+    setup = make_setup(device=device)
+    hold = Hold(setup)
+    engine = hold.engine()
+    setup.tensors[0].tensor[1].fill_(11)
+    hold.before(engine, 1, "store")
+    engine.submit_store(1, one(1), [3])  # held; writes slot 3
+    engine.submit_load(2, [3], one(2), expedited=True)
+    if not setup.tensors[0].tensor.is_cuda:
+        time.sleep(0.2)
+        assert engine.get_finished() == []  # the load did not overtake the store it reads
+        threading.Timer(0.2, hold.release).start()
+    engine.wait([2])
+    assert int(setup.tensors[0].tensor[2, 0]) == 11  # the stored bytes, not the slot's old zeros
+    engine.wait([1])
+    assert sorted(r.job_id for r in engine.get_finished()) == [1, 2]
+    engine.shutdown()
+
+
+def test_a_later_job_waits_for_the_expedited_load_it_conflicts_with(device: str) -> None:
+    setup = make_setup(device=device)
+    hold = Hold(setup)
+    engine = hold.engine()
+    setup.tensors[0].tensor[1].fill_(5)
+    engine.submit_store(0, one(1), [0])
+    engine.wait([0])
+    hold.before(engine, 1, "expedited")
+    engine.submit_load(1, [0], one(2), expedited=True)  # held; writes engine block 2
+    engine.submit_store(2, one(2), [4])  # reads engine block 2: must see the loaded bytes
+    if not setup.tensors[0].tensor.is_cuda:
+        time.sleep(0.2)
+        assert [r.job_id for r in engine.get_finished()] == [0]
+        threading.Timer(0.2, hold.release).start()
+    engine.wait([1, 2])
+    assert int(setup.shard[4, 0]) == 5
     engine.shutdown()
 
 

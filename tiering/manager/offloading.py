@@ -56,6 +56,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -164,6 +165,7 @@ class TieringOffloadingManager:
         self._ticking = False  # the runtime's hook is at work
         self._stuck: set[int] = set()  # jobs that outlived a reset's drain
         self._quarantined: set[int] = set()  # their possible slots, held until they end
+        self._fenced: set[int] = set()  # slots held by a fenced reset until `reset_flushed`
         self._outbox: list[Job] = []  # submitted together at the end of the step
         # The engine's calls read these directly (each is cleared in place, never rebound): a
         # call touches as few objects as it can (BENCHMARKS.md, "The tiering manager on the
@@ -192,9 +194,15 @@ class TieringOffloadingManager:
         return self.pool.num_slots
 
     @property
-    def promoting(self) -> set[BlockKey]:
+    def promoting(self) -> AbstractSet[BlockKey]:
         """Keys being promoted (queued this step or in flight)."""
-        return self._promoting
+        return self._promoting.keys()
+
+    def promoted_from(self, key: BlockKey) -> Tier | None:
+        """The tier `key` is being promoted from (None: it is not being promoted). Inside a
+        step, on the scheduler's thread, after a lookup answered PENDING."""
+        index = self._promoting.get(key)
+        return None if index is None else self.tiers[index].tier
 
     def lookup(self, key: BlockKey) -> LookupResult:
         if not self.lock.stepping:
@@ -266,10 +274,16 @@ class TieringOffloadingManager:
     def touch(self, keys: Iterable[BlockKey]) -> None:
         self.lock.call(self.pool.touch, keys)
 
-    def reset(self, drain_timeout: float = 30.0) -> None:
+    def reset(self, drain_timeout: float = 30.0, *, fence: bool = False) -> None:
         """Wait for in-flight jobs (they may be writing or reading primary slots), then forget
         the primary and every job; the tiers keep their blocks. vLLM calls this between steps,
-        never in one, so the wait (bounded by the jobs' deadlines) is allowed here."""
+        never in one, so the wait (bounded by the jobs' deadlines) is allowed here.
+
+        `fence`: the engine's own copies in flight at the reset (stores into slots, loads out
+        of them) may still run; every slot in use stays out of the free list until
+        `reset_flushed` says they have all ended (vLLM 0.33's `on_reset_flushed`). Without
+        it (vLLM 0.32, which has no such call), slots are free at once, as the engine's reset
+        has flushed its copies."""
         self.lock.end()  # the runtime applies what finishes meanwhile
         deadline = self.clock() + drain_timeout
         while self.runtime.pending() and self.clock() < deadline:
@@ -283,8 +297,11 @@ class TieringOffloadingManager:
                 self.counters["reset_slots_quarantined"] += len(keep - self._quarantined)
                 self._stuck |= stuck
             self._quarantined = keep
+            if fence:
+                self._fenced = self.pool.slots_in_use()
+                self.counters["reset_slots_fenced"] += len(self._fenced)
             self._generation += 1
-            self.pool.reset(keep)
+            self.pool.reset(keep | self._fenced)
             self._arrivals.clear()
             self._work_queued = False
             self._outbox.clear()
@@ -293,6 +310,18 @@ class TieringOffloadingManager:
             self.demoter.clear()
             self.history.clear()
 
+    def reset_flushed(self) -> None:
+        """The engine's copies in flight at the last fenced `reset` have all ended: the slots
+        they could touch go back to the free list (those a stuck tier job may still use stay
+        held until it ends)."""
+        self.lock.call(self._reset_flushed)
+
+    def _reset_flushed(self) -> None:
+        assert self.lock.owned()
+        if self._fenced:
+            self.pool.release(self._fenced - self._quarantined)
+            self._fenced = set()
+
     def take_events(self) -> list[PrimaryEvent | TierEvent]:
         return self.lock.call(self._take_events)
 
@@ -300,6 +329,10 @@ class TieringOffloadingManager:
         assert self.lock.owned()
         events: list[PrimaryEvent | TierEvent] = list(self.pool.take_events())
         events += self.demoter.take_events()
+        if self.pool.events:
+            failed = self.promoter.take_failed()
+            if failed:  # see `PrimaryEvent.metadata_only`
+                events.append(PrimaryEvent(tuple(failed), removed=True, metadata_only=True))
         return events
 
     def has_pending_work(self) -> bool:
@@ -423,7 +456,8 @@ class TieringOffloadingManager:
             else:
                 self._drain()
             if self._stuck and self._stuck.isdisjoint(self.runtime.pending_ids()):
-                self.pool.release(self._quarantined)  # the jobs a reset outlived have ended
+                # the jobs a reset outlived have ended (a fence may hold some slots longer)
+                self.pool.release(self._quarantined - self._fenced)
                 self._stuck, self._quarantined = set(), set()
             jobs, self._outbox = self._outbox, []
             if jobs:

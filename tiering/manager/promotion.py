@@ -61,9 +61,14 @@ class Promoter:
         dropped demotion (counted)."""
         self.queued: dict[int, list[BlockKey]] = defaultdict(list)
         """Tier index -> keys to promote from it, this step."""
-        self.promoting: set[BlockKey] = set()
-        """Keys being promoted (queued this step or in flight): the WRITING keys of the primary
-        that the engine did not write, and those queued this step."""
+        self.promoting: dict[BlockKey, int] = {}
+        """Keys being promoted (queued this step or in flight), each with the index of the
+        tier it comes from: the WRITING keys of the primary that the engine did not write, and
+        those queued this step."""
+        self.failed: list[BlockKey] = []
+        """Keys whose promotion failed or got no slot since `take_failed` (with the pool's
+        events only): a lookup may have answered PENDING for them, which the engine takes as
+        residency to be told about."""
         self.refused: set[BlockKey] = set()
         """No slot at the end of the last step: MISS until the next step ends."""
         self.late: set[BlockKey] = set()
@@ -77,7 +82,7 @@ class Promoter:
             state.counters["gated"] += 1
             return _MISS
         self.queued[state.index].append(key)
-        self.promoting.add(key)
+        self.promoting[key] = state.index
         return _PENDING
 
     def overdue(self) -> bool:
@@ -109,8 +114,12 @@ class Promoter:
             if len(grant.keys) < len(keys):
                 granted = set(grant.keys)
                 left = [key for key in keys if key not in granted]
-                self.promoting.difference_update(left)
+                promoting = self.promoting
+                for key in left:
+                    del promoting[key]
                 refused = [key for key in left if pool.lookup(key) is _MISS]
+                if pool.events:
+                    self.failed += refused
                 self.refused.update(refused)  # (the others became resident meanwhile)
                 self.counters["promotion_allocation_failures"] += len(refused)
             if grant.evicted:
@@ -155,7 +164,9 @@ class Promoter:
         missing: list[BlockKey] = []
         for (key, _), ok in zip(batch, found, strict=True):
             (arrived if ok is True else missing).append(key)
-        self.promoting.difference_update(key for key, _ in batch)
+        promoting = self.promoting
+        for key, _ in batch:
+            promoting.pop(key, None)
         if self.late:
             self.late.difference_update(key for key, _ in batch)
         if arrived:
@@ -169,6 +180,8 @@ class Promoter:
             )
         if missing:
             self.pool.complete_promotion(missing, ok=False)
+            if self.pool.events:
+                self.failed += missing
             state.counters["promotion_failures"] += len(missing)
             self.locator.absent(missing, self.clock())
 
@@ -176,9 +189,16 @@ class Promoter:
         """Queued promotions not yet submitted."""
         return any(self.queued.values())
 
+    def take_failed(self) -> list[BlockKey]:
+        """The keys of failed promotions since the last call that are not resident again."""
+        failed, self.failed = self.failed, []
+        lookup = self.pool.lookup
+        return [key for key in dict.fromkeys(failed) if lookup(key) is _MISS]
+
     def clear(self) -> None:
         self.queued.clear()
         self.promoting.clear()
+        self.failed.clear()
         self.refused.clear()
         self._deadlines.clear()
         self.late.clear()

@@ -12,7 +12,33 @@ from tiering.manager.tierstate import TierState
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
 
-__all__ = ["StatsSnapshot", "breaker_figures"]
+__all__ = ["MANAGER_COUNTERS", "TIER_COUNTERS", "StatsSnapshot", "breaker_figures"]
+
+TIER_COUNTERS = {
+    "lookups": "Blocks looked for in the tier (existence checks).",
+    "hits": "Blocks the tier had when looked for.",
+    "misses": "Blocks the tier did not have when looked for.",
+    "promotions": "Blocks promoted from the tier into the CPU primary.",
+    "promotion_failures": "Promotions that failed (error, timeout, corrupt or missing block).",
+    "demotions": "Blocks written to the tier.",
+    "demotion_failures": "Blocks the tier failed to write.",
+    "demotions_dropped": "Demotions dropped because the tier had too many in flight.",
+    "demotions_skipped": "Demotions not written: the tier already held the block.",
+    "gated": "Tier hits not used because loading was estimated slower than recomputing.",
+    "errors": "Tier jobs that failed (the breaker counts these).",
+    "bytes_promoted": "Bytes promoted from the tier.",
+}
+"""The counters every tier has in a snapshot, at zero until they move, so that a dashboard
+tells zero from missing; the documentation is what the metrics endpoints say."""
+MANAGER_COUNTERS = {
+    "demotions_dropped_direct_eviction": (
+        "Blocks evicted on the store path before a write-back tier had them."
+    ),
+    "promotions_late": "Promotions that outlived promotion.deadline (blocks recomputed).",
+}
+"""The manager's counters that a snapshot always has (others appear once they move)."""
+_TIER_ZEROS = dict.fromkeys(TIER_COUNTERS, 0.0)
+_MANAGER_ZEROS = dict.fromkeys(MANAGER_COUNTERS, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +69,7 @@ class StatsSnapshot:
         figures: dict[str, dict[str, Any]] = {}
         for state in tiers:
             row: dict[str, Any] = {
+                **_TIER_ZEROS,
                 **state.counters,
                 "inflight_demotions": state.inflight,
                 **breaker_figures(runtime, state.config.name),
@@ -62,7 +89,7 @@ class StatsSnapshot:
                 "reading": pool.num_reading,
                 "held": pool.num_held,
             }
-        return cls(dict(counters), figures, primary)
+        return cls({**_MANAGER_ZEROS, **counters}, figures, primary)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dicts: `{"primary"?, "manager", "tiers"}`."""

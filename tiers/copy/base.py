@@ -9,6 +9,11 @@ KV cache and the worker's shard of the primary region.
   finished ids are ignored.
 - Jobs of one direction finish in submission order, and a load never reads a slot before the
   store that writes it (submitted earlier) has finished.
+- An expedited load (vLLM 0.33 waits for it inside the step, before the forward pass) has a lane
+  of its own: it does not queue behind earlier stores or loads, and may finish before them. It
+  still waits for every earlier job it conflicts with (one that writes a slot it reads, or
+  touches an engine block it writes), and a later job waits for an expedited load it conflicts
+  with, so lanes never reorder two copies of the same bytes.
 - A failed copy (bad ids, a driver error, an injected fault) is a failed job, never an
   exception raised into the engine. Misusing the contract (a job id twice) raises StateError.
 """
@@ -74,6 +79,15 @@ class CopyJob:
     direction: Direction
     blocks: EngineBlocks
     slots: IntArray
+    expedited: bool = False
+
+    def conflicts(self, other: CopyJob) -> bool:
+        """Whether the two jobs touch a common slot or engine block, so their order matters
+        (a slot is written by a store and read by a load; an engine block the other way)."""
+        return bool(
+            np.isin(self.slots, other.slots).any()
+            or np.isin(self.blocks.block_ids, other.blocks.block_ids).any()
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +176,18 @@ class CopyEngine(ABC):
         are the engine's until the job is reported: do not change them before."""
         self._submit(self._job(job_id, Direction.STORE, blocks, slots))
 
-    def submit_load(self, job_id: int, slots: Sequence[int] | Any, blocks: EngineBlocks) -> None:
-        """Copy `slots` into `blocks` of the engine's KV cache (in the background)."""
-        self._submit(self._job(job_id, Direction.LOAD, blocks, slots))
+    def submit_load(
+        self,
+        job_id: int,
+        slots: Sequence[int] | Any,
+        blocks: EngineBlocks,
+        *,
+        expedited: bool = False,
+    ) -> None:
+        """Copy `slots` into `blocks` of the engine's KV cache (in the background).
+        `expedited`: in the lane of its own (the module's contract), for a load the engine
+        waits for before its next forward pass."""
+        self._submit(self._job(job_id, Direction.LOAD, blocks, slots, expedited))
 
     @abstractmethod
     def get_finished(self) -> list[CopyResult]:
@@ -181,7 +204,14 @@ class CopyEngine(ABC):
     @abstractmethod
     def _submit(self, job: CopyJob) -> None: ...
 
-    def _job(self, job_id: int, direction: Direction, blocks: EngineBlocks, slots: Any) -> CopyJob:
+    def _job(
+        self,
+        job_id: int,
+        direction: Direction,
+        blocks: EngineBlocks,
+        slots: Any,
+        expedited: bool = False,
+    ) -> CopyJob:
         from tiering.errors import StateError
 
         if job_id in self._known:
@@ -195,6 +225,7 @@ class CopyEngine(ABC):
             direction,
             EngineBlocks(ids, blocks.group_sizes, blocks.block_indices),
             np.asarray(slots, dtype=np.int64).reshape(-1),
+            expedited,
         )
 
     def _reported(self, job_id: int) -> None:

@@ -45,10 +45,29 @@ def _load_batch_copy() -> Callable[..., None] | None:
 _copy_batch = _load_batch_copy()
 
 
+class _Lane:
+    """A queue of copy jobs and the thread that copies them in order (worker process; the
+    queue is guarded by the engine's condition). Each job comes with the ids of the jobs of the
+    other lane it must not overtake."""
+
+    def __init__(self, name: str, run: Callable[[_Lane], None]) -> None:
+        self.queue: deque[tuple[CopyJob, frozenset[int]]] = deque()
+        self.current: CopyJob | None = None
+        self.thread = threading.Thread(target=run, args=(self,), name=name, daemon=True)
+
+    def jobs(self) -> Iterable[CopyJob]:
+        if self.current is not None:
+            yield self.current
+        for job, _ in self.queue:
+            yield job
+
+
 class CpuCopyEngine(CopyEngine):
-    """Copies on one background thread of the worker process (the public methods are called
-    from the engine's thread), in submission order across both directions, so a load never
-    overtakes the store of its slot.
+    """Copies on background threads of the worker process (the public methods are called from
+    the engine's thread): one lane copies stores and loads in submission order across both
+    directions, so a load never overtakes the store of its slot; expedited loads have a lane
+    of their own, which waits only for the jobs of the first lane they conflict with (and those
+    submitted later wait for them): the contract in `tiers.copy.base`.
 
     Each job becomes address arrays (vectorized), and one call into the compiled helper copies
     every piece (merging neighbours contiguous on both sides), with the GIL released once for
@@ -74,14 +93,15 @@ class CpuCopyEngine(CopyEngine):
             raise ValueError("CpuCopyEngine copies between CPU tensors only")
         self._fault = fault
         self._cond = threading.Condition()
-        self._queue: deque[CopyJob] = deque()
         self._pending: set[int] = set()
-        # The pending jobs `wait` is blocked on; the copy thread wakes it when the last goes.
+        # The pending jobs `wait` is blocked on; a lane wakes it when the last goes.
         self._awaited: set[int] = set()
         self._results: list[CopyResult] = []
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="kvtier-copy", daemon=True)
-        self._thread.start()
+        self._lane = _Lane("kvtier-copy", self._run)
+        self._expedited = _Lane("kvtier-copy-expedited", self._run)
+        for lane in (self._lane, self._expedited):
+            lane.thread.start()
 
     def _submit(self, job: CopyJob) -> None:
         with self._cond:
@@ -90,7 +110,11 @@ class CpuCopyEngine(CopyEngine):
                     CopyResult(job.job_id, job.direction, False, 0, 0.0, "engine is shut down")
                 )
                 return
-            self._queue.append(job)
+            lane, other = (
+                (self._expedited, self._lane) if job.expedited else (self._lane, self._expedited)
+            )
+            after = frozenset(j.job_id for j in other.jobs() if job.conflicts(j))
+            lane.queue.append((job, after))
             self._pending.add(job.job_id)
             self._cond.notify_all()
 
@@ -105,8 +129,8 @@ class CpuCopyEngine(CopyEngine):
         with self._cond:
             self._awaited = self._pending.intersection(job_ids)
             while self._awaited:
-                if not self._thread.is_alive():  # cannot happen unless the thread was killed
-                    self._fail_pending("copy thread died")
+                if not all(lane.thread.is_alive() for lane in (self._lane, self._expedited)):
+                    self._fail_pending("copy thread died")  # only if a thread was killed
                     return
                 self._cond.wait(timeout=1.0)
 
@@ -114,24 +138,29 @@ class CpuCopyEngine(CopyEngine):
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        self._thread.join()
+        for lane in (self._lane, self._expedited):
+            lane.thread.join()
 
-    def _run(self) -> None:
+    def _ready(self, lane: _Lane) -> bool:
+        """The lane's first job may start: the jobs it must not overtake have finished."""
+        return bool(lane.queue) and self._pending.isdisjoint(lane.queue[0][1])
+
+    def _run(self, lane: _Lane) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not self._ready(lane) and not (self._stopping and not lane.queue):
                     self._cond.wait()
-                if not self._queue:
+                if not lane.queue:
                     return
-                job = self._queue.popleft()
+                job, _ = lane.queue.popleft()
+                lane.current = job
             result = self._execute(job)
             with self._cond:
+                lane.current = None
                 self._results.append(result)
                 self._pending.discard(job.job_id)
-                if job.job_id in self._awaited:
-                    self._awaited.discard(job.job_id)
-                    if not self._awaited:
-                        self._cond.notify_all()
+                self._awaited.discard(job.job_id)
+                self._cond.notify_all()  # `wait`, and the other lane's jobs that waited for it
 
     def _execute(self, job: CopyJob) -> CopyResult:
         start = time.perf_counter()
@@ -155,9 +184,10 @@ class CpuCopyEngine(CopyEngine):
         )
 
     def _fail_pending(self, why: str) -> None:
-        for job in self._queue:
-            self._results.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, why))
-        self._queue.clear()
+        for lane in (self._lane, self._expedited):
+            for job, _ in lane.queue:
+                self._results.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, why))
+            lane.queue.clear()
         self._pending.clear()
         self._awaited.clear()
 

@@ -138,6 +138,15 @@ class CudaDriver:
             raise OSError(f"cuMemcpyBatchAsync failed with CUresult {err}")
 
 
+_LANES = ("store", "load", "expedited")
+
+
+def _lane(job: CopyJob) -> str:
+    if job.direction is Direction.STORE:
+        return "store"
+    return "expedited" if job.expedited else "load"
+
+
 @dataclass
 class _InFlight:
     """A job queued on its stream and not yet reported (worker process, engine thread)."""
@@ -152,11 +161,13 @@ class _InFlight:
 class CudaCopyEngine(CopyEngine):
     """Copies on CUDA streams: worker process, called from the engine's thread.
 
-    - One stream per direction, so jobs of a direction run and finish in submission order;
-      loads and stores overlap each other and the forward pass.
+    - One stream per lane: stores, loads, expedited loads (`tiers.copy.base`), so the jobs of a
+      lane run and finish in submission order; lanes overlap each other and the forward pass.
     - A store first waits on an event recorded on the compute stream at submission (the KV it
       reads is written by kernels queued there), never on a device-wide synchronize.
-    - A load waits on the end event of the newest in-flight store that writes one of its slots.
+    - A job waits, in each other lane, on the end event of the newest in-flight job it
+      conflicts with (a store writing a slot a load reads, a load writing an engine block a
+      store reads, or the other way round); within a lane, stream order does it.
     - A job is one `cuMemcpyBatchAsync` (CUDA >= 12.8; source order ANY for slot -> GPU, STREAM
       for GPU -> slot), or a `cuMemcpyAsync` per piece where the batch call is missing or fails
       its start-up self-check.
@@ -184,9 +195,9 @@ class CudaCopyEngine(CopyEngine):
         self._torch = torch
         self._fault = fault
         self._driver = CudaDriver()
-        self._streams = {d: torch.cuda.Stream(self.device) for d in Direction}  # type: ignore[no-untyped-call]
+        self._streams = {lane: torch.cuda.Stream(self.device) for lane in _LANES}  # type: ignore[no-untyped-call]
         self._events: list[Any] = []
-        self._inflight: dict[Direction, deque[_InFlight]] = {d: deque() for d in Direction}
+        self._inflight: dict[str, deque[_InFlight]] = {lane: deque() for lane in _LANES}
         self._failed: list[CopyResult] = []
         self.batched = batch and self._driver.has_batch and self._batch_self_check()
         log.info(
@@ -206,16 +217,19 @@ class CudaCopyEngine(CopyEngine):
             if self._fault is not None:
                 self._fault(job)
             pieces = self.pieces(job, self.plan(job))
-            stream = self._streams[job.direction]
+            lane = _lane(job)
+            stream = self._streams[lane]
             if job.direction is Direction.STORE:
                 ready = self._event()
                 ready.record(torch.cuda.current_stream(self.device))
                 stream.wait_event(ready)
                 self._events.append(ready)  # reusable at once: wait_event captured it
-            else:
-                for store in reversed(self._inflight[Direction.STORE]):
-                    if np.isin(job.slots, store.slots).any():
-                        stream.wait_event(store.end)
+            for other, queue in self._inflight.items():
+                if other == lane:
+                    continue
+                for item in reversed(queue):
+                    if job.conflicts(item.job):
+                        stream.wait_event(item.end)
                         break
             start, end = self._event(), self._event()
             start.record(stream)
@@ -225,7 +239,7 @@ class CudaCopyEngine(CopyEngine):
             log.warning("copy job %d (%s) failed: %s", job.job_id, job.direction.value, e)
             self._failed.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, repr(e)))
             return
-        self._inflight[job.direction].append(_InFlight(job, start, end, pieces.total, job.slots))
+        self._inflight[lane].append(_InFlight(job, start, end, pieces.total, job.slots))
 
     def _copy(self, pieces: Pieces, direction: Direction, stream: Any) -> None:
         if not pieces.segments:

@@ -73,6 +73,7 @@ class FileTier(Tier):
 
     type_name = "file"
     persistent = True
+    medium = "disk"
     supports_listing = True
     evicts = True
     align = BLOCK
