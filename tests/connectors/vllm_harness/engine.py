@@ -65,7 +65,16 @@ from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 from vllm.v1.worker.utils import allocate_kv_cache
 
-from connectors.vllm.run import ENGINE_BLOCK, HEAD_DIM, HEADS, HIDDEN, INTER, KV_HEADS, LAYERS, VOCAB
+from connectors.vllm.run import (
+    ENGINE_BLOCK,
+    HEAD_DIM,
+    HEADS,
+    HIDDEN,
+    INTER,
+    KV_HEADS,
+    LAYERS,
+    VOCAB,
+)
 from tests.connectors.vllm_harness.kv import TokenContent
 from tests.connectors.vllm_harness.recorder import Event, ManagerRecorder, Recorder
 
@@ -242,14 +251,16 @@ class Engine:
             )
         )
 
-    def run(self, max_steps: int = 2000) -> None:
+    def run(self, timeout: float = 120.0) -> None:
         """Step while the scheduler has work, as the engine core's busy loop does: until the
         requests have finished and the connector has nothing in flight."""
-        for _ in range(max_steps):
-            if not self.scheduler.has_requests():
-                return
+        deadline = time.monotonic() + timeout
+        while self.scheduler.has_requests():
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the engine did not finish in {timeout} s ({self.steps} steps)"
+                )
             self.step()
-        raise AssertionError(f"the engine did not finish in {max_steps} steps")
 
     def step(self) -> None:
         out = self.scheduler.schedule()
@@ -349,7 +360,10 @@ class Engine:
         for index, block, first in self._slots(state, 0, end):
             hi = min(end, first + ENGINE_BLOCK)
             held = torch.stack(
-                [self.kv_caches[name][block, :, : hi - first].transpose(0, 1) for name in LAYER_NAMES],
+                [
+                    self.kv_caches[name][block, :, : hi - first].transpose(0, 1)
+                    for name in LAYER_NAMES
+                ],
                 dim=1,
             ).reshape(hi - first, LAYERS, TOKEN_WIDTH)
             self.checked_blocks += 1
@@ -364,7 +378,7 @@ def _kv_cache_configs(
     `kv_cache_planning`, with the model's KV cache groups computed first (and the DCP
     interleave adjusted from them, which 0.32 does in `ensure_kv_transfer_initialized`)."""
     try:
-        from vllm.v1.core.kv_cache_planning import (  # type: ignore[import-not-found]
+        from vllm.v1.core.kv_cache_planning import (
             get_global_kv_cache_groups,
             get_kv_cache_configs,
         )

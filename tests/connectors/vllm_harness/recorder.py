@@ -56,7 +56,9 @@ class Recorder(OffloadingWorker):
         self.inner = inner
         self.events = events
 
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+    def submit_store(
+        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
+    ) -> bool:
         self.events.append(Event("store", (job_id,), _ids(src_spec), _ids(dst_spec)))
         return self.inner.submit_store(job_id, src_spec, dst_spec)
 

@@ -30,7 +30,9 @@ __all__ = ["SCENARIOS", "prompts"]
 
 PREFIX = 320
 MAX_TOKENS = 8
-SLOT_BYTES = 32 * 2 * 2 * 2 * 32 * 4  # one engine block: tokens x layers x (K, V) x heads x dim x fp32
+SLOT_BYTES = (
+    32 * 2 * 2 * 2 * 32 * 4
+)  # one engine block: tokens x layers x (K, V) x heads x dim x fp32
 READ_DELAY = 0.5
 """Seconds each read of scenario c's file tier waits first: its promotions stay in flight."""
 
@@ -46,8 +48,14 @@ def prompts() -> dict[str, list[int]]:
     }
 
 
-def kvtier_extra(workdir: Path, spec: str = "TieredOffloadingSpec", **kvtier: Any) -> dict[str, Any]:
-    module = "connectors.vllm" if spec == "TieredOffloadingSpec" else "tests.connectors.vllm_specs.canary"
+def kvtier_extra(
+    workdir: Path, spec: str = "TieredOffloadingSpec", **kvtier: Any
+) -> dict[str, Any]:
+    module = (
+        "connectors.vllm"
+        if spec == "TieredOffloadingSpec"
+        else "tests.connectors.vllm_specs.canary"
+    )
     config = {"primary": {"capacity": "8MiB", "directory": str(workdir)}, **kvtier}
     return {"spec_name": spec, "spec_module_path": module, "kvtier": config}
 
@@ -70,6 +78,7 @@ def observed(e: Engine) -> dict[str, Any]:
         "mismatched_blocks": sorted({(m.request, m.block_index) for m in e.mismatches}),
         "events": [event.as_json() for event in e.events],
         "unfinished": e.scheduler.has_requests(),
+        "steps": e.steps,
     }
 
 
