@@ -11,10 +11,9 @@ process, on this thread, on the CPU.
 Each `step` is one engine step: `Scheduler.schedule()`, then what the model runner does with the
 connector (`handle_preemptions`, then vLLM's own `KVConnectorModelRunnerMixin` context: bind the
 metadata, start loads, the "forward", `wait_for_save`, finished transfers, worker metadata), then
-`Scheduler.update_from_output`. The forward checks, block by block, that every token the
-scheduler counts as computed holds the bytes `kv.TokenContent` gives for it (whether the engine
-computed it, found it in its prefix cache or the connector loaded it), then writes the bytes of
-the tokens scheduled this step and samples one token from their prefix.
+`Scheduler.update_from_output`. The forward is `runner.ModelRunner`'s: it checks, block by
+block, the bytes of every token the scheduler counts as computed, writes those of this step's
+tokens and samples one token per request whose prompt is complete.
 
 Runs in vLLM's environment only (it imports vLLM); the repository root must be on `sys.path`.
 """
@@ -25,7 +24,6 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +51,6 @@ from vllm.v1.core.kv_cache_utils import (
     resolve_cache_hit_alignment_tokens,
     resolve_kv_cache_block_sizes,
 )
-from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
@@ -75,8 +72,8 @@ from connectors.vllm.run import (
     LAYERS,
     VOCAB,
 )
-from tests.connectors.vllm_harness.kv import TokenContent
 from tests.connectors.vllm_harness.recorder import Event, ManagerRecorder, Recorder
+from tests.connectors.vllm_harness.runner import LAYER_NAMES, ModelRunner
 
 __all__ = ["Engine", "MODEL_CONFIG"]
 
@@ -99,32 +96,6 @@ MODEL_CONFIG = {
     "eos_token_id": 2,
 }
 """The tiny Llama of `connectors.vllm.run`: only its shape matters here (no weights)."""
-
-LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-TOKEN_WIDTH = KV_HEADS * 2 * HEAD_DIM
-"""float32 values per token and layer: each KV head's key and value."""
-
-
-@dataclass
-class RequestState:
-    """The harness's view of one request, as a model runner keeps it. Harness thread."""
-
-    content: TokenContent
-    prompt_len: int
-    block_ids: list[int] = field(default_factory=list)
-    first_computed: int | None = None
-    """`num_computed_tokens` when the scheduler first ran it: the engine's prefix cache hit
-    plus what the connector loaded."""
-
-
-@dataclass
-class Mismatch:
-    """An engine block holding other bytes than its tokens' when the forward read it."""
-
-    request: str
-    step: int
-    block_index: int
-    engine_block: int
 
 
 class Engine:
@@ -152,9 +123,6 @@ class Engine:
         )
         self.config: VllmConfig = args.create_engine_config()
         self.workdir = workdir
-        self.requests: dict[str, RequestState] = {}
-        self.mismatches: list[Mismatch] = []
-        self.checked_blocks = 0
         self.steps = 0
         self.events: list[Event] = []
         with set_current_vllm_config(self.config):
@@ -233,13 +201,12 @@ class Engine:
         worker = self.connector.connector_worker
         assert isinstance(worker.worker, OffloadingWorker)
         worker.worker = Recorder(worker.worker, self.events)
+        self.runner = ModelRunner(self.kv_caches)
 
     # -- requests and steps ----------------------------------------------------------------
 
     def add_request(self, name: str, prompt: list[int], max_tokens: int = 8) -> None:
-        content = TokenContent(LAYERS, TOKEN_WIDTH)
-        content.extend(prompt)
-        self.requests[name] = RequestState(content, len(prompt))
+        self.runner.add(name, prompt)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.scheduler.add_request(
             Request(
@@ -274,7 +241,8 @@ class Engine:
                 set_forward_context(None, self.config),
                 KVConnectorModelRunnerMixin._get_kv_connector_output(out) as kv_output,
             ):
-                req_ids, sampled = self._forward(out)
+                self.note("forward")
+                req_ids, sampled = self.runner.forward(out, self.steps)
             output = ModelRunnerOutput(
                 req_ids=req_ids,
                 req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
@@ -294,81 +262,9 @@ class Engine:
             reset_running_requests=reset_running_requests, reset_connector=True
         )
 
-    def loads(self) -> list[Event]:
-        return [e for e in self.events if e.kind == "load"]
-
     def close(self) -> None:
         ensure_kv_transfer_shutdown()
         self.scheduler.shutdown()
-
-    # -- the model runner's part -------------------------------------------------------------
-
-    def _forward(self, out: SchedulerOutput) -> tuple[list[str], list[list[int]]]:
-        """The block tables as the model runner keeps them from the scheduler's output; the
-        check of every computed token; this step's tokens written; one token sampled for each
-        request whose prompt is complete."""
-        self.note("forward")
-        computed: dict[str, int] = {}
-        for new in out.scheduled_new_reqs:
-            state = self.requests[new.req_id]
-            state.block_ids = list(new.block_ids[0])
-            computed[new.req_id] = new.num_computed_tokens
-            if state.first_computed is None:
-                state.first_computed = new.num_computed_tokens
-        cached = out.scheduled_cached_reqs
-        for i, req_id in enumerate(cached.req_ids):
-            state = self.requests[req_id]
-            new_ids = cached.new_block_ids[i]
-            if req_id in cached.resumed_req_ids:
-                assert new_ids is not None
-                state.block_ids = list(new_ids[0])
-            elif new_ids is not None:
-                state.block_ids += new_ids[0]
-            computed[req_id] = cached.num_computed_tokens[i]
-        req_ids, sampled = [], []
-        for req_id, count in out.num_scheduled_tokens.items():
-            state = self.requests[req_id]
-            start = computed[req_id]
-            self._check(req_id, state, start)
-            self._write(state, start, start + count)
-            req_ids.append(req_id)
-            if start + count >= len(state.content.tokens):
-                token = 3 + state.content.prefix_hash(start + count - 1) % (VOCAB - 3)
-                state.content.extend([token])
-                sampled.append([token])
-            else:
-                sampled.append([])
-        return req_ids, sampled
-
-    def _slots(self, state: RequestState, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-        """(block index, engine block, first position) of each block covering `start..end`."""
-        for index in range(start // ENGINE_BLOCK, -(-end // ENGINE_BLOCK)):
-            yield index, state.block_ids[index], index * ENGINE_BLOCK
-
-    def _write(self, state: RequestState, start: int, end: int) -> None:
-        values = state.content.values(start, end)
-        for _, block, first in self._slots(state, start, end):
-            lo, hi = max(start, first), min(end, first + ENGINE_BLOCK)
-            rows = values[lo - start : hi - start]  # (tokens, layers, width)
-            for layer, name in enumerate(LAYER_NAMES):
-                tokens = rows[:, layer].reshape(hi - lo, KV_HEADS, 2 * HEAD_DIM)
-                self.kv_caches[name][block, :, lo - first : hi - first] = tokens.transpose(0, 1)
-
-    def _check(self, req_id: str, state: RequestState, end: int) -> None:
-        """Every token before `end` holds its own bytes, in every layer of its engine block."""
-        values = state.content.values(0, end)
-        for index, block, first in self._slots(state, 0, end):
-            hi = min(end, first + ENGINE_BLOCK)
-            held = torch.stack(
-                [
-                    self.kv_caches[name][block, :, : hi - first].transpose(0, 1)
-                    for name in LAYER_NAMES
-                ],
-                dim=1,
-            ).reshape(hi - first, LAYERS, TOKEN_WIDTH)
-            self.checked_blocks += 1
-            if not torch.equal(held.view(torch.int32), values[first:hi].view(torch.int32)):
-                self.mismatches.append(Mismatch(req_id, self.steps, index, block))
 
 
 def _kv_cache_configs(
