@@ -193,3 +193,17 @@ def test_reset_while_promotions_are_in_flight(harness: dict[str, Any]) -> None:
     }
     granted = {s for e in window if e["kind"] == "prepare_store" for s in e.get("slots", [])}
     assert fenced_slots and not fenced_slots & granted
+
+
+def test_an_interrupted_tree_is_extracted_again(vllm_python: Path, tmp_path: Path) -> None:
+    """`ensure_vllm_tree` replaces a tree without its marker (an extraction cut short) by a
+    whole one: vLLM's Python files and metadata, no compiled file."""
+    tree = tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "half.py").write_text("")
+    assert ensure_vllm_tree(vllm_python, tree, quiet=True) == tree
+    assert not (tree / "vllm" / "half.py").exists()
+    assert (tree / "vllm" / "v1" / "core" / "sched" / "scheduler.py").is_file()
+    assert (tree / "vllm-0.33.0.dist-info" / "METADATA").is_file()
+    assert {p.suffix for p in tree.rglob("*") if p.is_file()} <= {".py", ".txt", "", ".json"}
+    assert not list(tree.rglob("*.so"))
