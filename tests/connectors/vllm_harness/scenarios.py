@@ -1,0 +1,215 @@
+"""The scenarios the interface tests run, each in an `Engine` of its own; each returns what it
+observed as plain data (`test_vllm_interface.py` asserts on it in kvtier's environment).
+
+The shared-prefix scenario of shared/vllm-cpu-e2e.md: the engine holds 18 blocks of 32 tokens;
+`first` (a 320-token prefix and 40 tokens of its own), `unrelated` (480 tokens, which evicts the
+prefix from the engine's blocks), then `again` (the prefix and 40 other tokens), one at a time,
+8 tokens each. The engine's prefix cache still holds the prefix's first block; the other nine
+must come from kvtier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import vllm
+
+from tests.connectors.vllm_harness.engine import Engine, engine
+from tiering.keys import BlockKey
+from tiering.registry import register_tier
+from tiering.tier import KeyLike
+from tiers.file.files import BlockFileTier
+
+__all__ = ["SCENARIOS", "prompts"]
+
+PREFIX = 320
+MAX_TOKENS = 8
+SLOT_BYTES = (
+    32 * 2 * 2 * 2 * 32 * 4
+)  # one engine block: tokens x layers x (K, V) x heads x dim x fp32
+READ_DELAY = 0.5
+"""Seconds each read of scenario c's file tier waits first: its promotions stay in flight."""
+
+
+def prompts() -> dict[str, list[int]]:
+    rng = random.Random(0)
+    prefix = [rng.randrange(3, 1000) for _ in range(PREFIX)]
+    return {
+        "first": prefix + [rng.randrange(3, 1000) for _ in range(40)],
+        "unrelated": [rng.randrange(3, 1000) for _ in range(480)],
+        "again": prefix + [rng.randrange(3, 1000) for _ in range(40)],
+        "other": [rng.randrange(3, 1000) for _ in range(200)],
+    }
+
+
+def kvtier_extra(
+    workdir: Path, spec: str = "TieredOffloadingSpec", **kvtier: Any
+) -> dict[str, Any]:
+    module = (
+        "connectors.vllm"
+        if spec == "TieredOffloadingSpec"
+        else "tests.connectors.vllm_specs.canary"
+    )
+    config = {"primary": {"capacity": "8MiB", "directory": str(workdir)}, **kvtier}
+    return {"spec_name": spec, "spec_module_path": module, "kvtier": config}
+
+
+def observed(e: Engine) -> dict[str, Any]:
+    """What every scenario reports: per request its block table, the tokens found computed
+    when first scheduled, the tokens it produced; the blocks the forward found holding other
+    bytes than their tokens'; the call log."""
+    return {
+        "vllm": vllm.__version__,
+        "requests": {
+            name: {
+                "first_computed": state.first_computed,
+                "block_ids": state.block_ids,
+                "output_tokens": len(state.content.tokens) - state.prompt_len,
+            }
+            for name, state in e.runner.requests.items()
+        },
+        "checked_blocks": e.runner.checked_blocks,
+        "mismatched_blocks": sorted({(m.request, m.block_index) for m in e.runner.mismatches}),
+        "events": [event.as_json() for event in e.events],
+        "unfinished": e.scheduler.has_requests(),
+        "steps": e.steps,
+    }
+
+
+def shared_prefix(workdir: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    with engine(workdir, extra) as e:
+        for name, prompt in prompts().items():
+            if name == "other":
+                continue
+            e.add_request(name, prompt, MAX_TOKENS)
+            e.run()
+        return observed(e)
+
+
+def scenario_a(workdir: Path) -> dict[str, Any]:
+    """a: the shared-prefix scenario with kvtier."""
+    return shared_prefix(workdir, kvtier_extra(workdir))
+
+
+def scenario_canary(workdir: Path) -> dict[str, Any]:
+    """a with the canary spec, whose loads copy nothing: the check must see it."""
+    return shared_prefix(workdir, kvtier_extra(workdir, "CanarySpec"))
+
+
+def scenario_b(workdir: Path) -> dict[str, Any]:
+    """b: a, with a per-step budget for loads done inside the step (vLLM 0.33; 0.32 ignores
+    the key). 1 MiB holds the nine blocks of `again` (288 KiB)."""
+    extra = kvtier_extra(workdir) | {"sync_load_budget_bytes": 1 << 20}
+    return shared_prefix(workdir, extra)
+
+
+class SlowReadsFileTier(BlockFileTier):
+    """The file tier (`layout: files`) whose every read first waits `READ_DELAY`, on the
+    runtime's event loop like any tier call, so that promotions from it are in flight when
+    scenario c resets the cache. Counts reads begun and ended. Runtime thread."""
+
+    begun = 0
+    ended = 0
+
+    @classmethod
+    def variant(cls, options: Mapping[str, Any]) -> type[BlockFileTier]:
+        return cls
+
+    async def _read(self, key: BlockKey, limit: int) -> Any:
+        async with _slow_read():
+            return await super()._read(key, limit)
+
+    async def _read_into(self, key: BlockKey, payload: memoryview, limit: int) -> Any:
+        async with _slow_read():
+            return await super()._read_into(key, payload, limit)
+
+    async def get_many(self, items: Sequence[tuple[KeyLike, memoryview | bytearray]]) -> Any:
+        if len(items) < 2:  # one block: `_read_into`
+            return await super().get_many(items)
+        async with _slow_read():  # a batch bypasses the two above
+            return await super().get_many(items)
+
+
+@asynccontextmanager
+async def _slow_read() -> AsyncIterator[None]:
+    SlowReadsFileTier.begun += 1
+    try:
+        await asyncio.sleep(READ_DELAY)
+        yield
+    finally:
+        SlowReadsFileTier.ended += 1
+
+
+def scenario_c(workdir: Path) -> dict[str, Any]:
+    """c: a reset of the cache while promotions from a file tier are in flight.
+
+    A primary of 16 slots (a request's stores must fit: `unrelated` stores 15 blocks in one
+    step) and a write-through file tier: `first`'s blocks are on disk, and `unrelated`'s
+    stores push them out of the primary. Then `again` and `other` (200 tokens of its own)
+    arrive: one step looks `again` up (HIT_PENDING: kvtier queues promotions from the disk)
+    and computes `other` (whose store job the connector defers to the next step). Between
+    that step and the next, once the promotions are reading, the engine resets its prefix
+    cache and kvtier's (`reset_running_requests`: `other` is preempted and computed again).
+    Then everything runs to the end: `again` must get its whole prefix from kvtier again.
+    """
+    register_tier("slow-file", SlowReadsFileTier, replace=True)
+    extra = kvtier_extra(
+        workdir,
+        primary={"capacity": 16 * SLOT_BYTES, "directory": str(workdir)},
+        tiers=[
+            {
+                "name": "disk",
+                "type": "slow-file",
+                "path": str(workdir / "disk"),
+                "write": "through",
+                "min_free": 0,
+            }
+        ],
+        promotion={"deadline": "30s", "gate": "always"},
+        faults={"timeout": "10s"},
+    )
+    requests = prompts()
+    with engine(workdir, extra) as e:
+        for name in ("first", "unrelated"):
+            e.add_request(name, requests[name], MAX_TOKENS)
+            e.run()
+        e.add_request("again", requests["again"], MAX_TOKENS)
+        e.add_request("other", requests["other"], MAX_TOKENS)
+        begun = SlowReadsFileTier.begun
+        e.step()
+        _wait_until(lambda: SlowReadsFileTier.begun > begun)  # the runtime, between steps
+        in_flight = SlowReadsFileTier.begun - SlowReadsFileTier.ended
+        running = [r.request_id for r in e.scheduler.running]
+        # The connector's jobs not yet reported by the worker (private, read only): those a
+        # vLLM 0.33 scheduler fences until `on_reset_flushed`.
+        jobs = sorted(e.scheduler.connector.connector_scheduler._jobs)
+        reset = e.reset_cache(reset_running_requests=True)
+        e.run()
+        return observed(e) | {
+            "reset_ok": reset,
+            "reads_in_flight_at_reset": in_flight,
+            "running_at_reset": running,
+            "jobs_in_flight_at_reset": jobs,
+        }
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached in {timeout} s")
+        time.sleep(0.001)
+
+
+SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
+    "a": scenario_a,
+    "canary": scenario_canary,
+    "b": scenario_b,
+    "c": scenario_c,
+}
