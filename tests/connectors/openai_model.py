@@ -19,7 +19,7 @@ from typing import Any
 __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "WORDS", "write_chat_model"]
 
 ROOT = Path(__file__).resolve().parents[2]
-VOCAB = 1000  # connectors.vllm.run.VOCAB
+VOCAB = 1000  # connectors.vllm.run.LLAMA.vocab
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>")
 WORDS = tuple(f"w{i}" for i in range(len(SPECIAL_TOKENS), VOCAB))
 CHAT_TEMPLATE = (

@@ -290,6 +290,9 @@ class TieringOffloadingManager:
             time.sleep(0.001)
         self.runtime.poll()
         with self.lock.held():
+            # Apply what ended first: a finished job's slots are then no longer in use, and
+            # only those of the engine's copies and of jobs that did not end are held below.
+            self._drain()
             stuck = self.runtime.pending_ids()
             keep: set[int] = set()
             if stuck:  # jobs that did not end (a hung disk): their slots stay out of use

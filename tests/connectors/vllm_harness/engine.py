@@ -62,20 +62,15 @@ from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 from vllm.v1.worker.utils import allocate_kv_cache
 
-from connectors.vllm.run import (
-    ENGINE_BLOCK,
-    HEAD_DIM,
-    HEADS,
-    HIDDEN,
-    INTER,
-    KV_HEADS,
-    LAYERS,
-    VOCAB,
-)
+from connectors.vllm.run import ENGINE_BLOCK, LLAMA
 from tests.connectors.vllm_harness.recorder import Event, ManagerRecorder, Recorder
 from tests.connectors.vllm_harness.runner import LAYER_NAMES, ModelRunner
 
 __all__ = ["Engine", "MODEL_CONFIG"]
+
+# The end-to-end tests' default model (connectors.vllm.run), as a config.json alone.
+HEAD_DIM, HEADS, HIDDEN, INTER = LLAMA.head_dim, LLAMA.heads, LLAMA.hidden, LLAMA.intermediate
+KV_HEADS, LAYERS, VOCAB = LLAMA.kv_heads, LLAMA.layers, LLAMA.vocab
 
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"],

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 
-from connectors.vllm.run import ENGINE_BLOCK, HEAD_DIM, KV_HEADS, LAYERS, VOCAB
+from connectors.vllm.run import ENGINE_BLOCK, LLAMA
 from tests.connectors.vllm_harness.kv import TokenContent
 
 __all__ = ["LAYER_NAMES", "Mismatch", "ModelRunner", "RequestState"]
 
+HEAD_DIM, KV_HEADS, LAYERS, VOCAB = LLAMA.head_dim, LLAMA.kv_heads, LLAMA.layers, LLAMA.vocab
 LAYER_NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 TOKEN_WIDTH = KV_HEADS * 2 * HEAD_DIM
 """float32 values per token and layer: each KV head's key and value."""
