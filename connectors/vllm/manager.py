@@ -73,6 +73,10 @@ _SOURCES = {
 """`Tier.medium` as vLLM's source of cached prompt tokens."""
 _FENCED_RESET = hasattr(OffloadingManager, "on_reset_flushed")
 """vLLM (0.33) tells the manager when the copies in flight at a cache reset have ended."""
+_RESET_FENCE_STEPS = 4
+"""Without that call (vLLM 0.32), the steps after a cache reset until its slots are reused: the
+copies in flight at the reset run and are waited for in the next step, and with asynchronous
+scheduling a step is scheduled before the last one's output is in; four leave a margin."""
 _METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
 _MAX_TRACKED_REQUESTS = 4096
 """Requests whose promoted blocks' sources are remembered: vLLM ends each request with
@@ -265,7 +269,7 @@ class KvtierManager(OffloadingManager):
 
     def reset_cache(self) -> None:
         self._sources.clear()
-        self.manager.reset(fence=_FENCED_RESET)
+        self.manager.reset(fence=True, fence_steps=None if _FENCED_RESET else _RESET_FENCE_STEPS)
 
     def on_reset_flushed(self) -> None:
         self.manager.reset_flushed()

@@ -159,9 +159,9 @@ def test_reset_while_promotions_are_in_flight(harness: dict[str, Any]) -> None:
     """c: the cache is reset (engine and kvtier) while promotions from the file tier are
     reading and a store job is not yet reported. No engine block ever holds wrong bytes, every
     request finishes, and `again` then gets its whole prefix from kvtier (the engine's cache is
-    empty after the reset: ten blocks). On vLLM 0.33 the scheduler calls `on_reset_flushed`
-    once the job in flight at the reset is reported, and until then kvtier grants none of the
-    slots that job writes."""
+    empty after the reset: ten blocks). Until the job in flight at the reset is reported, kvtier
+    grants none of the slots that job writes: on vLLM 0.33 the scheduler calls
+    `on_reset_flushed` once it is; on 0.32, which never says, kvtier holds them for some steps."""
     found = observed(harness, "c")
     assert found["reset_ok"]
     assert found["reads_in_flight_at_reset"] >= 1
@@ -180,14 +180,21 @@ def test_reset_while_promotions_are_in_flight(harness: dict[str, Any]) -> None:
     assert found["events"][load_at]["engine_blocks"] == again["block_ids"][:PREFIX_BLOCKS]
 
     flushed = index_of(found, "on_reset_flushed")
-    if harness["version"] == "0.32":  # no such call in 0.32
-        assert flushed == []
-        return
-    assert len(flushed) == 1 and flushed[0] > reset_at
     fenced = set(found["jobs_in_flight_at_reset"])
-    window = found["events"][reset_at : flushed[0]]
+    if harness["version"] == "0.32":  # no such call: kvtier holds the slots for some steps
+        assert flushed == []
+        reported_at = [
+            i
+            for i, e in enumerate(found["events"])
+            if e["kind"] == "finished" and fenced & set(e["job_ids"])
+        ]
+        window = found["events"][reset_at : max(reported_at)]
+    else:
+        assert len(flushed) == 1 and flushed[0] > reset_at
+        window = found["events"][reset_at : flushed[0]]
     reported = {j for e in window if e["kind"] == "finished" for j in e["job_ids"]}
-    assert fenced <= reported
+    if harness["version"] != "0.32":
+        assert fenced <= reported
     fenced_slots = {
         s for e in events(found, "store") if e["job_ids"][0] in fenced for s in e["slots"]
     }

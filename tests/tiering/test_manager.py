@@ -388,7 +388,22 @@ def test_a_fenced_reset_keeps_the_engines_slots_out_of_use_until_reset_flushed(
 def test_an_unfenced_reset_frees_every_slot_at_once(make: Callable[..., Harness]) -> None:
     h = make([], slots=4)
     assert h.manager.prepare_store([k(2)]) is not None
-    h.manager.reset()  # vLLM 0.32: its reset flushed the engine's copies
+    h.manager.reset()
+    assert h.manager.pool.num_free == 4
+
+
+def test_a_reset_fenced_for_some_steps_frees_its_slots_after_them(
+    make: Callable[..., Harness],
+) -> None:
+    h = make([], slots=4)
+    assert h.manager.prepare_store([k(2)]) is not None  # the engine's store in flight
+    h.manager.reset(fence=True, fence_steps=3)  # vLLM 0.32: it flushes in the next step
+    for _ in range(2):
+        h.manager.on_schedule_end()
+        assert h.manager.pool.num_free == 3
+    h.manager.on_schedule_end()
+    assert h.manager.pool.num_free == 4 and h.manager.pool.num_held == 0
+    h.manager.on_schedule_end()
     assert h.manager.pool.num_free == 4
 
 

@@ -166,6 +166,7 @@ class TieringOffloadingManager:
         self._stuck: set[int] = set()  # jobs that outlived a reset's drain
         self._quarantined: set[int] = set()  # their possible slots, held until they end
         self._fenced: set[int] = set()  # slots held by a fenced reset until `reset_flushed`
+        self._fence_until: int | None = None  # or until this many steps (`fence_steps`)
         self._outbox: list[Job] = []  # submitted together at the end of the step
         # The engine's calls read these directly (each is cleared in place, never rebound): a
         # call touches as few objects as it can (BENCHMARKS.md, "The tiering manager on the
@@ -274,16 +275,19 @@ class TieringOffloadingManager:
     def touch(self, keys: Iterable[BlockKey]) -> None:
         self.lock.call(self.pool.touch, keys)
 
-    def reset(self, drain_timeout: float = 30.0, *, fence: bool = False) -> None:
+    def reset(
+        self, drain_timeout: float = 30.0, *, fence: bool = False, fence_steps: int | None = None
+    ) -> None:
         """Wait for in-flight jobs (they may be writing or reading primary slots), then forget
         the primary and every job; the tiers keep their blocks. vLLM calls this between steps,
         never in one, so the wait (bounded by the jobs' deadlines) is allowed here.
 
         `fence`: the engine's own copies in flight at the reset (stores into slots, loads out
         of them) may still run; every slot in use stays out of the free list until
-        `reset_flushed` says they have all ended (vLLM 0.33's `on_reset_flushed`). Without
-        it (vLLM 0.32, which has no such call), slots are free at once, as the engine's reset
-        has flushed its copies."""
+        `reset_flushed` says they have all ended (vLLM 0.33's `on_reset_flushed`), or, with
+        `fence_steps`, until that many steps have ended (`on_schedule_end`) when the engine
+        never says (vLLM 0.32: it runs and waits for the copies in flight at a reset in the
+        next step, so they have ended once the steps that can be in flight meanwhile have)."""
         self.lock.end()  # the runtime applies what finishes meanwhile
         deadline = self.clock() + drain_timeout
         while self.runtime.pending() and self.clock() < deadline:
@@ -304,6 +308,7 @@ class TieringOffloadingManager:
                 fenced = self.pool.slots_in_use()
                 self.counters["reset_slots_fenced"] += len(fenced - self._fenced)
                 self._fenced = fenced
+                self._fence_until = None if fence_steps is None else self._step + fence_steps
             self._generation += 1
             self.pool.reset(keep | self._fenced)
             self._arrivals.clear()
@@ -325,6 +330,7 @@ class TieringOffloadingManager:
         if self._fenced:
             self.pool.release(self._fenced - self._quarantined)
             self._fenced = set()
+        self._fence_until = None
 
     def take_events(self) -> list[PrimaryEvent | TierEvent]:
         return self.lock.call(self._take_events)
@@ -364,6 +370,8 @@ class TieringOffloadingManager:
         try:
             self._step += 1
             self._refused.clear()
+            if self._fence_until is not None and self._step >= self._fence_until:
+                self._reset_flushed()  # the copies in flight at the last reset have ended
             late = self._work_queued  # queued at the last step's end, and not done since
             late_drain = self._arrivals and self._drain_step < self._step - 1
             if late or late_drain:  # the runtime did not get the lock between two steps
