@@ -27,6 +27,16 @@ if TYPE_CHECKING:
 
 ENGINE_BLOCK = 32
 MODEL_SEED = 1234
+ENGINE_SETTINGS: dict[str, Any] = {
+    "skip_tokenizer_init": True,
+    "enforce_eager": True,
+    "enable_prefix_caching": True,
+    "dtype": "float32",
+    "seed": 0,
+    "block_size": ENGINE_BLOCK,
+    "max_num_seqs": 4,
+}
+"""vLLM engine arguments every scenario shares (and the interface harness's scheduler)."""
 ATTENTION = {"sliding": "sliding_attention", "full": "full_attention"}
 """`Shape.layer_types` as Gemma3's config names them."""
 
@@ -115,34 +125,19 @@ def write_model(path: Path, seed: int = MODEL_SEED, shape: Shape = LLAMA) -> Pat
     return path
 
 
-def _model(
-    shape: Shape, normal: Callable[..., torch.Tensor]
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The config.json and weights of `shape`: embeddings ~N(0, 1) (Gemma3 scales its
-    embeddings by sqrt(hidden), so ~N(0, 1/hidden) there), projections ~N(0, 1/fan_in), norms
-    neutral (Gemma's norms multiply by 1 + weight). For the default Llama the config and the
-    order of the draws are those of the first version, so model folders already written and
-    the outputs tests compare stay the same."""
-    import torch
-
-    h, q, kv, inter, vocab = (
-        shape.hidden,
-        shape.heads * shape.head_dim,
-        shape.kv_heads * shape.head_dim,
-        shape.intermediate,
-        shape.vocab,
-    )
+def model_config(shape: Shape = LLAMA) -> dict[str, Any]:
+    """The config.json of a model of `shape` (for the default Llama, that of the first version:
+    model folders already written stay the same)."""
     gemma = shape.kind == "gemma3"
-    norm = torch.zeros if gemma else torch.ones
     config: dict[str, Any] = {
         "architectures": [_ARCHITECTURES[shape.kind]],
         "model_type": _MODEL_TYPES[shape.kind],
-        "hidden_size": h,
-        "intermediate_size": inter,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
         "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads,
         "num_hidden_layers": shape.layers,
-        "vocab_size": vocab,
+        "vocab_size": shape.vocab,
         "head_dim": shape.head_dim,
         "max_position_embeddings": 4096,
         "rms_norm_eps": 1e-5,
@@ -162,6 +157,29 @@ def _model(
             "layer_types": [ATTENTION[t] for t in shape.layer_types],
             "pad_token_id": 0,
         }
+    return config
+
+
+def _model(
+    shape: Shape, normal: Callable[..., torch.Tensor]
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The config.json and weights of `shape`: embeddings ~N(0, 1) (Gemma3 scales its
+    embeddings by sqrt(hidden), so ~N(0, 1/hidden) there), projections ~N(0, 1/fan_in), norms
+    neutral (Gemma's norms multiply by 1 + weight). For the default Llama the config and the
+    order of the draws are those of the first version, so model folders already written and
+    the outputs tests compare stay the same."""
+    import torch
+
+    h, q, kv, inter, vocab = (
+        shape.hidden,
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+        shape.intermediate,
+        shape.vocab,
+    )
+    gemma = shape.kind == "gemma3"
+    norm = torch.zeros if gemma else torch.ones
+    config = model_config(shape)
     weights = {
         "model.embed_tokens.weight": normal(vocab, h, std=h**-0.5 if gemma else 1.0),
         "model.norm.weight": norm(h),
@@ -225,15 +243,9 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
         kwargs["prefix_caching_hash_algo"] = scenario["prefix_caching_hash_algo"]
     llm = LLM(
         model=str(model),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        enable_prefix_caching=True,
-        dtype="float32",
-        seed=0,
-        block_size=ENGINE_BLOCK,
+        **ENGINE_SETTINGS,
         kv_cache_memory_bytes=shape.kv_cache_bytes(scenario["engine_blocks"], tensor_parallel),
         max_model_len=scenario.get("max_model_len", 512),
-        max_num_seqs=4,
         kv_transfer_config=transfer,
         disable_log_stats=False,
         tensor_parallel_size=tensor_parallel,

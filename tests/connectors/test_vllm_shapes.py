@@ -21,10 +21,8 @@ scenario is a chat: a conversation's next turn extends the whole earlier convers
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ import pytest
 
 from kvtier.scenario import run_scenario
 from kvtier.venv import ensure_vllm_venv
+from tests.connectors.test_vllm import namespaces
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -240,22 +239,6 @@ def test_outputs_equal_vllm_alone_and_the_evicted_prefix_comes_from_kvtier(runs:
     assert metrics["load_bytes"] == shape.loaded * shape.block_bytes
     assert metrics["store_bytes"] > 0
     assert not list(runs.workdir.glob("kvtier-*.region"))  # removed at shutdown
-
-
-def namespaces(result: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The namespace each kvtier spec of a run logged: role -> (digest, layout fields)."""
-    found = {}
-    for line in result["log"].splitlines():
-        match = NAMESPACE_LINE.search(line)
-        if match:
-            found[match["role"]] = (match["digest"], json.loads(match["layout"]))
-    return found
-
-
-NAMESPACE_LINE = re.compile(
-    r"kvtier namespace (?P<digest>[0-9a-f]{32}) \((?P<role>scheduler|worker rank \d+)\): "
-    r"(?P<layout>\{.*\})$"
-)
 
 
 def test_scheduler_and_every_rank_agree_on_the_namespace(runs: Runs) -> None:

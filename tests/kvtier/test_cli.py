@@ -72,10 +72,10 @@ def test_python_dash_m_kvtier_is_the_command() -> None:
     assert done.returncode == 2 and done.stderr.count("error") == 1
 
 
-def test_the_demo_config_is_package_data_equal_to_the_example() -> None:
+def test_the_demo_config_is_package_data_equal_to_the_example(tmp_path: Path) -> None:
     assert DEFAULT_CONFIG == Path(kvtier.__file__).parent / "configs" / "demo.yaml"
     assert DEFAULT_CONFIG.read_bytes() == (ROOT / "configs" / "demo.yaml").read_bytes()
-    config = load_config(DEFAULT_CONFIG, {"KVTIER_DEMO_DIR": "/tmp/kvtier-demo"})
+    config = load_config(DEFAULT_CONFIG, {"KVTIER_DEMO_DIR": str(tmp_path)})
     assert [t.type for t in config.tiers] == ["file"]
 
 

@@ -289,6 +289,24 @@ class Hold:
     def release(self) -> None:
         self.gate.set()
 
+    def release_soon(self, engine: CopyEngine, reported: list[int]) -> None:
+        """CPU: check that after 0.2 s only `reported` have finished (the held job, and what
+        must follow it, have not), then release the held job 0.2 s later. CUDA: nothing (the
+        sleep ends on its own, and its timing is the GPU's)."""
+        if self.setup.tensors[0].tensor.is_cuda:
+            return
+        time.sleep(0.2)
+        assert sorted(r.job_id for r in engine.get_finished()) == reported
+        threading.Timer(0.2, self.release).start()
+
+
+def waits_at_most(seconds: float, engine: CopyEngine, job_ids: list[int]) -> bool:
+    """Whether `engine.wait(job_ids)` returns within `seconds` (it keeps waiting if not)."""
+    waiter = threading.Thread(target=engine.wait, args=(job_ids,), daemon=True)
+    waiter.start()
+    waiter.join(seconds)
+    return not waiter.is_alive()
+
 
 def one(block: int) -> EngineBlocks:
     return EngineBlocks.of([block], [1, 0], [0, 0])
@@ -306,11 +324,8 @@ def test_an_expedited_load_does_not_queue_behind_earlier_jobs(device: str) -> No
     hold.before(engine, 2, "load")
     engine.submit_load(2, [5], one(3))  # a regular load: queued behind the store (CPU) or held
     engine.submit_load(3, [0], one(4), expedited=True)  # reads slot 0, written by job 0
-    finished = threading.Thread(target=engine.wait, args=([3],), daemon=True)
-    finished.start()
-    finished.join(5)
     try:
-        assert not finished.is_alive(), "the expedited load waited for the held jobs"
+        assert waits_at_most(5, engine, [3]), "the expedited load waited for the held jobs"
         assert int(setup.tensors[0].tensor[4, 0]) == 7
         assert sorted(r.job_id for r in engine.get_finished()) == [0, 3]
     finally:
@@ -328,10 +343,7 @@ def test_an_expedited_load_waits_for_the_store_of_its_slot(device: str) -> None:
     hold.before(engine, 1, "store")
     engine.submit_store(1, one(1), [3])  # held; writes slot 3
     engine.submit_load(2, [3], one(2), expedited=True)
-    if not setup.tensors[0].tensor.is_cuda:
-        time.sleep(0.2)
-        assert engine.get_finished() == []  # the load did not overtake the store it reads
-        threading.Timer(0.2, hold.release).start()
+    hold.release_soon(engine, [])  # the load did not overtake the store it reads
     engine.wait([2])
     assert int(setup.tensors[0].tensor[2, 0]) == 11  # the stored bytes, not the slot's old zeros
     engine.wait([1])
@@ -349,10 +361,7 @@ def test_a_later_job_waits_for_the_expedited_load_it_conflicts_with(device: str)
     hold.before(engine, 1, "expedited")
     engine.submit_load(1, [0], one(2), expedited=True)  # held; writes engine block 2
     engine.submit_store(2, one(2), [4])  # reads engine block 2: must see the loaded bytes
-    if not setup.tensors[0].tensor.is_cuda:
-        time.sleep(0.2)
-        assert [r.job_id for r in engine.get_finished()] == [0]
-        threading.Timer(0.2, hold.release).start()
+    hold.release_soon(engine, [0])
     engine.wait([1, 2])
     assert int(setup.shard[4, 0]) == 5
     engine.shutdown()
@@ -369,11 +378,8 @@ def test_an_expedited_load_does_not_wait_for_a_queued_load_of_the_same_slot(devi
     engine.submit_load(1, [7], one(20))  # held (CPU: the regular lane's backlog)
     engine.submit_load(2, [0], one(5))  # another request's load of slot 0, queued behind it
     engine.submit_load(3, [0], one(6), expedited=True)  # two reads of one slot: no order
-    finished = threading.Thread(target=engine.wait, args=([3],), daemon=True)
-    finished.start()
-    finished.join(5)
     try:
-        assert not finished.is_alive(), "the expedited load waited for a load that only reads"
+        assert waits_at_most(5, engine, [3]), "the expedited load waited for a load that reads"
         assert int(setup.tensors[0].tensor[6, 0]) == 9
     finally:
         hold.release()
@@ -393,10 +399,7 @@ def test_a_job_id_used_again_after_its_report_does_not_tie_the_lanes(device: str
     assert 5 in [r.job_id for r in engine.get_finished()]  # reported: id 5 is free again
     engine.submit_store(5, one(2), [1])  # reads block 2, which job 6 writes: follows it
     hold.release()
-    finished = threading.Thread(target=engine.wait, args=([6, 5],), daemon=True)
-    finished.start()
-    finished.join(10)
-    assert not finished.is_alive(), "the lanes wait for each other"
+    assert waits_at_most(10, engine, [6, 5]), "the lanes wait for each other"
     engine.shutdown()
 
 

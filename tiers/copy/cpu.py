@@ -55,6 +55,7 @@ class _Lane:
         self.queue: deque[tuple[CopyJob, int]] = deque()
         self.marks = marks
         self.done = 0
+        self.other: _Lane = self  # the engine's other lane, set once both exist
         self.thread = threading.Thread(target=run, args=(self,), name=name, daemon=True)
 
 
@@ -96,7 +97,7 @@ class CpuCopyEngine(CopyEngine):
         self._stopping = False
         self._lane = _Lane("kvtier-copy", self._run, self.lane_marks())
         self._expedited = _Lane("kvtier-copy-expedited", self._run, self.lane_marks())
-        self._other = {id(self._lane): self._expedited, id(self._expedited): self._lane}
+        self._lane.other, self._expedited.other = self._expedited, self._lane
         for lane in (self._lane, self._expedited):
             lane.thread.start()
 
@@ -107,10 +108,8 @@ class CpuCopyEngine(CopyEngine):
                     CopyResult(job.job_id, job.direction, False, 0, 0.0, "engine is shut down")
                 )
                 return
-            lane, other = (
-                (self._expedited, self._lane) if job.expedited else (self._lane, self._expedited)
-            )
-            lane.queue.append((job, other.marks.after(job)))
+            lane = self._expedited if job.expedited else self._lane
+            lane.queue.append((job, lane.other.marks.after(job)))
             lane.marks.mark(job)
             self._pending.add(job.job_id)
             self._cond.notify_all()
@@ -140,7 +139,7 @@ class CpuCopyEngine(CopyEngine):
 
     def _ready(self, lane: _Lane) -> bool:
         """The lane's first job may start: the other lane's jobs it must follow have finished."""
-        return bool(lane.queue) and lane.queue[0][1] <= self._other[id(lane)].done
+        return bool(lane.queue) and lane.queue[0][1] <= lane.other.done
 
     def _run(self, lane: _Lane) -> None:
         while True:

@@ -62,34 +62,14 @@ from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 from vllm.v1.worker.utils import allocate_kv_cache
 
-from connectors.vllm.run import ENGINE_BLOCK, LLAMA
+from connectors.vllm.run import ENGINE_BLOCK, ENGINE_SETTINGS, LLAMA, model_config
 from tests.connectors.vllm_harness.recorder import Event, ManagerRecorder, Recorder
 from tests.connectors.vllm_harness.runner import LAYER_NAMES, ModelRunner
 
 __all__ = ["Engine", "MODEL_CONFIG"]
 
-# The end-to-end tests' default model (connectors.vllm.run), as a config.json alone.
-HEAD_DIM, HEADS, HIDDEN, INTER = LLAMA.head_dim, LLAMA.heads, LLAMA.hidden, LLAMA.intermediate
-KV_HEADS, LAYERS, VOCAB = LLAMA.kv_heads, LLAMA.layers, LLAMA.vocab
-
-MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": HIDDEN,
-    "intermediate_size": INTER,
-    "num_attention_heads": HEADS,
-    "num_key_value_heads": KV_HEADS,
-    "num_hidden_layers": LAYERS,
-    "vocab_size": VOCAB,
-    "head_dim": HEAD_DIM,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "torch_dtype": "float32",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+HEAD_DIM, KV_HEADS, LAYERS = LLAMA.head_dim, LLAMA.kv_heads, LLAMA.layers
+MODEL_CONFIG = model_config(LLAMA)
 """The tiny Llama of `connectors.vllm.run`: only its shape matters here (no weights)."""
 
 
@@ -102,14 +82,8 @@ class Engine:
         (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
         args = EngineArgs(
             model=str(model),
-            skip_tokenizer_init=True,
-            enforce_eager=True,
-            enable_prefix_caching=True,
-            dtype="float32",
-            seed=0,
-            block_size=ENGINE_BLOCK,
+            **ENGINE_SETTINGS,
             max_model_len=512,
-            max_num_seqs=4,
             kv_transfer_config={
                 "kv_connector": "OffloadingConnector",
                 "kv_role": "kv_both",
