@@ -262,7 +262,9 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
 
     def generate(prompt: list[int], llm: Any = llm) -> list[int]:
+        began = time.perf_counter()
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        seconds = time.perf_counter() - began
         completion = out.outputs[0]
         logprobs = completion.logprobs or []
         outputs.append(
@@ -273,6 +275,7 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
                     lp[t].logprob for lp, t in zip(logprobs, completion.token_ids, strict=True)
                 ],
                 "cached_tokens": out.num_cached_tokens,
+                "seconds": seconds,
             }
         )
         return list(completion.token_ids)
@@ -315,6 +318,8 @@ _METRICS = {
     ("vllm:kv_offload_store_time", None): ("store_seconds",),
     ("vllm:kvtier_tier_promotions", None): ("tier_promotions",),
     ("vllm:kvtier_tier_demotions", None): ("tier_demotions",),
+    ("vllm:kvtier_tier_bytes_promoted", None): ("bytes_promoted",),
+    ("vllm:kvtier_tier_promotion_seconds", None): ("promotion_seconds",),
 }
 """vLLM metrics the scenario reports: (name, source label) -> the result keys it adds to.
 `kvtier_cached_tokens` is every prompt token kvtier served, by any source: host (the CPU

@@ -169,6 +169,7 @@ class Promoter:
             promoting.pop(key, None)
         if self.late:
             self.late.difference_update(key for key, _ in batch)
+        state.counters["promotion_seconds"] += result.seconds
         if arrived:
             self.pool.complete_promotion(arrived)
             state.counters["promotions"] += len(arrived)

@@ -27,6 +27,10 @@ TIER_COUNTERS = {
     "gated": "Tier hits not used because loading was estimated slower than recomputing.",
     "errors": "Tier jobs that failed (the breaker counts these).",
     "bytes_promoted": "Bytes promoted from the tier.",
+    "promotion_seconds": (
+        "Seconds the tier's promotion jobs took, from their start to their result (with"
+        " bytes_promoted: the promotion throughput)."
+    ),
 }
 """The counters every tier has in a snapshot, at zero until they move, so that a dashboard
 tells zero from missing; the documentation is what the metrics endpoints say."""
