@@ -57,6 +57,7 @@ from connectors.vllm.manager import (
     metric_definitions,
 )
 from connectors.vllm.worker import KvtierWorker, engine_layout
+from tiering import gil
 from tiering.errors import ConfigError
 from tiering.manager import TieringOffloadingManager, build_tiers
 from tiering.metrics import MetricsServer
@@ -94,6 +95,7 @@ class TieredOffloadingSpec(OffloadingSpec):
             )
         self.replicated_layout = config.replicated_layout
         self.kvtier = read_config(self.extra_config)
+        gil.configure(self.kvtier.promotion.switch_interval)
         _join_vllm_logging()
         vllm_config, self.role = _engine_config()
         check_block_hashing(

@@ -140,6 +140,14 @@ class PromotionConfig:
         what="tokens per second (> 0)",
         help="Tokens per second the engine prefills, for the `auto` gate's recompute estimate.",
     )
+    switch_interval: float = option(
+        0.0005,
+        kind="duration",
+        zero=True,
+        help="Python's switch interval while promotions, existence checks or loads that the "
+        "engine waits on are in flight: kvtier's threads get the GIL back sooner from the "
+        "engine's loop (0: leave the interpreter's).",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import Any
 
+from tiering import gil
 from tiering.config import Config, TierConfig
 from tiering.keys import BlockKey
 from tiering.manager.demotion import Demoter
@@ -186,6 +187,10 @@ class TieringOffloadingManager:
         self._tracks_age = self.history.tracks_age
         self._write_through = bool(self.demoter.write_through)
         self._write_back = bool(self.demoter.write_back)
+        self._urgency = gil.Urgency()
+        """Claimed while promotions or existence checks are in flight (`tiering.gil`): a
+        request waits on them while the engine's loop spins."""
+        self._checking = self.locator.checking
         runtime.add_hook(self._on_tick)
 
     # -- the primary's contract -------------------------------------------------------------------
@@ -318,6 +323,7 @@ class TieringOffloadingManager:
             self.promoter.clear()
             self.demoter.clear()
             self.history.clear()
+            self._urgency.set(False)
 
     def reset_flushed(self) -> None:
         """The engine's copies in flight at the last fenced `reset` have all ended: the slots
@@ -382,6 +388,7 @@ class TieringOffloadingManager:
                 self._work_queued = nudge = True
             if self._publish is not None:
                 self._publish(self._snapshot())
+            self._urgency.set(bool(self._promoting or self._checking))
         finally:
             lock.end()
         if jobs:
@@ -425,6 +432,7 @@ class TieringOffloadingManager:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self.lock.end()
+        self._urgency.set(False)
         for state in self.tiers:
             try:
                 self.runtime.run_sync(state.tier.close, timeout)
@@ -474,6 +482,7 @@ class TieringOffloadingManager:
             jobs, self._outbox = self._outbox, []
             if jobs:
                 self.runtime.submit_from_loop(jobs)
+            self._urgency.set(bool(self._promoting or self._checking))
             self.counters["bookkeeping_seconds"] += time.perf_counter() - start
             self.counters["bookkeeping_cpu_seconds"] += time.thread_time() - cpu
         finally:
