@@ -148,6 +148,8 @@ class TieredOffloadingSpec(OffloadingSpec):
             events=self.kv_events_config.enable_kv_cache_events,
         )
         region = self._region()
+        if self.kvtier.primary.prefault:
+            region.prefault()  # the tiers read into slots in this process
         slots = region.slots()
         block_bytes = self.region_layout.shard_bytes * self.region_layout.num_workers
 
@@ -182,6 +184,8 @@ class TieredOffloadingSpec(OffloadingSpec):
             region.pin()
             engine = CudaCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
         else:
+            if self.kvtier.primary.prefault:
+                region.prefault(rank)  # (pinning maps every page, for CUDA)
             engine = CpuCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
         return KvtierWorker(engine, region)
 

@@ -81,6 +81,12 @@ class PrimaryConfig:
         what="a directory path",
         help="Where the shared-memory file of the primary region is created (a tmpfs).",
     )
+    prefault: bool = option(
+        True,
+        help="Map the primary region's pages in the background from the start (a first write "
+        "to a fresh shared page costs about four times the copy): the whole capacity is "
+        "committed early instead of as slots are first used.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
