@@ -53,6 +53,7 @@ runtime's hook; each method delegates to the pieces, which hold the logic.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -77,6 +78,10 @@ from tiering.runtime import Job, JobResult, Runtime
 from tiering.tier import Tier
 
 __all__ = ["TieringOffloadingManager"]
+
+IDLE_WAIT = 0.005
+"""Seconds an empty engine step waits at most for a promotion or existence check to end: new
+requests reach an otherwise idle engine at most this much later."""
 
 # Plain globals: cheaper than an enum member's attribute on the lookup path (BENCHMARKS.md,
 # "Scheduler-side cost of the primary pool").
@@ -191,6 +196,8 @@ class TieringOffloadingManager:
         """Claimed while promotions or existence checks are in flight (`tiering.gil`): a
         request waits on them while the engine's loop spins."""
         self._checking = self.locator.checking
+        self._progress = threading.Event()
+        """Set whenever finished jobs have been applied (`_drain`): an idle step waits on it."""
         runtime.add_hook(self._on_tick)
 
     # -- the primary's contract -------------------------------------------------------------------
@@ -363,16 +370,22 @@ class TieringOffloadingManager:
             or self.promoter.pending()
         )
 
-    def on_schedule_end(self) -> None:
+    def on_schedule_end(self, idle: bool = False) -> None:
         """Once per engine step, after its lookups and loads: hand the step's existence checks,
         promotions and write-through demotions to the runtime, which submits them and reclaims
         for write-back demotions between steps (or do it here, when the runtime missed the last
-        window)."""
+        window).
+
+        `idle`: the step schedules nothing. While promotions or checks are in flight, the
+        engine then only waits for them, running empty steps back to back; instead this call
+        waits (up to `IDLE_WAIT`, the GIL released) until one of them has been applied, so the
+        threads doing the work are not starved and the next step sees the result."""
         lock = self.lock
         if not lock.stepping:
             lock.begin()
         jobs: list[Job] = []
         nudge = False
+        wait = False
         try:
             self._step += 1
             self._refused.clear()
@@ -388,13 +401,20 @@ class TieringOffloadingManager:
                 self._work_queued = nudge = True
             if self._publish is not None:
                 self._publish(self._snapshot())
-            self._urgency.set(bool(self._promoting or self._checking))
+            urgent = bool(self._promoting or self._checking)
+            self._urgency.set(urgent)
+            if idle and urgent:
+                wait = True
+                self.counters["idle_waits"] += 1
+                self._progress.clear()  # under the lock: no result is applied meanwhile
         finally:
             lock.end()
         if jobs:
             self.runtime.submit_many(jobs)
         if nudge:
             self.runtime.nudge()
+        if wait:
+            self._progress.wait(IDLE_WAIT)
 
     def quiet(self) -> AbstractContextManager[None]:
         """Hold the runtime's bookkeeping still (for a consistent look at the state)."""
@@ -516,6 +536,8 @@ class TieringOffloadingManager:
         assert self.lock.owned()
         self.promoter.mark_late(self.clock())
         arrivals = self._arrivals
+        if arrivals:
+            self._progress.set()  # (seen once the lock is released, after these are applied)
         while arrivals:
             result = arrivals.popleft()
             job: TierJob = result.tag
