@@ -900,3 +900,17 @@ def test_an_empty_step_waits_at_most_idle_wait(make: Callable[..., Harness]) -> 
     h.manager.on_schedule_end()  # a step with work: no wait
     assert h.manager.counters["idle_waits"] == 4
     h.lookup_until(1, HIT)
+
+
+def test_shutdown_writes_what_write_through_tiers_were_still_to_get(
+    make: Callable[..., Harness],
+) -> None:
+    """Blocks stored in the engine's last step are demoted between steps; an engine that stops
+    right after (vLLM's offline LLM) runs no step more: shutdown writes them, and waits for the
+    demotions in flight, before it closes the tiers."""
+    cfg, tier = memory_tier(indexed=True)
+    h = make([(cfg, tier)])
+    h.store(1, 2)  # stored and completed in the last step; the step's end never comes
+    h.manager.shutdown()
+    assert stored(tier, k(1)) is not None and stored(tier, k(2)) is not None
+    assert h.manager.stats()["tiers"]["mem"]["demotions"] == 2

@@ -450,8 +450,16 @@ class TieringOffloadingManager:
             self.pool, self.tiers, self.counters, self.runtime, latencies=False
         ).as_dict()
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 5.0, flush: float = 10.0) -> None:
+        """Write what the write-through tiers were still to get, wait up to `flush` seconds
+        for the tier jobs in flight (their slots are still mapped: nothing is cut off in the
+        middle), then close the tiers (each within `timeout`) and the runtime.
+
+        The blocks an engine stored in its last steps are queued for the write-through tiers
+        between steps; an engine that stops right after its last request (vLLM's offline `LLM`)
+        runs no step more, and those blocks were lost to the next engine on the same tiers."""
         self.lock.end()
+        self._flush(flush)
         self._urgency.set(False)
         for state in self.tiers:
             try:
@@ -459,6 +467,20 @@ class TieringOffloadingManager:
             except Exception:  # closing must not stop the rest from closing
                 self.counters["close_errors"] += 1
         self.runtime.shutdown()
+
+    def _flush(self, timeout: float) -> None:
+        """Submit the queued demotions and wait up to `timeout` for the jobs in flight."""
+        deadline = time.monotonic() + timeout  # (not `clock`: a test's may stand still)
+        with self.lock.held():
+            self._drain()
+            self.demoter.demote_through(self._outbox, self._demotion, self._arrived)
+            jobs, self._outbox = self._outbox, []
+        if jobs:
+            self.runtime.submit_many(jobs)
+        while self.runtime.pending() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with self.lock.held():
+            self._drain()
 
     # -- the runtime's side ----------------------------------------------------------------------
 
