@@ -413,19 +413,23 @@ class Tier(ABC):
         if not placed:
             return await self._accept(block, data, view)
         try:
-            header = decode_header(data, block, self.namespace)
-            if header.payload_offset != len(data):
-                raise CorruptObject(
-                    "length", "the payload was read from another offset than its own"
-                )
-            if header.codec != "raw":
-                raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
-            check_object(header, header.payload_offset + len(view), len(view))
-            verify_payload(header, view, self._mac_key)
+            self.verify_placed(block, data, view)
         except CorruptObject as e:
             await self._refuse(block, e)
             return False
         return self._hit(len(view))
+
+    def verify_placed(self, block: BlockKey, header_bytes: Buffer, view: memoryview) -> None:
+        """Check a header and the payload a backend read straight into `view` (`ReadsInto`):
+        `CorruptObject` unless they are `block`'s, of this namespace, raw, with a matching
+        checksum (and MAC). Pure: any thread (a backend may check in its I/O threads)."""
+        header = decode_header(header_bytes, block, self.namespace)
+        if header.payload_offset != len(header_bytes):
+            raise CorruptObject("length", "the payload was read from another offset than its own")
+        if header.codec != "raw":
+            raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
+        check_object(header, header.payload_offset + len(view), len(view))
+        verify_payload(header, view, self._mac_key)
 
     async def _accept(self, block: BlockKey, blob: Buffer | None, view: memoryview) -> bool:
         """Verify a stored object read by a backend and copy its block into `view`."""

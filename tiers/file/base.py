@@ -32,12 +32,15 @@ from tiers.file.direct import (
 )
 from tiers.threads import IOThreads
 
-__all__ = ["LAYOUTS", "FileOptions", "FileTier"]
+__all__ = ["LAYOUTS", "VERIFIED", "FileOptions", "FileTier"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LAYOUTS = ("files", "segments")
+VERIFIED = object()
+"""A batch read's answer for a block read into its view and checked in the pool thread
+(`Tier.verify_placed`): the loop only counts it."""
 _said_buffered: set[str] = set()
 
 
@@ -238,6 +241,9 @@ class FileTier(Tier):
             elif isinstance(answer, BaseException):
                 self.counters["errors"] += 1
                 results.append(answer)
+            elif answer is VERIFIED:
+                touch(i)
+                results.append(self._hit(len(view)))
             else:
                 if answer is not None:
                     touch(i)

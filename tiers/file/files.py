@@ -35,7 +35,7 @@ from tiering.format import check_object, decode_header, peek_lengths
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
-from tiers.file.base import FileOptions, FileTier, log
+from tiers.file.base import VERIFIED, FileOptions, FileTier, log
 from tiers.file.direct import BLOCK, KEPT_BUFFER, is_aligned, round_up, unlink
 
 __all__ = ["BlockFileTier", "FilesOptions"]
@@ -171,8 +171,8 @@ class BlockFileTier(FileTier, layout="files"):
             return await super().get_many(items)
         blocks = [as_key(k) for k, _ in items]
         views = [memoryview(buffer).cast("B") for _, buffer in items]
-        jobs = [(self._path(block), view) for block, view in zip(blocks, views, strict=True)]
-        answers = await self._in_groups(self._read_group, jobs)
+        jobs = [(self._path(block), view, block) for block, view in zip(blocks, views, strict=True)]
+        answers = await self._in_groups(self._read_and_verify, jobs)
         return await self._finish_reads(blocks, views, answers, lambda i: self._touch(blocks[i]))
 
     async def put_many(
@@ -196,11 +196,19 @@ class BlockFileTier(FileTier, layout="files"):
                 results[i] = outcome
         return results
 
-    def _read_group(self, jobs: list[tuple[Path, memoryview]]) -> list[Any]:
+    def _read_and_verify(self, jobs: list[tuple[Path, memoryview, BlockKey]]) -> list[Any]:
+        """Each block read into its view and checked there, in the pool (`VERIFIED`), each
+        block as soon as it is in: the loop then only counts, and the checks of one group
+        overlap the reads of the others."""
         out: list[Any] = []
-        for path, view in jobs:
+        for path, view, block in jobs:
             try:
-                out.append(self._read_file_into(path, view, self.object_limit(len(view))))
+                answer = self._read_file_into(path, view, self.object_limit(len(view)))
+                if answer is not None and answer[1]:
+                    self.verify_placed(block, answer[0], view)
+                    out.append(VERIFIED)
+                else:
+                    out.append(answer)
             except (TierError, CorruptObject) as e:
                 out.append(e)
         return out
