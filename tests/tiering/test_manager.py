@@ -914,3 +914,22 @@ def test_shutdown_writes_what_write_through_tiers_were_still_to_get(
     h.manager.shutdown()
     assert stored(tier, k(1)) is not None and stored(tier, k(2)) is not None
     assert h.manager.stats()["tiers"]["mem"]["demotions"] == 2
+
+
+def test_a_promotion_is_not_abandoned_while_recomputing_would_take_longer(
+    make: Callable[..., Harness],
+) -> None:
+    """`promotion.deadline` is 0.2 s, the tier takes 0.6 s, but recomputing the block would
+    take 1 s (32 tokens at 32 tokens per second): the promotion is waited for, not late."""
+    cfg = TierConfig(name="mem", type="memory", write="back")
+    tier = StubbornMemoryTier(namespace=NAMESPACE, name="mem")  # each read takes 0.6 s
+    h = make([(cfg, tier)], slots=4, reserve=1, promotion_deadline=0.2, prefill_rate=32.0)
+    plant(tier, k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    assert h.manager.lookup(k(1)) is PENDING
+    h.manager.on_schedule_end()
+    time.sleep(0.3)  # past `deadline`, not past the recompute estimate
+    assert h.manager.lookup(k(1)) is PENDING
+    h.manager.on_schedule_end()
+    h.lookup_until(1, HIT)
+    assert h.manager.counters["promotions_late"] == 0
+    assert h.slot_bytes(1) == h.block(1)

@@ -132,7 +132,10 @@ class PromotionConfig:
     """Any thread (a frozen value): the `promotion` section."""
 
     deadline: float = option(
-        0.2, kind="duration", help="How long a promotion may take before it is abandoned (a miss)."
+        0.2,
+        kind="duration",
+        help="How long a promotion may take before it is abandoned (a miss); a batch gets at "
+        "least the time recomputing its blocks would take at `prefill_rate`.",
     )
     gate: str = option(
         "auto",
@@ -144,7 +147,8 @@ class PromotionConfig:
         20_000.0,
         high=1e12,
         what="tokens per second (> 0)",
-        help="Tokens per second the engine prefills, for the `auto` gate's recompute estimate.",
+        help="Tokens per second the engine prefills: the recompute estimate of the `auto` gate "
+        "and of a promotion's deadline.",
     )
     switch_interval: float = option(
         0.0005,

@@ -157,6 +157,7 @@ class TieringOffloadingManager:
             gate,
             slot_view=slot_view,
             deadline=config.promotion.deadline,
+            recompute_per_block=block_tokens / config.promotion.prefill_rate,
             counters=self.counters,
             clock=clock,
             write_back=bool(self.demoter.write_back),

@@ -4,15 +4,19 @@ A secondary hit that the gate lets through is queued (`request`: PENDING); betwe
 queued keys of each tier get primary slots (`allocate_for_promotion`, one batch per tier, as
 many as fit) and one `get_many` job. Every request that needs the block waits on the same
 promotion (`promoting`). A key that got no slot reads as MISS for the next step (`refused`).
-A promotion past `promotion.deadline` is late: its key reads as MISS (recompute) while the
-slot stays WRITING until the tier lets go of it. A failed promotion frees the slot and the
+A promotion past its deadline is late: its key reads as MISS (recompute) while the slot stays
+WRITING until the tier lets go of it. A batch's deadline is `promotion.deadline`, or the time
+recomputing its blocks would take (at `promotion.prefill_rate`) when that is longer: giving up
+sooner would only make the request wait longer. A failed promotion frees the slot and the
 block is remembered as absent for a while (`TierLocator.absent`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections import defaultdict, deque
+import heapq
+import itertools
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from tiering.keys import BlockKey
@@ -45,6 +49,7 @@ class Promoter:
         counters: defaultdict[str, float],
         clock: Callable[[], float],
         write_back: bool,
+        recompute_per_block: float = 0.0,
     ) -> None:
         self.pool = pool
         self.tiers = list(tiers)
@@ -54,6 +59,9 @@ class Promoter:
         self._gate_allows = None if gate.always_open else gate.allows
         self.slot_view = slot_view
         self.deadline = deadline
+        self.recompute_per_block = recompute_per_block
+        """Seconds the engine takes to recompute one block: a batch's deadline is at least
+        this per block."""
         self.counters = counters
         self.clock = clock
         self.write_back = write_back
@@ -73,7 +81,9 @@ class Promoter:
         """No slot at the end of the last step: MISS until the next step ends."""
         self.late: set[BlockKey] = set()
         """Keys whose promotion outlived `deadline`: MISS while their slots stay WRITING."""
-        self._deadlines: deque[tuple[float, list[BlockKey]]] = deque()
+        self._deadlines: list[tuple[float, int, list[BlockKey]]] = []
+        """A heap of (deadline, submission number, keys) of the promotions in flight."""
+        self._submissions = itertools.count()
 
     def request(self, key: BlockKey, state: TierState) -> LookupResult:
         """A lookup found `key` in `state`'s tier: PENDING once queued, MISS when gated."""
@@ -93,7 +103,7 @@ class Promoter:
         """The promotions in flight past their deadline become late."""
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
-            late = [key for key in deadlines.popleft()[1] if key in self.promoting]
+            late = [key for key in heapq.heappop(deadlines)[2] if key in self.promoting]
             self.late.update(late)
             self.counters["promotions_late"] += len(late)
 
@@ -129,12 +139,16 @@ class Promoter:
             if not grant.keys:
                 continue
             batch = list(zip(grant.keys, grant.slots, strict=True))
-            self._deadlines.append((self.clock() + self.deadline, list(grant.keys)))
+            deadline = max(self.deadline, len(batch) * self.recompute_per_block)
+            heapq.heappush(
+                self._deadlines,
+                (self.clock() + deadline, next(self._submissions), list(grant.keys)),
+            )
             outbox.append(
                 Job(
                     state.config.name,
                     functools.partial(get_into, state.tier, self.slot_view, batch),
-                    self.deadline,
+                    deadline,
                     tag=tag(index, batch),
                     done=done,
                 )
