@@ -49,6 +49,10 @@ class ARCPolicy(EvictionPolicy[K, V]):
         t2 = self._t2
         return t2[key] if key in t2 else None
 
+    def get_many(self, keys: Iterable[K]) -> list[V | None]:
+        t1, t2 = self._t1, self._t2
+        return [t2[key] if key in t2 else t1[key] if key in t1 else None for key in keys]
+
     def insert(self, key: K, value: V) -> None:
         self.insert_many((key,), (value,))
 
@@ -64,22 +68,30 @@ class ARCPolicy(EvictionPolicy[K, V]):
                 t1[key] = value
             self._trim_ghosts()
             return
-        t2, c = self._t2, self.capacity
+        # Some keys are ghosts. Case IV inserts trim the ghosts only when a ghost hit is next
+        # (its case depends on whether it is still a ghost, and p on the ghosts' sizes) and at
+        # the end: the same ghosts go as trimming after each insert, as in the bulk path.
+        t2, c = self._t2, float(self.capacity)
+        untrimmed = False
         for key, value in zip(keys, values):
-            if key in b1:  # case II: T1 was too small
-                self.p = min(float(c), self.p + max(len(b2) / len(b1), 1.0))
-                del b1[key]
-                t2[key] = value
-            elif key in b2:  # case III: T2 was too small
-                self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
-                del b2[key]
-                t2[key] = value
-            else:  # case IV
-                t1[key] = value
-                if len(t1) + len(b1) > c:
-                    del b1[next(iter(b1))]
-                elif len(t1) + len(b1) + len(t2) + len(b2) > 2 * c:
-                    del b2[next(iter(b2))]
+            if key in b1 or key in b2:
+                if untrimmed:
+                    self._trim_ghosts()
+                    untrimmed = False
+                if key in b1:  # case II: T1 was too small
+                    self.p = min(c, self.p + max(len(b2) / len(b1), 1.0))
+                    del b1[key]
+                    t2[key] = value
+                    continue
+                if key in b2:  # case III: T2 was too small
+                    self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
+                    del b2[key]
+                    t2[key] = value
+                    continue
+            t1[key] = value  # case IV
+            untrimmed = True
+        if untrimmed:
+            self._trim_ghosts()
 
     def _trim_ghosts(self) -> None:
         """Drop the least recent ghosts: from B1 while |T1|+|B1| > c, then from B2 while the
