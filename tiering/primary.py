@@ -241,7 +241,7 @@ class PrimaryPool:
             finally:
                 busy.difference_update(lent)
             assert victims, f"policy refused to evict {shortfall} evictable keys"
-            evicted, evicted_slots = zip(*victims)
+            evicted, evicted_slots = zip(*victims, strict=True)
             for key in evicted:
                 del ref[key]
             free += evicted_slots

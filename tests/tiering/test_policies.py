@@ -10,7 +10,11 @@ from collections.abc import Container, Iterable
 import pytest
 
 import tiering.policies as policies
+from kvtier.trace import load_trace, trace_keys
+from tests.conftest import ROOT
+from tests.tiering.arc_reference import ReferenceARC
 from tiering.errors import ConfigError, UnknownNameError
+from tiering.keys import BlockKey
 from tiering.policies import (
     ARCPolicy,
     EvictionPolicy,
@@ -20,10 +24,6 @@ from tiering.policies import (
     policy_names,
     register_policy,
 )
-from kvtier.trace import load_trace, trace_keys
-from tests.conftest import ROOT
-from tests.tiering.arc_reference import ReferenceARC
-from tiering.keys import BlockKey
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.testing.policies import MakePolicy, PolicyContract
 
@@ -33,6 +33,16 @@ class TestEveryRegisteredPolicy(PolicyContract):
     def make_policy(self, request: pytest.FixtureRequest) -> MakePolicy:
         cls = get_policy_class(request.param)
         return lambda capacity: cls(capacity)  # type: ignore[return-value]
+
+    def test_get_many_is_get_of_each(self, make_policy: MakePolicy) -> None:
+        policy = make_policy(4)
+        self.fill(policy, 4)
+        policy.touch(["k1"])  # in ARC, k1 is in T2 and the others in T1
+        keys = ["k3", "k1", "absent", "k0", "k1"]
+        assert policy.get_many(iter(keys)) == [3, 1, None, 0, 1]
+        assert policy.get_many(keys) == [policy.get(key) for key in keys]
+        policy.evict(1, set())
+        assert policy.get_many(["k0", "k2"]) == [None, 2]
 
 
 class FIFOPolicy(EvictionPolicy[object, object]):
@@ -282,7 +292,8 @@ class TestARCAgainstReference:
 
     def test_trace_replay_through_the_pool(self) -> None:
         """The start of the Mooncake trace through `PrimaryPool`, driven as vLLM's connector
-        drives it (as `bench/manager.py` does), at a capacity where both ghost lists fill and the target moves."""
+        drives it (as `bench/manager.py` does), at a capacity where both ghost lists fill and
+        the target moves."""
         trace = load_trace(ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz")
         requests = trace_keys(trace.requests[:6000])
         fast: ARCPolicy[BlockKey, int] = ARCPolicy(3276)

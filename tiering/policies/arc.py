@@ -57,14 +57,12 @@ class ARCPolicy(EvictionPolicy[K, V]):
         self.insert_many((key,), (value,))
 
     def insert_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
-        if len(keys) != len(values):
-            raise ValueError(f"{len(keys)} keys but {len(values)} values")
         t1, b1, b2 = self._t1, self._b1, self._b2
         if b1.keys().isdisjoint(keys) and b2.keys().isdisjoint(keys):
             # Case IV only, in bulk. The owner evicted before inserting, so only the ghosts can
             # be over their bounds; trimming once after all inserts drops the same ghosts as
             # trimming after each insert (B1 while |T1|+|B1| > c, then B2 while the total > 2c).
-            for key, value in zip(keys, values):
+            for key, value in zip(keys, values, strict=True):
                 t1[key] = value
             self._trim_ghosts()
             return
@@ -73,7 +71,7 @@ class ARCPolicy(EvictionPolicy[K, V]):
         # the end: the same ghosts go as trimming after each insert, as in the bulk path.
         t2, c = self._t2, float(self.capacity)
         untrimmed = False
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=True):
             if key in b1 or key in b2:
                 if untrimmed:
                     self._trim_ghosts()
@@ -137,8 +135,8 @@ class ARCPolicy(EvictionPolicy[K, V]):
             keys1 += islice(scan1, n - len(keys1) - len(keys2))
             if len(keys1) + len(keys2) < n:
                 return None
-        victims = list(zip(keys1, map(t1.pop, keys1)))
-        victims += zip(keys2, map(t2.pop, keys2))
+        victims = list(zip(keys1, map(t1.pop, keys1), strict=True))
+        victims += zip(keys2, map(t2.pop, keys2), strict=True)
         b1, b2 = self._b1, self._b2
         for key in keys1:
             b1[key] = None

@@ -33,10 +33,8 @@ class LRUPolicy(EvictionPolicy[K, V]):
 
     def insert_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
         # A subscript per key: `OrderedDict.update` costs more per key than the loop.
-        if len(keys) != len(values):
-            raise ValueError(f"{len(keys)} keys but {len(values)} values")
         entries = self._entries
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=True):
             entries[key] = value
 
     def remove(self, key: K) -> V:
@@ -57,7 +55,7 @@ class LRUPolicy(EvictionPolicy[K, V]):
         victims = list(islice(filterfalse(protected.__contains__, entries), n))
         if len(victims) < n:
             return None
-        return list(zip(victims, map(entries.pop, victims)))
+        return list(zip(victims, map(entries.pop, victims), strict=True))
 
     def clear(self) -> None:
         self._entries.clear()
