@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import filterfalse
 
 from tiering.errors import StateError
 from tiering.keys import BlockKey
@@ -216,19 +217,20 @@ class PrimaryPool:
         """
         ref = self._ref
         wanted = dict.fromkeys(keys)
-        new = [key for key in wanted if key not in ref]
+        new = list(filterfalse(ref.__contains__, wanted))
         if not new:
             return _EMPTY_GRANT
         free = self._free
-        shortfall = len(new) - len(free)
-        evicted: list[BlockKey] = []
-        evicted_slots: list[int] = []
+        n = len(new)
+        shortfall = n - len(free)
+        evicted: tuple[BlockKey, ...] = ()
+        evicted_slots: tuple[int, ...] = ()
         if shortfall > 0:
             busy = self._busy
             # Resident, ready keys of this call are protected too: lend them to the busy set
             # for the duration of the eviction.
             lent = []
-            if len(new) < len(wanted):
+            if n < len(wanted):
                 lent = [key for key in wanted if ref.get(key) == _READY]
             # Count first, so that an infeasible request costs O(keys) instead of a policy scan.
             if shortfall > len(ref) - len(busy) - len(lent):
@@ -238,15 +240,13 @@ class PrimaryPool:
                 victims = self._policy.evict(shortfall, busy)
             finally:
                 busy.difference_update(lent)
-            assert victims is not None, f"policy refused to evict {shortfall} evictable keys"
-            for key, slot in victims:
+            assert victims, f"policy refused to evict {shortfall} evictable keys"
+            evicted, evicted_slots = zip(*victims, strict=True)
+            for key in evicted:
                 del ref[key]
-                free.append(slot)
-                evicted.append(key)
-                evicted_slots.append(slot)
+            free += evicted_slots
             if self._events is not None:
-                self._events.append(PrimaryEvent(tuple(evicted), removed=True))
-        n = len(new)
+                self._events.append(PrimaryEvent(evicted, removed=True))
         slots = free[-n:]
         slots.reverse()  # the free list is a stack: its end is the next slot to hand out
         del free[-n:]
@@ -254,7 +254,7 @@ class PrimaryPool:
         self._busy.update(new)
         self._writing.update(new)
         self._policy.insert_many(new, slots)
-        return StoreGrant(tuple(new), tuple(slots), tuple(evicted), tuple(evicted_slots))
+        return StoreGrant(tuple(new), tuple(slots), evicted, evicted_slots)
 
     def allocate_for_promotion(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
         """`prepare_store`'s allocation for a promotion (secondary -> primary): the new keys
@@ -266,7 +266,7 @@ class PrimaryPool:
 
         Every key must be WRITING (`StateError` otherwise, and nothing changes).
         """
-        done = dict.fromkeys(keys)  # ordered, so that events list keys as given
+        done = dict.fromkeys(keys, _READY)  # ordered, so that events list keys as given
         writing = self._writing
         if not done.keys() <= writing:
             key = next(key for key in done if key not in writing)
@@ -276,7 +276,7 @@ class PrimaryPool:
         writing.difference_update(done)
         self._busy.difference_update(done)
         if ok:
-            self._ref.update(dict.fromkeys(done, _READY))
+            self._ref.update(done)
             if self._events is not None and done:
                 self._events.append(PrimaryEvent(tuple(done), removed=False))
         else:
@@ -346,8 +346,7 @@ class PrimaryPool:
             if r == _READY:
                 busy_add(key)
             ref[key] = r + 1
-        get = self._policy.get
-        return [get(key) for key in keys]  # type: ignore[misc]
+        return self._policy.get_many(keys)  # type: ignore[return-value]
 
     def release_demotion(self, keys: Iterable[BlockKey]) -> None:
         """Undo `pin_for_demotion` (once per key per demotion)."""

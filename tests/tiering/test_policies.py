@@ -10,7 +10,11 @@ from collections.abc import Container, Iterable
 import pytest
 
 import tiering.policies as policies
+from kvtier.trace import load_trace, trace_keys
+from tests.conftest import ROOT
+from tests.tiering.arc_reference import ReferenceARC
 from tiering.errors import ConfigError, UnknownNameError
+from tiering.keys import BlockKey
 from tiering.policies import (
     ARCPolicy,
     EvictionPolicy,
@@ -20,7 +24,7 @@ from tiering.policies import (
     policy_names,
     register_policy,
 )
-from tiering.primary import PrimaryPool
+from tiering.primary import LookupResult, PrimaryPool
 from tiering.testing.policies import MakePolicy, PolicyContract
 
 
@@ -29,6 +33,16 @@ class TestEveryRegisteredPolicy(PolicyContract):
     def make_policy(self, request: pytest.FixtureRequest) -> MakePolicy:
         cls = get_policy_class(request.param)
         return lambda capacity: cls(capacity)  # type: ignore[return-value]
+
+    def test_get_many_is_get_of_each(self, make_policy: MakePolicy) -> None:
+        policy = make_policy(4)
+        self.fill(policy, 4)
+        policy.touch(["k1"])  # in ARC, k1 is in T2 and the others in T1
+        keys = ["k3", "k1", "absent", "k0", "k1"]
+        assert policy.get_many(iter(keys)) == [3, 1, None, 0, 1]
+        assert policy.get_many(keys) == [policy.get(key) for key in keys]
+        policy.evict(1, set())
+        assert policy.get_many(["k0", "k2"]) == [None, 2]
 
 
 class FIFOPolicy(EvictionPolicy[object, object]):
@@ -207,3 +221,99 @@ class TestARC:
         assert policy.p > 0
         policy.clear()
         assert policy.p == 0.0 and policy.lists() == ([], [], [], [])
+
+
+class TestARCAgainstReference:
+    """`ARCPolicy` is written for speed; `ReferenceARC` is the plain version it replaced. Driven
+    by the same calls, both must return the same victims and hold the same lists and target."""
+
+    @staticmethod
+    def assert_same(fast: ARCPolicy[str, int], ref: ReferenceARC[str, int]) -> None:
+        assert fast.lists() == ref.lists()
+        assert fast.p == ref.p
+        assert len(fast) == len(ref)
+
+    @pytest.mark.parametrize("seed", range(12))
+    def test_random_calls(self, seed: int) -> None:
+        rng = random.Random(seed)
+        c = rng.choice([1, 2, 3, 7, 16, 40])
+        fast: ARCPolicy[str, int] = ARCPolicy(c)
+        ref: ReferenceARC[str, int] = ReferenceARC(c)
+        universe = [f"k{i}" for i in range(5 * c + 4)]
+        values = iter(range(10**9))
+
+        def some_keys(k: int) -> list[str]:
+            # Skewed, so that keys come back: hits, ghost hits in B1 and B2, and new keys.
+            return [
+                universe[min(int(rng.expovariate(4 / len(universe))), len(universe) - 1)]
+                for _ in range(k)
+            ]
+
+        for _ in range(3000):
+            t1, t2, _, _ = ref.lists()
+            resident = t1 + t2
+            protected = set(rng.sample(resident, rng.randint(0, len(resident)) // 3))
+            op = rng.random()
+            if op < 0.5:  # the pool's store: evict the shortfall, then insert the new keys
+                batch = list(
+                    dict.fromkeys(k for k in some_keys(rng.randint(1, 2 * c)) if k not in ref)
+                )[:c]
+                shortfall = len(batch) - (c - len(ref))
+                if shortfall > 0:
+                    victims = ref.evict(shortfall, protected)
+                    assert fast.evict(shortfall, protected) == victims
+                    if victims is None:
+                        continue
+                vals = [next(values) for _ in batch]
+                if len(batch) == 1 and rng.random() < 0.5:
+                    fast.insert(batch[0], vals[0])
+                    ref.insert(batch[0], vals[0])
+                else:
+                    fast.insert_many(batch, vals)
+                    ref.insert_many(batch, vals)
+            elif op < 0.8:  # uses, with repeats and keys that are not resident
+                keys = some_keys(rng.randint(0, c + 2))
+                fast.touch(iter(keys))
+                ref.touch(keys)
+            elif op < 0.9:  # a reclaim: evict without inserting
+                n = rng.randint(0, len(resident) + 1)
+                assert fast.evict(n, protected) == ref.evict(n, protected)
+            elif op < 0.995:
+                if resident:
+                    key = rng.choice(resident)
+                    assert fast.remove(key) == ref.remove(key)
+            else:
+                fast.clear()
+                ref.clear()
+            self.assert_same(fast, ref)
+            for key in some_keys(3):
+                assert fast.get(key) == ref.get(key)
+                assert (key in fast) == (key in ref)
+
+    def test_trace_replay_through_the_pool(self) -> None:
+        """The start of the Mooncake trace through `PrimaryPool`, driven as vLLM's connector
+        drives it (as `bench/manager.py` does), at a capacity where both ghost lists fill and
+        the target moves."""
+        trace = load_trace(ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz")
+        requests = trace_keys(trace.requests[:6000])
+        fast: ARCPolicy[BlockKey, int] = ARCPolicy(3276)
+        ref: ReferenceARC[BlockKey, int] = ReferenceARC(3276)
+        pools = PrimaryPool(3276, fast), PrimaryPool(3276, ref)  # type: ignore[arg-type]
+        hits, targets = 0, set()
+        for keys in requests:
+            answers = []
+            for pool in pools:
+                n = 0
+                while n < len(keys) and pool.lookup(keys[n]) is LookupResult.HIT:
+                    n += 1
+                slots = pool.prepare_load(keys[:n])
+                grant = pool.prepare_store(keys[n:])
+                assert grant is not None
+                pool.complete_store(grant.keys)
+                pool.complete_load(keys[:n])
+                answers.append((n, slots, grant))
+            assert answers[0] == answers[1]
+            hits += answers[0][0]
+            targets.add(fast.p)
+        assert fast.lists() == ref.lists() and fast.p == ref.p
+        assert hits > 0 and len(targets) > 50  # hits, and ghost hits that moved the target

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
-from itertools import islice
+from itertools import filterfalse, islice
 
 from tiering.policies.base import EvictionPolicy, K, V
 
@@ -26,6 +26,11 @@ class ARCPolicy(EvictionPolicy[K, V]):
     (REPLACE) when the cache is full and then `insert` (cases II-IV), and reports hits through
     `touch` (case I). Recency is updated at each use, not deferred to the end of a request
     (vLLM 0.32's ARC defers it and loses a fifth of ARC's hits on the Mooncake trace).
+
+    The scheduler calls this once per block it stores or loads, so each method is written for
+    the fewest hash-table operations per key, in plain subscript statements or C-level
+    iteration (`filterfalse`, `map`): on `OrderedDict`, `update(...)` and `popitem(last=False)`
+    cost several times a subscript assignment or a `del` (BENCHMARKS.md, "Scheduler-side cost").
     """
 
     def __init__(self, capacity: int) -> None:
@@ -38,40 +43,67 @@ class ARCPolicy(EvictionPolicy[K, V]):
         """Target size of T1, between 0 and the capacity."""
 
     def get(self, key: K) -> V | None:
-        value = self._t1.get(key)
-        return self._t2.get(key) if value is None else value
+        t1 = self._t1
+        if key in t1:
+            return t1[key]
+        t2 = self._t2
+        return t2[key] if key in t2 else None
+
+    def get_many(self, keys: Iterable[K]) -> list[V | None]:
+        t1, t2 = self._t1, self._t2
+        return [t2[key] if key in t2 else t1[key] if key in t1 else None for key in keys]
 
     def insert(self, key: K, value: V) -> None:
         self.insert_many((key,), (value,))
 
     def insert_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
-        t1, t2, b1, b2 = self._t1, self._t2, self._b1, self._b2
-        c = self.capacity
+        t1, b1, b2 = self._t1, self._b1, self._b2
         if b1.keys().isdisjoint(keys) and b2.keys().isdisjoint(keys):
             # Case IV only, in bulk. The owner evicted before inserting, so only the ghosts can
             # be over their bounds; trimming once after all inserts drops the same ghosts as
             # trimming after each insert (B1 while |T1|+|B1| > c, then B2 while the total > 2c).
-            t1.update(zip(keys, values, strict=True))
-            for _ in range(len(t1) + len(b1) - c):
-                b1.popitem(last=False)
-            for _ in range(len(t1) + len(t2) + len(b1) + len(b2) - 2 * c):
-                b2.popitem(last=False)
-            return
-        for key, value in zip(keys, values, strict=True):
-            if key in b1:  # case II: T1 was too small
-                self.p = min(float(c), self.p + max(len(b2) / len(b1), 1.0))
-                del b1[key]
-                t2[key] = value
-            elif key in b2:  # case III: T2 was too small
-                self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
-                del b2[key]
-                t2[key] = value
-            else:  # case IV
+            for key, value in zip(keys, values, strict=True):
                 t1[key] = value
-                if len(t1) + len(b1) > c:
-                    b1.popitem(last=False)
-                elif len(t1) + len(b1) + len(t2) + len(b2) > 2 * c:
-                    b2.popitem(last=False)
+            self._trim_ghosts()
+            return
+        # Some keys are ghosts. Case IV inserts trim the ghosts only when a ghost hit is next
+        # (its case depends on whether it is still a ghost, and p on the ghosts' sizes) and at
+        # the end: the same ghosts go as trimming after each insert, as in the bulk path.
+        t2, c = self._t2, float(self.capacity)
+        untrimmed = False
+        for key, value in zip(keys, values, strict=True):
+            if key in b1 or key in b2:
+                if untrimmed:
+                    self._trim_ghosts()
+                    untrimmed = False
+                if key in b1:  # case II: T1 was too small
+                    self.p = min(c, self.p + max(len(b2) / len(b1), 1.0))
+                    del b1[key]
+                    t2[key] = value
+                    continue
+                if key in b2:  # case III: T2 was too small
+                    self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
+                    del b2[key]
+                    t2[key] = value
+                    continue
+            t1[key] = value  # case IV
+            untrimmed = True
+        if untrimmed:
+            self._trim_ghosts()
+
+    def _trim_ghosts(self) -> None:
+        """Drop the least recent ghosts: from B1 while |T1|+|B1| > c, then from B2 while the
+        four lists hold more than 2c keys."""
+        t1, b1, b2 = self._t1, self._b1, self._b2
+        c = self.capacity
+        over = len(t1) + len(b1) - c
+        if over > 0:
+            for key in list(islice(b1, over)):
+                del b1[key]
+        over = len(t1) + len(self._t2) + len(b1) + len(b2) - 2 * c
+        if over > 0:
+            for key in list(islice(b2, over)):
+                del b2[key]
 
     def remove(self, key: K) -> V:
         if key in self._t1:
@@ -80,13 +112,12 @@ class ARCPolicy(EvictionPolicy[K, V]):
 
     def touch(self, keys: Iterable[K]) -> None:
         t1, t2 = self._t1, self._t2
-        move_to_end = t2.move_to_end
+        move_to_end, pop1 = t2.move_to_end, t1.pop
         for key in keys:
-            try:
+            if key in t2:
                 move_to_end(key)
-            except KeyError:
-                if key in t1:
-                    t2[key] = t1.pop(key)
+            elif key in t1:
+                t2[key] = pop1(key)
 
     def evict(self, n: int, protected: Container[K]) -> list[tuple[K, V]] | None:
         t1, t2 = self._t1, self._t2
@@ -96,19 +127,21 @@ class ARCPolicy(EvictionPolicy[K, V]):
         # ceil(|T1| - p) victims from T1, the rest from T2. When a list has nothing evictable
         # left, its share falls to the other. Every victim is chosen before anything changes.
         from_t1 = min(n, max(0, math.ceil(len(t1) - self.p)))
-        scan1 = (key for key in t1 if key not in protected)
-        scan2 = (key for key in t2 if key not in protected)
+        is_protected = protected.__contains__
+        scan1 = filterfalse(is_protected, t1)
         keys1 = list(islice(scan1, from_t1))
-        keys2 = list(islice(scan2, n - len(keys1)))
+        keys2 = list(islice(filterfalse(is_protected, t2), n - len(keys1)))
         if len(keys1) + len(keys2) < n:
             keys1 += islice(scan1, n - len(keys1) - len(keys2))
             if len(keys1) + len(keys2) < n:
                 return None
-        pop1, pop2 = t1.pop, t2.pop
-        victims = [(key, pop1(key)) for key in keys1]
-        victims += [(key, pop2(key)) for key in keys2]
-        self._b1.update(dict.fromkeys(keys1))
-        self._b2.update(dict.fromkeys(keys2))
+        victims = list(zip(keys1, map(t1.pop, keys1), strict=True))
+        victims += zip(keys2, map(t2.pop, keys2), strict=True)
+        b1, b2 = self._b1, self._b2
+        for key in keys1:
+            b1[key] = None
+        for key in keys2:
+            b2[key] = None
         return victims
 
     def clear(self) -> None:

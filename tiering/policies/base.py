@@ -43,6 +43,11 @@ class EvictionPolicy(ABC, Generic[K, V]):
     def get(self, key: K) -> V | None:
         """The value of a resident key, or None. Has no effect on recency."""
 
+    def get_many(self, keys: Iterable[K]) -> list[V | None]:
+        """`get` of each key, in order. Override where a bulk form is faster."""
+        get = self.get
+        return [get(key) for key in keys]
+
     @abstractmethod
     def insert(self, key: K, value: V) -> None:
         """Make a key resident as most recently used (a new block, just admitted)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
-from itertools import islice
+from itertools import filterfalse, islice
 
 from tiering.policies.base import EvictionPolicy, K, V
 
@@ -25,11 +25,17 @@ class LRUPolicy(EvictionPolicy[K, V]):
     def get(self, key: K) -> V | None:
         return self._entries.get(key)
 
+    def get_many(self, keys: Iterable[K]) -> list[V | None]:
+        return list(map(self._entries.get, keys))
+
     def insert(self, key: K, value: V) -> None:
         self._entries[key] = value
 
     def insert_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
-        self._entries.update(zip(keys, values, strict=True))
+        # A subscript per key: `OrderedDict.update` costs more per key than the loop.
+        entries = self._entries
+        for key, value in zip(keys, values, strict=True):
+            entries[key] = value
 
     def remove(self, key: K) -> V:
         return self._entries.pop(key)
@@ -46,11 +52,10 @@ class LRUPolicy(EvictionPolicy[K, V]):
         entries = self._entries
         if n > len(entries):
             return None
-        victims = list(islice((key for key in entries if key not in protected), n))
+        victims = list(islice(filterfalse(protected.__contains__, entries), n))
         if len(victims) < n:
             return None
-        pop = entries.pop
-        return [(key, pop(key)) for key in victims]
+        return list(zip(victims, map(entries.pop, victims), strict=True))
 
     def clear(self) -> None:
         self._entries.clear()
