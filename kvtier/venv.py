@@ -272,7 +272,7 @@ _DETAIL = 60
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--tree"]:
-        print(ensure_vllm_tree())
-    else:
-        print(ensure_vllm_venv())
+    try:
+        print(ensure_vllm_tree() if sys.argv[1:] == ["--tree"] else ensure_vllm_venv())
+    except KvtierError as e:  # the reason, with pip's last lines; no traceback
+        sys.exit(f"kvtier: {e}")
