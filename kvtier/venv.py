@@ -22,13 +22,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import venv
 import zipfile
+from collections import deque
 from pathlib import Path
+from typing import IO
 
+from kvtier.status import StatusLine, elapsed
 from tiering.errors import KvtierError
 
 __all__ = [
@@ -66,31 +72,34 @@ def venv_python(path: Path) -> Path:
     return path / "bin" / "python"
 
 
-def ensure_vllm_venv(path: Path | None = None, *, quiet: bool = False) -> Path:
-    """Create the vLLM virtual environment unless it is ready; return its python."""
+def ensure_vllm_venv(
+    path: Path | None = None, *, quiet: bool = False, timeout: float | None = None
+) -> Path:
+    """Create the vLLM virtual environment unless it is ready; return its python.
+
+    Unless `quiet`, a status line on standard error says which step runs, for how long, and
+    pip's latest line. `timeout`: the seconds the preparation may take (KvtierError after
+    them; the environment stays unready and is prepared again next time)."""
     path = default_venv_dir() if path is None else path
     python = venv_python(path)
     marker = path / _MARKER
     expected = "\n".join([VLLM_PACKAGE, *KVTIER_DEPENDENCIES]) + "\n"
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    install = [*pip, "install", "--progress-bar", "off"]  # pip's lines, not a bar, on a pipe
     if marker.exists() and python.exists():
         if marker.read_text() != expected:  # prepared by an older kvtier: add what is new
-            _run([*pip, "install", "--quiet", *KVTIER_DEPENDENCIES], "installing kvtier's needs")
+            steps = _Steps(f"kvtier: updating vLLM's environment {path}", quiet, timeout)
+            steps.run([*install, *KVTIER_DEPENDENCIES], "installing kvtier's needs")
             marker.write_text(expected)
         return python
-    if not quiet:
-        print(
-            f"kvtier: preparing vLLM {VLLM_VERSION} in {path} (first use; about 2 minutes, 2.5 GB)",
-            file=sys.stderr,
-            flush=True,
-        )
+    steps = _Steps(f"kvtier: preparing vLLM {VLLM_VERSION}", quiet, timeout)
+    steps.say(f"in {path} (first use; about 2 minutes, 2.5 GB)", " ")
+    steps.show("creating the virtual environment")
     venv.EnvBuilder(with_pip=True, clear=python.exists()).create(path)
-    _run(
-        [*pip, "install", "--quiet", VLLM_PACKAGE, *KVTIER_DEPENDENCIES],
-        "installing " + VLLM_PACKAGE,
-    )
-    _run([*pip, "uninstall", "--quiet", "--yes", *_UNWANTED], "removing unneeded packages")
+    steps.run([*install, VLLM_PACKAGE, *KVTIER_DEPENDENCIES], "installing " + VLLM_PACKAGE)
+    steps.run([*pip, "uninstall", "--yes", *_UNWANTED], "removing unneeded packages")
     marker.write_text(expected)
+    steps.say(f"ready in {elapsed(steps.seconds())}")
     return python
 
 
@@ -111,7 +120,11 @@ def default_tree_dir() -> Path:
 
 
 def ensure_vllm_tree(
-    python: Path | None = None, path: Path | None = None, *, quiet: bool = False
+    python: Path | None = None,
+    path: Path | None = None,
+    *,
+    quiet: bool = False,
+    timeout: float | None = None,
 ) -> Path:
     """vLLM 0.33.0's Python files, extracted from its wheel into `path` unless they are there;
     return `path` (to put ahead of the vLLM environment's own vLLM on PYTHONPATH).
@@ -120,33 +133,30 @@ def ensure_vllm_tree(
     temporary directory, removed afterwards. Only `vllm/**/*.py` and the dist-info's metadata
     are kept (~45 MB; no `.so`, headers or bundled binaries). The tree is built beside `path`
     and renamed into place with its marker inside, so an interrupted extraction leaves nothing
-    half-made at `path`; a tree without the current marker is replaced.
+    half-made at `path`; a tree without the current marker is replaced. `quiet` and `timeout`
+    (for the download) as for `ensure_vllm_venv`.
     """
     path = default_tree_dir() if path is None else path
     marker = path / _TREE_MARKER
     expected = f"vllm=={VLLM_TREE_VERSION}\n{_TREE_FORMAT}\n"
     if marker.exists() and marker.read_text() == expected:
         return path
-    python = ensure_vllm_venv(quiet=quiet) if python is None else python
-    if not quiet:
-        print(
-            f"kvtier: extracting vLLM {VLLM_TREE_VERSION}'s Python files into {path} "
-            "(first use; downloads its 340 MB wheel)",
-            file=sys.stderr,
-            flush=True,
-        )
+    python = ensure_vllm_venv(quiet=quiet, timeout=timeout) if python is None else python
+    steps = _Steps(f"kvtier: extracting vLLM {VLLM_TREE_VERSION}'s Python files", quiet, timeout)
+    steps.say(f"into {path} (first use; downloads its 340 MB wheel)", " ")
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         with tempfile.TemporaryDirectory(prefix="kvtier-vllm-wheel-") as download:
-            _run(
+            steps.run(
                 [
                     str(python),
                     "-m",
                     "pip",
                     "--disable-pip-version-check",
                     "download",
-                    "--quiet",
+                    "--progress-bar",
+                    "off",
                     "--no-deps",
                     "--dest",
                     download,
@@ -155,7 +165,9 @@ def ensure_vllm_tree(
                 f"downloading vllm=={VLLM_TREE_VERSION}",
             )
             (wheel,) = Path(download).glob("vllm-*.whl")
+            steps.show("extracting " + wheel.name)
             _extract_python(wheel, staging)
+            steps.say(f"extracted in {elapsed(steps.seconds())}")
         (staging / _TREE_MARKER).write_text(expected)
         if path.exists():  # an older or interrupted tree
             shutil.rmtree(path)
@@ -180,15 +192,87 @@ def _extract_python(wheel: Path, into: Path) -> None:
                 archive.extract(info, into)  # zipfile drops absolute and ".." parts
 
 
-def _run(command: list[str], what: str) -> None:
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if result.returncode != 0:
-        tail = "\n".join(result.stdout.splitlines()[-15:])
-        raise KvtierError(f"vLLM environment: {what} failed (exit {result.returncode}):\n{tail}")
+class _Steps:
+    """The `kvtier` process's main thread: runs a preparation's commands one after another
+    within one time budget, showing each on a status line (unless quiet) with its elapsed
+    time and the command's latest output line."""
+
+    def __init__(self, prefix: str, quiet: bool, timeout: float | None) -> None:
+        self.status = None if quiet else StatusLine(prefix, every=_EVERY)
+        self.began = time.monotonic()
+        self.deadline = None if timeout is None else self.began + timeout
+        self.timeout = timeout
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.began
+
+    def show(self, step: str, detail: str = "") -> None:
+        if self.status is not None:
+            self.status.show(step, "; ".join(filter(None, [elapsed(self.seconds()), detail])))
+
+    def say(self, text: str, after: str = ": ") -> None:
+        """`prefix`, `after`, `text` as a line of its own (the status line is cleared first)."""
+        if self.status is not None:
+            self.status.close()
+            self.status.stream.write(f"{self.status.prefix}{after}{text}\n")
+            self.status.stream.flush()
+
+    def run(self, command: list[str], what: str) -> None:
+        """Run `command` (its output read as it comes, the last lines kept for an error);
+        KvtierError if it fails or outlives the budget."""
+        self.show(what)
+        tail: deque[str] = deque(maxlen=15)
+        latest = [""]  # what the command last said it does (pip warns of every index it skips)
+
+        def read(lines: IO[str]) -> None:
+            for line in lines:
+                tail.append(line)
+                if line.strip() and not line.startswith(("WARNING", "DEPRECATION")):
+                    latest[0] = line.strip()[:_DETAIL]
+
+        with subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # its own process group: pip's children go with it
+        ) as proc:
+            assert proc.stdout is not None
+            reader = threading.Thread(target=read, args=(proc.stdout,), daemon=True)
+            reader.start()
+            try:
+                while True:
+                    try:
+                        proc.wait(timeout=0.5)
+                        break
+                    except subprocess.TimeoutExpired:
+                        if self.deadline is not None and time.monotonic() >= self.deadline:
+                            raise KvtierError(
+                                f"vLLM environment: {what} did not end within the "
+                                f"{self.timeout:g} s allowed (it is prepared again next time)"
+                            ) from None
+                    self.show(what, latest[0])
+            finally:
+                if proc.poll() is None:  # the budget ran out, or an interrupt
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                reader.join()
+                if self.status is not None:
+                    self.status.close()
+        if proc.returncode != 0:
+            lines = "\n".join(line.rstrip() for line in tail)
+            raise KvtierError(f"vLLM environment: {what} failed (exit {proc.returncode}):\n{lines}")
+
+
+_EVERY = 30.0
+"""Seconds between two plain lines of one step when standard error is no terminal."""
+_DETAIL = 60
+"""Characters of the command's latest line shown (pip's lines name packages and files)."""
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--tree"]:
-        print(ensure_vllm_tree())
-    else:
-        print(ensure_vllm_venv())
+    try:
+        print(ensure_vllm_tree() if sys.argv[1:] == ["--tree"] else ensure_vllm_venv())
+    except KvtierError as e:  # the reason, with pip's last lines; no traceback
+        sys.exit(f"kvtier: {e}")

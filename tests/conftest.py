@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -8,7 +9,8 @@ import pytest
 from hypothesis import settings
 
 from kvtier.servers import RedisClusterServers, RedisServer, SeaweedS3
-from kvtier.venv import default_venv_dir
+from kvtier.venv import default_venv_dir, ensure_vllm_venv
+from tiering.errors import KvtierError
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
@@ -19,6 +21,34 @@ REAL_HOME = Path.home()
 # vLLM's environment stays where the user's machine keeps it (preparing it takes minutes and
 # 2.5 GB): resolved once from the real home, before `test_home` moves HOME for every test.
 os.environ["KVTIER_VLLM_VENV"] = str(default_venv_dir())
+VLLM_PREPARATION_SECONDS = 1800
+"""How long preparing vLLM's environment may take before the session gives up (about two
+minutes on a machine with a fast network; pip's downloads are most of it)."""
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Prepare vLLM's environment before the first test when a test of a real vLLM engine is
+    selected: outside every test, so neither pytest's per-test faulthandler dump
+    (`faulthandler_timeout`) nor a test's own bound counts the minutes of a first
+    preparation, and with its status line on the terminal (pytest's capture suspended) instead
+    of minutes of silence. A preparation that fails or outlives VLLM_PREPARATION_SECONDS ends
+    the session with the reason."""
+    if session.config.option.collectonly:
+        return
+    if not any(item.get_closest_marker("vllm") for item in session.items):
+        return
+    capture = session.config.pluginmanager.getplugin("capturemanager")  # None: -p no:capture
+    try:
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            ensure_vllm_venv(timeout=VLLM_PREPARATION_SECONDS)
+    except KvtierError as e:
+        pytest.exit(str(e), returncode=pytest.ExitCode.TESTS_FAILED)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The vLLM environment's python (prepared before the first test: pytest_collection_finish)."""
+    return ensure_vllm_venv()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -224,6 +224,8 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
+    progress = _Progress(scenario.get("progress"))
+    progress("starting")
     shape = Shape.of(scenario.get("model"))
     model = write_model(Path(scenario["model_dir"]), scenario.get("model_seed", MODEL_SEED), shape)
     transfer = None
@@ -258,10 +260,19 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
         detokenize=False,
         logprobs=1,
     )
+    if scenario.get("warmup"):
+        # A fresh engine's first request pays one-time costs (kernel selection, allocations):
+        # the warm-up takes them, and neither its output nor its counters are reported.
+        progress("warming up")
+        llm.generate([TokensPrompt(prompt_token_ids=scenario["warmup"])], params, use_tqdm=False)
+    before = _totals()
+    conversations = scenario.get("conversations", [])
+    total = len(scenario.get("prompts", [])) + sum(len(c) for c in conversations)
     outputs = []
     start = time.perf_counter()
 
     def generate(prompt: list[int], llm: Any = llm) -> list[int]:
+        progress(f"request {len(outputs) + 1}/{total}")
         began = time.perf_counter()
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         seconds = time.perf_counter() - began
@@ -276,6 +287,7 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
                 ],
                 "cached_tokens": out.num_cached_tokens,
                 "seconds": seconds,
+                "ttft": out.metrics.first_token_latency,
             }
         )
         return list(completion.token_ids)
@@ -284,15 +296,23 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
         generate(prompt)
     # Chats: turn t of every conversation, then turn t + 1; a turn's prompt is the whole
     # conversation so far (earlier prompts and answers) followed by the new user message.
-    histories: list[list[int]] = [[] for _ in scenario.get("conversations", [])]
-    for turn in range(max((len(c) for c in scenario.get("conversations", [])), default=0)):
-        for history, messages in zip(histories, scenario["conversations"], strict=True):
+    histories: list[list[int]] = [[] for _ in conversations]
+    for turn in range(max((len(c) for c in conversations), default=0)):
+        for history, messages in zip(histories, conversations, strict=True):
             if turn < len(messages):
                 history += messages[turn]
                 history += generate(history)
     elapsed = time.perf_counter() - start
-    # Straight from the Prometheus registry: LLM.get_metrics() rounds counters to integers,
-    # which turns the copy-time counters (seconds) into zeros.
+    totals = {key: value - before[key] for key, value in _totals().items()}
+    progress("done")
+    del llm
+    return {"outputs": outputs, "metrics": totals, "seconds": elapsed}
+
+
+def _totals() -> dict[str, float]:
+    """The counters of `_METRICS` so far, by result key. Straight from the Prometheus registry:
+    LLM.get_metrics() rounds counters to integers, which turns the copy-time counters (seconds)
+    into zeros."""
     from prometheus_client import REGISTRY
 
     totals = {key: 0.0 for keys in _METRICS.values() for key in keys}
@@ -302,8 +322,21 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
                 name = (sample.name[: -len("_total")], sample.labels.get("source"))
                 for key in _METRICS.get(name, ()):
                     totals[key] += sample.value
-    del llm
-    return {"outputs": outputs, "metrics": totals, "seconds": elapsed}
+    return totals
+
+
+class _Progress:
+    """The engine process's main thread: appends what the run is doing, one line at a time, to
+    the scenario's `progress` file, which the caller (`kvtier.scenario`) follows; without one,
+    nothing."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = None if path is None else Path(path)
+
+    def __call__(self, status: str) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(status + "\n")
 
 
 _CACHED = "vllm:prompt_tokens_cached_by_source"

@@ -178,25 +178,6 @@ def test_bad_config_stops_the_engine_at_start_with_the_reason(
     assert message in str(info.value)
 
 
-def test_demo_serves_chat_turns_from_kvtier_and_from_disk_after_a_restart(
-    vllm_python: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import json
-
-    from kvtier.cli import main
-
-    assert main(["demo", "--compare", "--json", "--conversations", "3", "--turns", "3"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    ours, warm, alone = report["kvtier"], report["warm restart"], report["vLLM alone"]
-    assert report["identical_outputs"] is True
-    assert ours["requests"] == warm["requests"] == alone["requests"] == 9
-    assert ours["kvtier_tokens"] > 0 and alone["kvtier_tokens"] == 0
-    assert ours["recomputed_tokens"] == alone["recomputed_tokens"] - ours["kvtier_tokens"]
-    assert ours["bytes_loaded"] == ours["kvtier_tokens"] // 32 * BLOCK_BYTES
-    # The restarted engine starts empty; what its own cache lacks comes from disk.
-    assert warm["tier_blocks"] > 0 and warm["recomputed_tokens"] == 0
-
-
 def with_tiers(
     workdir: Path, tiers: list[dict[str, Any]], capacity: str = "8MiB"
 ) -> dict[str, Any]:
