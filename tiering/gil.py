@@ -32,6 +32,8 @@ _generation = 0
 """Bumped in a forked child: claims made before the fork are not released there."""
 _saved: float | None = None
 """The interval the process had when the first holder came (restored when the last leaves)."""
+_set: float | None = None
+"""The interval kvtier set, as the interpreter reads it back (whole microseconds)."""
 
 
 def configure(interval: float) -> None:
@@ -73,7 +75,7 @@ class Urgency:
 
 
 def _claim() -> int:
-    global _holders, _saved
+    global _holders, _saved, _set
     with _lock:
         _holders += 1
         if _holders == 1 and _interval > 0:
@@ -81,30 +83,31 @@ def _claim() -> int:
             if current > _interval:
                 _saved = current
                 sys.setswitchinterval(_interval)
+                _set = sys.getswitchinterval()
         return _generation
 
 
 def _release() -> None:
-    global _holders, _saved
+    global _holders, _saved, _set
     with _lock:
         _holders = max(0, _holders - 1)
         if _holders == 0 and _saved is not None:
             # Restored only if the interval is still the one kvtier set.
-            if abs(sys.getswitchinterval() - _interval) < 1e-9:
+            if sys.getswitchinterval() == _set:
                 sys.setswitchinterval(_saved)
-            _saved = None
+            _saved = _set = None
 
 
 def _after_fork_in_child() -> None:
     """A forked child starts with no holder (their threads did not survive) and the interval
     the process had before kvtier's claim."""
-    global _lock, _holders, _saved, _generation
+    global _lock, _holders, _saved, _set, _generation
     _lock = threading.Lock()
     _holders = 0
     _generation += 1
     if _saved is not None:
         sys.setswitchinterval(_saved)
-        _saved = None
+        _saved = _set = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

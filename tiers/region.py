@@ -28,6 +28,7 @@ import re
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -301,15 +302,16 @@ class PrimaryRegion:
             return False
         layout = self.layout
         base = self.address
-        if rank is None:
+        if rank is None or layout.num_workers == 1:  # one worker's shards fill every slot
             total = layout.num_slots * layout.slot_stride
-            ranges = [
+            ranges: Iterator[tuple[int, int]] = (
                 (base + at, min(_PREFAULT_CHUNK, total - at))
                 for at in range(0, total, _PREFAULT_CHUNK)
-            ]
+            )
         else:
-            ranges = list(_shard_pages(base, layout, rank))
-        if not ranges or madvise(ranges[0][0], ranges[0][1], _MADV_POPULATE_WRITE) != 0:
+            ranges = _shard_pages(base, layout, rank)  # listed on the thread, as it goes
+        first = next(ranges, None)
+        if first is None or madvise(first[0], first[1], _MADV_POPULATE_WRITE) != 0:
             log.debug("primary region %s: MADV_POPULATE_WRITE unavailable", self.path)
             return False
         stop = self._stop_prefault
@@ -317,7 +319,7 @@ class PrimaryRegion:
         def run() -> None:
             with contextlib.suppress(OSError):  # the engine's threads come first
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            for address, length in ranges[1:]:
+            for address, length in ranges:
                 if stop.is_set() or madvise(address, length, _MADV_POPULATE_WRITE) != 0:
                     return
 
@@ -464,7 +466,7 @@ def _madvise() -> Any:
     return function
 
 
-def _shard_pages(base: int, layout: RegionLayout, rank: int) -> Any:
+def _shard_pages(base: int, layout: RegionLayout, rank: int) -> Iterator[tuple[int, int]]:
     """(address, length) of the pages holding worker `rank`'s shard of each slot, merged where
     consecutive slots' ranges touch, in chunks of at most `_PREFAULT_CHUNK`."""
     start = rank * layout.shard_bytes
@@ -474,11 +476,14 @@ def _shard_pages(base: int, layout: RegionLayout, rank: int) -> Any:
         low = first - first % PAGE
         high = first + layout.shard_bytes
         high += -high % PAGE
-        if low <= run_end and run_end - run_start < _PREFAULT_CHUNK:
+        if low <= run_end:
             run_end = max(run_end, high)
-            continue
-        if run_end > run_start:
-            yield run_start, run_end - run_start
-        run_start, run_end = low, high
+        else:
+            if run_end > run_start:
+                yield run_start, run_end - run_start
+            run_start, run_end = low, high
+        while run_end - run_start > _PREFAULT_CHUNK:
+            yield run_start, _PREFAULT_CHUNK
+            run_start += _PREFAULT_CHUNK
     if run_end > run_start:
         yield run_start, run_end - run_start

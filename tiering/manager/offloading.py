@@ -63,6 +63,7 @@ from typing import Any
 
 from tiering import gil
 from tiering.config import Config, TierConfig
+from tiering.errors import StateError
 from tiering.keys import BlockKey
 from tiering.manager.demotion import Demoter
 from tiering.manager.jobs import Demotion, ExistenceCheck, Promotion, SlotHold, TierJob, answers
@@ -197,6 +198,7 @@ class TieringOffloadingManager:
         """Claimed while promotions or existence checks are in flight (`tiering.gil`): a
         request waits on them while the engine's loop spins."""
         self._checking = self.locator.checking
+        self._closed = False  # shut down: the runtime's last ticks claim no urgency
         self._progress = threading.Event()
         """Set whenever finished jobs have been applied (`_drain`): an idle step waits on it."""
         runtime.add_hook(self._on_tick)
@@ -402,7 +404,7 @@ class TieringOffloadingManager:
                 self._work_queued = nudge = True
             if self._publish is not None:
                 self._publish(self._snapshot())
-            urgent = bool(self._promoting or self._checking)
+            urgent = self._urgent()
             self._urgency.set(urgent)
             if idle and urgent:
                 wait = True
@@ -460,14 +462,29 @@ class TieringOffloadingManager:
         between steps; an engine that stops right after its last request (vLLM's offline `LLM`)
         runs no step more, and those blocks were lost to the next engine on the same tiers."""
         self.lock.end()
-        self._flush(flush)
-        self._urgency.set(False)
+        if self._closed:  # a second call: the tiers and the runtime are closed already
+            return
+        try:
+            self._flush(flush)
+        except StateError:  # the runtime was shut down already: nothing more can be written
+            self.counters["close_errors"] += 1
+        with self.lock.held():  # serialized with `_on_tick`, which claims under the lock
+            self._closed = True
+            self._urgency.set(False)
         for state in self.tiers:
             try:
                 self.runtime.run_sync(state.tier.close, timeout)
             except Exception:  # closing must not stop the rest from closing
                 self.counters["close_errors"] += 1
         self.runtime.shutdown()
+
+    def _urgent(self) -> bool:
+        """Promotions or existence checks the engine waits on are in flight (a late promotion's
+        key reads MISS: the engine recomputes it and waits on nothing; `late` is a subset of
+        `promoting`). Under the lock."""
+        if self._closed:
+            return False
+        return len(self._promoting) > len(self._late) or bool(self._checking)
 
     def _flush(self, timeout: float) -> None:
         """Submit the queued demotions and wait up to `timeout` for the jobs in flight."""
@@ -525,7 +542,7 @@ class TieringOffloadingManager:
             jobs, self._outbox = self._outbox, []
             if jobs:
                 self.runtime.submit_from_loop(jobs)
-            self._urgency.set(bool(self._promoting or self._checking))
+            self._urgency.set(self._urgent())
             self.counters["bookkeeping_seconds"] += time.perf_counter() - start
             self.counters["bookkeeping_cpu_seconds"] += time.thread_time() - cpu
         finally:
@@ -557,9 +574,9 @@ class TieringOffloadingManager:
     def _drain(self) -> None:
         """Apply the finished jobs, and mark promotions past their deadline late."""
         assert self.lock.owned()
-        self.promoter.mark_late(self.clock())
+        late = self.promoter.mark_late(self.clock())
         arrivals = self._arrivals
-        if arrivals:
+        if arrivals or late:  # a late key reads MISS: the waiting request may recompute now
             self._progress.set()  # (seen once the lock is released, after these are applied)
         while arrivals:
             result = arrivals.popleft()

@@ -84,6 +84,9 @@ class Promoter:
         self._deadlines: list[tuple[float, int, list[BlockKey]]] = []
         """A heap of (deadline, submission number, keys) of the promotions in flight."""
         self._submissions = itertools.count()
+        self._batch_of: dict[BlockKey, int] = {}
+        """Key -> the submission number of the batch in flight promoting it (a heap entry of
+        a batch that has ended must not mark a later promotion of its keys late)."""
 
     def request(self, key: BlockKey, state: TierState) -> LookupResult:
         """A lookup found `key` in `state`'s tier: PENDING once queued, MISS when gated."""
@@ -99,13 +102,17 @@ class Promoter:
         """Whether a promotion in flight passed its deadline (checked without the lock)."""
         return bool(self._deadlines) and self._deadlines[0][0] <= self.clock()
 
-    def mark_late(self, now: float) -> None:
-        """The promotions in flight past their deadline become late."""
-        deadlines = self._deadlines
+    def mark_late(self, now: float) -> bool:
+        """The promotions in flight past their deadline become late; whether any did."""
+        deadlines, batch_of = self._deadlines, self._batch_of
+        marked = False
         while deadlines and deadlines[0][0] <= now:
-            late = [key for key in heapq.heappop(deadlines)[2] if key in self.promoting]
+            _, seq, keys = heapq.heappop(deadlines)
+            late = [key for key in keys if batch_of.get(key) == seq]
             self.late.update(late)
             self.counters["promotions_late"] += len(late)
+            marked = marked or bool(late)
+        return marked
 
     def submit(
         self,
@@ -140,10 +147,9 @@ class Promoter:
                 continue
             batch = list(zip(grant.keys, grant.slots, strict=True))
             deadline = max(self.deadline, len(batch) * self.recompute_per_block)
-            heapq.heappush(
-                self._deadlines,
-                (self.clock() + deadline, next(self._submissions), list(grant.keys)),
-            )
+            seq = next(self._submissions)
+            self._batch_of.update(dict.fromkeys(grant.keys, seq))
+            heapq.heappush(self._deadlines, (self.clock() + deadline, seq, list(grant.keys)))
             outbox.append(
                 Job(
                     state.config.name,
@@ -178,9 +184,10 @@ class Promoter:
         missing: list[BlockKey] = []
         for (key, _), ok in zip(batch, found, strict=True):
             (arrived if ok is True else missing).append(key)
-        promoting = self.promoting
+        promoting, batch_of = self.promoting, self._batch_of
         for key, _ in batch:
             promoting.pop(key, None)
+            batch_of.pop(key, None)
         if self.late:
             self.late.difference_update(key for key, _ in batch)
         state.counters["promotion_seconds"] += result.seconds
@@ -220,4 +227,5 @@ class Promoter:
         self.failed.clear()
         self.refused.clear()
         self._deadlines.clear()
+        self._batch_of.clear()
         self.late.clear()
