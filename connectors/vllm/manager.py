@@ -7,6 +7,7 @@ not (0.32 never calls the new methods)."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -49,6 +50,7 @@ READING = "vllm:kvtier_primary_read_perc"
 MANAGER_METRICS = {
     "demotions_dropped_direct_eviction": "vllm:kvtier_dropped_direct_evictions",
     "promotions_late": "vllm:kvtier_promotions_late",
+    "idle_waits": "vllm:kvtier_idle_waits",
 }
 BREAKER = "vllm:kvtier_tier_breaker_open"
 LATENCY = "vllm:kvtier_tier_job_seconds"
@@ -247,7 +249,7 @@ class KvtierManager(OffloadingManager):
         self.manager.complete_store(keys, ok=success)  # type: ignore[arg-type]
 
     def on_schedule_end(self, ctx: ScheduleEndContext) -> None:
-        self.manager.on_schedule_end()
+        self.manager.on_schedule_end(idle=_empty_step())
 
     def has_pending_work(self) -> bool:
         return self.manager.has_pending_work()
@@ -310,3 +312,12 @@ class KvtierManager(OffloadingManager):
             self.metrics_server.close()
         self.manager.shutdown()
         self.region.close()
+
+
+def _empty_step() -> bool:
+    """Whether the step that calls `on_schedule_end` schedules no token: vLLM's connector
+    calls it from `build_connector_meta(scheduler_output)` (0.32 and 0.33), whose argument
+    says. Anything else (another caller, another shape) reads as a step with work."""
+    frame = sys._getframe(2)  # this function, on_schedule_end, then vLLM's caller
+    output = frame.f_locals.get("scheduler_output") if frame is not None else None
+    return getattr(output, "total_num_scheduled_tokens", None) == 0

@@ -57,6 +57,7 @@ from connectors.vllm.manager import (
     metric_definitions,
 )
 from connectors.vllm.worker import KvtierWorker, engine_layout
+from tiering import gil
 from tiering.errors import ConfigError
 from tiering.manager import TieringOffloadingManager, build_tiers
 from tiering.metrics import MetricsServer
@@ -94,6 +95,7 @@ class TieredOffloadingSpec(OffloadingSpec):
             )
         self.replicated_layout = config.replicated_layout
         self.kvtier = read_config(self.extra_config)
+        gil.configure(self.kvtier.promotion.switch_interval)
         _join_vllm_logging()
         vllm_config, self.role = _engine_config()
         check_block_hashing(
@@ -146,6 +148,8 @@ class TieredOffloadingSpec(OffloadingSpec):
             events=self.kv_events_config.enable_kv_cache_events,
         )
         region = self._region()
+        if self.kvtier.primary.prefault:
+            region.prefault()  # the tiers read into slots in this process
         slots = region.slots()
         block_bytes = self.region_layout.shard_bytes * self.region_layout.num_workers
 
@@ -180,6 +184,8 @@ class TieredOffloadingSpec(OffloadingSpec):
             region.pin()
             engine = CudaCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
         else:
+            if self.kvtier.primary.prefault:
+                region.prefault(rank)  # (pinning maps every page, for CUDA)
             engine = CpuCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
         return KvtierWorker(engine, region)
 

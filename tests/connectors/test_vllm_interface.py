@@ -31,7 +31,7 @@ from kvtier.venv import ensure_vllm_tree, ensure_vllm_venv
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ("a", "canary", "b", "c")
+SCENARIOS = ("a", "canary", "b", "c", "idle")
 PREFIX_BLOCKS = 10
 """Engine blocks the 320-token prefix fills; the engine's cache keeps the first."""
 MAX_TOKENS = 8
@@ -214,3 +214,17 @@ def test_an_interrupted_tree_is_extracted_again(vllm_python: Path, tmp_path: Pat
     assert (tree / "vllm-0.33.0.dist-info" / "METADATA").is_file()
     assert {p.suffix for p in tree.rglob("*") if p.is_file()} <= {".py", ".txt", "", ".json"}
     assert not list(tree.rglob("*.so"))
+
+
+def test_an_engine_waiting_for_promotions_does_not_spin(harness: dict[str, Any]) -> None:
+    """idle: while `again` waits for promotions that take half a second and nothing else runs,
+    vLLM's steps schedule nothing; kvtier finds that out from the connector's call and waits in
+    those steps (at most `IDLE_WAIT` each) instead of letting the engine run thousands of empty
+    steps that hold the GIL. `again` still gets its prefix from kvtier."""
+    found = observed(harness, "idle")
+    assert_all_finished(found)
+    assert found["mismatched_blocks"] == []
+    assert found["requests"]["again"]["first_computed"] == PREFIX_BLOCKS * 32
+    assert found["again_seconds"] >= 0.5
+    assert found["idle_waits"] >= 20
+    assert found["again_steps"] < 0.5 / 0.005 * 2 + 40, found["again_steps"]

@@ -835,3 +835,68 @@ def test_a_store_with_every_slot_pinned_is_said_once_with_the_numbers(
     assert "stores_refused_too_large" not in h.manager.counters
     h.manager.complete_load([k(0), k(1), k(2)])
     assert h.manager.prepare_store([k(12), k(13)]) is not None  # room again
+
+
+def test_the_gil_comes_back_sooner_while_a_promotion_is_in_flight(
+    make: Callable[..., Harness],
+) -> None:
+    """While a request waits for a promotion, vLLM's loop spins through empty steps holding the
+    GIL: the switch interval is short until the promotion has ended (`tiering.gil`)."""
+    import sys
+
+    from tiering import gil
+
+    before = sys.getswitchinterval()
+    cfg = TierConfig(name="mem", type="memory", write="back")
+    tier = StubbornMemoryTier(namespace=NAMESPACE, name="mem")  # each read takes 0.6 s
+    h = make([(cfg, tier)], slots=4, reserve=1)
+    plant(tier, k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    assert h.manager.lookup(k(1)) is PENDING
+    h.manager.on_schedule_end()  # the promotion is queued: the claim starts with the step's end
+    assert sys.getswitchinterval() == pytest.approx(gil.DEFAULT_INTERVAL)
+    h.lookup_until(1, HIT)
+    assert sys.getswitchinterval() == pytest.approx(before)
+    assert gil.holders() == 0
+
+
+def test_an_empty_step_waits_for_the_promotion_instead_of_spinning(
+    make: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine step that schedules nothing while a promotion is in flight waits (the GIL
+    released) until the promotion has been applied: the next step's lookup answers HIT."""
+    from tiering.manager import offloading
+
+    monkeypatch.setattr(offloading, "IDLE_WAIT", 5.0)  # long: the wait must end on the result
+    cfg, tier = memory_tier(indexed=True, write="back")
+    h = make([(cfg, tier)], slots=4, reserve=1)
+    plant(tier, k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    assert h.manager.lookup(k(1)) is PENDING
+    began = time.monotonic()
+    h.manager.on_schedule_end(idle=True)
+    assert time.monotonic() - began < 2.0
+    assert h.manager.lookup(k(1)) is HIT
+    assert h.slot_bytes(1) == h.block(1)
+    h.manager.on_schedule_end(idle=True)  # nothing in flight: no wait
+    assert h.manager.counters["idle_waits"] == 1
+
+
+def test_an_empty_step_waits_at_most_idle_wait(make: Callable[..., Harness]) -> None:
+    from tiering.manager.offloading import IDLE_WAIT
+
+    cfg = TierConfig(name="mem", type="memory", write="back")
+    tier = StubbornMemoryTier(namespace=NAMESPACE, name="mem")  # each read takes 0.6 s
+    h = make([(cfg, tier)], slots=4, reserve=1)
+    plant(tier, k(1), tier._encode(k(1), h.block(1))[1][0] + h.block(1))
+    assert h.manager.lookup(k(1)) is PENDING
+    h.manager.on_schedule_end(idle=True)  # the promotion starts
+    waited = []
+    for _ in range(3):
+        assert h.manager.lookup(k(1)) is PENDING
+        began = time.monotonic()
+        h.manager.on_schedule_end(idle=True)
+        waited.append(time.monotonic() - began)
+    assert all(IDLE_WAIT * 0.8 <= w < IDLE_WAIT + 0.1 for w in waited), waited
+    assert h.manager.lookup(k(1)) is PENDING
+    h.manager.on_schedule_end()  # a step with work: no wait
+    assert h.manager.counters["idle_waits"] == 4
+    h.lookup_until(1, HIT)

@@ -542,3 +542,28 @@ def test_fallback_without_the_compiled_helper(monkeypatch: pytest.MonkeyPatch) -
     engine.wait([1])
     assert torch.equal(setup.shard, expected)
     engine.shutdown()
+
+
+def test_the_gil_comes_back_sooner_while_a_load_is_copied() -> None:
+    """A request waits on its loads while the engine's loop spins holding the GIL: while a load
+    is queued or copied the switch interval is short (`tiering.gil`); stores do not claim it."""
+    import sys
+
+    from tiering import gil
+
+    before = sys.getswitchinterval()
+    setup = make_setup(device="cpu")
+    hold = Hold(setup)
+    engine = hold.engine()
+    try:
+        hold.before(engine, 1, "store")
+        engine.submit_store(1, one(1), [0])  # held
+        assert sys.getswitchinterval() == pytest.approx(before)  # a store alone: no claim
+        engine.submit_load(2, [0], one(2))  # queued behind the held store
+        assert sys.getswitchinterval() == pytest.approx(gil.DEFAULT_INTERVAL)
+    finally:
+        hold.release()
+    engine.wait([1, 2])
+    assert sys.getswitchinterval() == pytest.approx(before)
+    assert gil.holders() == 0
+    engine.shutdown()

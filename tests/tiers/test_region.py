@@ -170,3 +170,45 @@ def test_open_creates_or_joins(tmp_path: Path) -> None:
     assert first.path.exists()
     first.close()
     assert not first.path.exists()
+
+
+def mapped_bytes(path: Path) -> int:
+    """Bytes of `path`'s mappings in this process that have pages behind them (smaps' Rss)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's first line
+            inside = line.endswith(str(path))
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total
+
+
+def test_prefault_maps_every_page_in_the_background_and_writes_nothing(tmp_path: Path) -> None:
+    layout = RegionLayout(num_slots=64, shard_bytes=1 << 20)
+    with PrimaryRegion.create("prefault", layout, tmp_path) as region:
+        slots = region.slots()
+        slots[3, :5] = 9  # a block already there
+        assert mapped_bytes(region.path) < 2 * PAGE * 2
+        assert region.prefault()
+        assert region.prefault_done(10)
+        assert mapped_bytes(region.path) >= 64 * layout.slot_stride
+        assert list(slots[3, :6]) == [9, 9, 9, 9, 9, 0] and not slots[4].any()
+        del slots
+
+
+def test_a_workers_prefault_maps_only_its_shard(tmp_path: Path) -> None:
+    layout = RegionLayout(num_slots=32, shard_bytes=16 * PAGE, num_workers=2)
+    with PrimaryRegion.create("shards", layout, tmp_path) as region:
+        assert region.prefault(rank=1) and region.prefault_done(10)
+        mapped = mapped_bytes(region.path)
+        assert 32 * 16 * PAGE <= mapped < 32 * 20 * PAGE  # its half of each slot, not the other
+
+
+def test_closing_during_a_prefault_stops_it_before_unmapping(tmp_path: Path) -> None:
+    layout = RegionLayout(num_slots=256, shard_bytes=1 << 20)  # 256 MiB: ~0.1-0.2 s to map
+    region = PrimaryRegion.create("stopped", layout, tmp_path)
+    assert region.prefault()
+    region.close()  # joins the thread within a chunk; no access to the unmapped pages follows
+    assert not region.path.exists()
+    assert region.prefault_done(0)

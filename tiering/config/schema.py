@@ -81,6 +81,12 @@ class PrimaryConfig:
         what="a directory path",
         help="Where the shared-memory file of the primary region is created (a tmpfs).",
     )
+    prefault: bool = option(
+        True,
+        help="Map the primary region's pages in the background from the start (a first write "
+        "to a fresh shared page costs about four times the copy): the whole capacity is "
+        "committed early instead of as slots are first used.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +145,14 @@ class PromotionConfig:
         high=1e12,
         what="tokens per second (> 0)",
         help="Tokens per second the engine prefills, for the `auto` gate's recompute estimate.",
+    )
+    switch_interval: float = option(
+        0.0005,
+        kind="duration",
+        zero=True,
+        help="Python's switch interval while promotions, existence checks or loads that the "
+        "engine waits on are in flight: kvtier's threads get the GIL back sooner from the "
+        "engine's loop (0: leave the interpreter's).",
     )
 
 

@@ -53,6 +53,7 @@ runtime's hook; each method delegates to the pieces, which hold the logic.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -60,6 +61,7 @@ from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import Any
 
+from tiering import gil
 from tiering.config import Config, TierConfig
 from tiering.keys import BlockKey
 from tiering.manager.demotion import Demoter
@@ -76,6 +78,10 @@ from tiering.runtime import Job, JobResult, Runtime
 from tiering.tier import Tier
 
 __all__ = ["TieringOffloadingManager"]
+
+IDLE_WAIT = 0.005
+"""Seconds an empty engine step waits at most for a promotion or existence check to end: new
+requests reach an otherwise idle engine at most this much later."""
 
 # Plain globals: cheaper than an enum member's attribute on the lookup path (BENCHMARKS.md,
 # "Scheduler-side cost of the primary pool").
@@ -186,6 +192,12 @@ class TieringOffloadingManager:
         self._tracks_age = self.history.tracks_age
         self._write_through = bool(self.demoter.write_through)
         self._write_back = bool(self.demoter.write_back)
+        self._urgency = gil.Urgency()
+        """Claimed while promotions or existence checks are in flight (`tiering.gil`): a
+        request waits on them while the engine's loop spins."""
+        self._checking = self.locator.checking
+        self._progress = threading.Event()
+        """Set whenever finished jobs have been applied (`_drain`): an idle step waits on it."""
         runtime.add_hook(self._on_tick)
 
     # -- the primary's contract -------------------------------------------------------------------
@@ -318,6 +330,7 @@ class TieringOffloadingManager:
             self.promoter.clear()
             self.demoter.clear()
             self.history.clear()
+            self._urgency.set(False)
 
     def reset_flushed(self) -> None:
         """The engine's copies in flight at the last fenced `reset` have all ended: the slots
@@ -357,16 +370,22 @@ class TieringOffloadingManager:
             or self.promoter.pending()
         )
 
-    def on_schedule_end(self) -> None:
+    def on_schedule_end(self, idle: bool = False) -> None:
         """Once per engine step, after its lookups and loads: hand the step's existence checks,
         promotions and write-through demotions to the runtime, which submits them and reclaims
         for write-back demotions between steps (or do it here, when the runtime missed the last
-        window)."""
+        window).
+
+        `idle`: the step schedules nothing. While promotions or checks are in flight, the
+        engine then only waits for them, running empty steps back to back; instead this call
+        waits (up to `IDLE_WAIT`, the GIL released) until one of them has been applied, so the
+        threads doing the work are not starved and the next step sees the result."""
         lock = self.lock
         if not lock.stepping:
             lock.begin()
         jobs: list[Job] = []
         nudge = False
+        wait = False
         try:
             self._step += 1
             self._refused.clear()
@@ -382,12 +401,20 @@ class TieringOffloadingManager:
                 self._work_queued = nudge = True
             if self._publish is not None:
                 self._publish(self._snapshot())
+            urgent = bool(self._promoting or self._checking)
+            self._urgency.set(urgent)
+            if idle and urgent:
+                wait = True
+                self.counters["idle_waits"] += 1
+                self._progress.clear()  # under the lock: no result is applied meanwhile
         finally:
             lock.end()
         if jobs:
             self.runtime.submit_many(jobs)
         if nudge:
             self.runtime.nudge()
+        if wait:
+            self._progress.wait(IDLE_WAIT)
 
     def quiet(self) -> AbstractContextManager[None]:
         """Hold the runtime's bookkeeping still (for a consistent look at the state)."""
@@ -425,6 +452,7 @@ class TieringOffloadingManager:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         self.lock.end()
+        self._urgency.set(False)
         for state in self.tiers:
             try:
                 self.runtime.run_sync(state.tier.close, timeout)
@@ -474,6 +502,7 @@ class TieringOffloadingManager:
             jobs, self._outbox = self._outbox, []
             if jobs:
                 self.runtime.submit_from_loop(jobs)
+            self._urgency.set(bool(self._promoting or self._checking))
             self.counters["bookkeeping_seconds"] += time.perf_counter() - start
             self.counters["bookkeeping_cpu_seconds"] += time.thread_time() - cpu
         finally:
@@ -507,6 +536,8 @@ class TieringOffloadingManager:
         assert self.lock.owned()
         self.promoter.mark_late(self.clock())
         arrivals = self._arrivals
+        if arrivals:
+            self._progress.set()  # (seen once the lock is released, after these are applied)
         while arrivals:
             result = arrivals.popleft()
             job: TierJob = result.tag

@@ -39,6 +39,10 @@ MANAGER_COUNTERS = {
         "Blocks evicted on the store path before a write-back tier had them."
     ),
     "promotions_late": "Promotions that outlived promotion.deadline (blocks recomputed).",
+    "idle_waits": (
+        "Empty engine steps that waited for a promotion or existence check to end instead of"
+        " spinning."
+    ),
 }
 """The manager's counters that a snapshot always has (others appear once they move)."""
 _TIER_ZEROS = dict.fromkeys(TIER_COUNTERS, 0.0)

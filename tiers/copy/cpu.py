@@ -11,7 +11,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from tiers.copy.base import CopyEngine, CopyJob, CopyResult, KVTensor, LaneMarks
+from tiering import gil
+from tiers.copy.base import CopyEngine, CopyJob, CopyResult, Direction, KVTensor, LaneMarks
 from tiers.copy.mapping import GroupRef
 
 if TYPE_CHECKING:
@@ -95,6 +96,9 @@ class CpuCopyEngine(CopyEngine):
         self._awaited: set[int] = set()
         self._results: list[CopyResult] = []
         self._stopping = False
+        self._loads = 0
+        """Loads queued or being copied: a request waits on each (`tiering.gil`)."""
+        self._urgency = gil.Urgency()
         self._lane = _Lane("kvtier-copy", self._run, self.lane_marks())
         self._expedited = _Lane("kvtier-copy-expedited", self._run, self.lane_marks())
         self._lane.other, self._expedited.other = self._expedited, self._lane
@@ -112,6 +116,9 @@ class CpuCopyEngine(CopyEngine):
             lane.queue.append((job, lane.other.marks.after(job)))
             lane.marks.mark(job)
             self._pending.add(job.job_id)
+            if job.direction is Direction.LOAD:
+                self._loads += 1
+                self._urgency.set(True)
             self._cond.notify_all()
 
     def get_finished(self) -> list[CopyResult]:
@@ -136,6 +143,7 @@ class CpuCopyEngine(CopyEngine):
             self._cond.notify_all()
         for lane in (self._lane, self._expedited):
             lane.thread.join()
+        self._urgency.set(False)
 
     def _ready(self, lane: _Lane) -> bool:
         """The lane's first job may start: the other lane's jobs it must follow have finished."""
@@ -151,6 +159,9 @@ class CpuCopyEngine(CopyEngine):
                 job, _ = lane.queue.popleft()
             result = self._execute(job)
             with self._cond:
+                if job.direction is Direction.LOAD:
+                    self._loads -= 1
+                    self._urgency.set(self._loads > 0)
                 lane.done = job.seq
                 self._results.append(result)
                 self._pending.discard(job.job_id)
@@ -185,6 +196,8 @@ class CpuCopyEngine(CopyEngine):
             lane.queue.clear()
         self._pending.clear()
         self._awaited.clear()
+        self._loads = 0
+        self._urgency.set(False)
 
 
 def _copy(src: list[int], dst: list[int], nbytes: int) -> None:

@@ -199,6 +199,44 @@ def scenario_c(workdir: Path) -> dict[str, Any]:
         }
 
 
+def scenario_idle(workdir: Path) -> dict[str, Any]:
+    """idle: `again` waits for promotions from a file tier whose reads take `READ_DELAY`, and
+    nothing else runs: the engine's steps schedule nothing meanwhile. kvtier's manager must see
+    those steps as empty (from `build_connector_meta`'s argument) and wait in them rather than
+    let the engine spin (`TieringOffloadingManager.on_schedule_end`, `idle`)."""
+    register_tier("slow-file", SlowReadsFileTier, replace=True)
+    extra = kvtier_extra(
+        workdir,
+        primary={"capacity": 16 * SLOT_BYTES, "directory": str(workdir)},
+        tiers=[
+            {
+                "name": "disk",
+                "type": "slow-file",
+                "path": str(workdir / "disk"),
+                "write": "through",
+                "min_free": 0,
+            }
+        ],
+        promotion={"deadline": "30s", "gate": "always"},
+        faults={"timeout": "10s"},
+    )
+    requests = prompts()
+    with engine(workdir, extra) as e:
+        for name in ("first", "unrelated"):
+            e.add_request(name, requests[name], MAX_TOKENS)
+            e.run()
+        manager = e.scheduler.connector.connector_scheduler.manager.manager
+        steps, waits = e.steps, manager.counters["idle_waits"]
+        began = time.monotonic()
+        e.add_request("again", requests["again"], MAX_TOKENS)
+        e.run()
+        return observed(e) | {
+            "again_steps": e.steps - steps,
+            "again_seconds": time.monotonic() - began,
+            "idle_waits": manager.counters["idle_waits"] - waits,
+        }
+
+
 def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -212,4 +250,5 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "canary": scenario_canary,
     "b": scenario_b,
     "c": scenario_c,
+    "idle": scenario_idle,
 }
