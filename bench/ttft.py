@@ -5,8 +5,9 @@ A long prompt, an unrelated one that evicts it from the engine's own KV cache (i
 block the engine has), then the first prompt again, with `max_tokens` 1: the return's time is
 its time to first token. Set-ups (`--setups`):
 
-- `vllm`: vLLM alone: the return is recomputed. The same engine also sends the long prompt twice
-  in a row first: the second time it is fully in the engine's own cache (the *engine hit*).
+- `vllm`: vLLM alone: the return is recomputed. Before the evicting prompt, the same engine
+  serves the long prompt three more times, fully in its own cache but for its last block, which
+  vLLM always computes: the fastest of them is the *engine hit*.
 - `primary`: kvtier's CPU primary: the return is loaded from it (`host`).
 - `file`, `file/segments`, `redis`, `s3`: a warm restart. A first engine, with every selected
   tier written through, sends the long prompt and steps until its stores and demotions have
@@ -42,10 +43,8 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -59,6 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import media  # noqa: E402
+from bench.ttft_report import SETUPS, machine, print_table, summarize  # noqa: E402
 from kvtier.cli.common import PLACEHOLDER, make_tier  # noqa: E402
 from kvtier.scenario import run_scenario  # noqa: E402
 from kvtier.servers import RedisServer, SeaweedS3  # noqa: E402
@@ -67,6 +67,9 @@ from tiering.config.loader import parse_config  # noqa: E402
 ENGINE_BLOCK = 32
 """Tokens per engine block (connectors/vllm/run.py), and per kvtier block."""
 DEADLINE = "5s"
+HITS = 3
+"""Times vLLM alone's engine serves the prompt again at once, fully in its own cache: the engine
+hit is the fastest of them (a limit is the best the engine does)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,27 +125,6 @@ SMOKE = Workload(
     prompt_tokens=320,
     warmup_tokens=32,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Setup:
-    title: str
-    source: str | None
-    """The metric the return's cached tokens must all be counted in (None: vLLM alone)."""
-    warm: bool
-    """A warm restart: a second engine process finds the prompt in a tier."""
-
-
-SETUPS = {
-    "vllm": Setup("vLLM alone (recompute)", None, False),
-    "primary": Setup("kvtier primary", "host_cached_tokens", False),
-    "file": Setup("warm restart: file (files)", "disk_cached_tokens", True),
-    "file/segments": Setup("warm restart: file (segments)", "disk_cached_tokens", True),
-    "redis": Setup("warm restart: redis", "remote_cached_tokens", True),
-    "s3": Setup("warm restart: s3", "remote_cached_tokens", True),
-}
-MEDIUM = {"primary": "host memory", "file": "disk", "file/segments": "disk", "redis": "redis"}
-MEDIUM["s3"] = "s3"
 
 
 def rotated(names: Sequence[str], round_: int) -> list[str]:
@@ -288,13 +270,21 @@ class Bench:
             progress.say(f"round {round_ + 1}: {name}")
             warmup = tokens(f"ttft-warmup-{round_}-{name}", w.warmup_tokens)
             if name == "vllm":
-                result = self.engine([warmup, prompt, prompt, evictor, prompt], None)
-                hit = result["outputs"][2]
-                record["engine_hit"] = {k: hit[k] for k in ("seconds", "cached_tokens", "tokens")}
-                if hit["cached_tokens"] != w.prompt_tokens - ENGINE_BLOCK:
+                hits = [prompt] * HITS
+                result = self.engine([warmup, prompt, *hits, evictor, prompt], None)
+                served = result["outputs"][2 : 2 + HITS]
+                hit = min(served, key=lambda o: float(o["seconds"]))
+                record["engine_hit"] = {
+                    "seconds": hit["seconds"],
+                    "all_seconds": [o["seconds"] for o in served],
+                    "cached_tokens": [o["cached_tokens"] for o in served],
+                    "tokens": [o["tokens"] for o in served],
+                }
+                if any(o["cached_tokens"] != w.prompt_tokens - ENGINE_BLOCK for o in served):
                     problems.append(
-                        f"round {round_ + 1}: the engine hit found {hit['cached_tokens']} tokens "
-                        f"in the engine's cache, not {w.prompt_tokens - ENGINE_BLOCK}"
+                        f"round {round_ + 1}: the engine hits found "
+                        f"{record['engine_hit']['cached_tokens']} tokens in the engine's cache, "
+                        f"not {w.prompt_tokens - ENGINE_BLOCK} each"
                     )
             elif name == "primary":
                 result = self.engine([warmup, prompt, evictor, prompt], [])
@@ -316,8 +306,8 @@ class Bench:
                     f"round {round_ + 1}, {name}: first token {got['tokens']}, vLLM alone's "
                     f"{reference['tokens']}"
                 )
-        if record["engine_hit"]["tokens"] != reference["tokens"]:
-            problems.append(f"round {round_ + 1}: the engine hit's first token differs")
+        if any(t != reference["tokens"] for t in record["engine_hit"]["tokens"]):
+            problems.append(f"round {round_ + 1}: an engine hit's first token differs")
         return record
 
     def check(self, round_: int, name: str, got: dict[str, Any]) -> list[str]:
@@ -385,130 +375,6 @@ class Progress:
         print(f"[{time.monotonic() - self.start:6.0f} s] {what}", file=sys.stderr, flush=True)
 
 
-# -- summary ------------------------------------------------------------------------------------
-
-
-def summarize(rounds: list[dict[str, Any]], workload: Workload) -> list[dict[str, Any]]:
-    """One row per set-up (and one for the engine hit): medians over rounds of the time to
-    first token and of the per-round ratios."""
-
-    def med(values: list[float]) -> float | None:
-        return statistics.median(values) if values else None
-
-    rows = []
-    hit = [r["engine_hit"]["seconds"] for r in rounds]
-    recompute = [r["setups"]["vllm"]["seconds"] for r in rounds]
-    rows.append(
-        {
-            "setup": "engine hit",
-            "title": "prompt in the engine's own cache",
-            "ttft": med(hit),
-            "ttft_min": min(hit),
-            "ttft_max": max(hit),
-            "vs_recompute": med([h / c for h, c in zip(hit, recompute, strict=True)]),
-            "cached_tokens": rounds[0]["engine_hit"]["cached_tokens"],
-        }
-    )
-    for name in rounds[0]["setups"]:
-        got = [r["setups"][name] for r in rounds]
-        ttft = [g["seconds"] for g in got]
-        row: dict[str, Any] = {
-            "setup": name,
-            "title": SETUPS[name].title,
-            "ttft": med(ttft),
-            "ttft_min": min(ttft),
-            "ttft_max": max(ttft),
-            "vs_recompute": med([t / c for t, c in zip(ttft, recompute, strict=True)]),
-            "cached_tokens": got[0]["cached_tokens"],
-            "source": SETUPS[name].source,
-        }
-        if "primary" in rounds[0]["setups"]:
-            primary = [r["setups"]["primary"]["seconds"] for r in rounds]
-            row["vs_primary"] = med([t / p for t, p in zip(ttft, primary, strict=True)])
-        if name in MEDIUM:
-            raw = [media_rate(r["bandwidth"][name]) for r in rounds]
-            limits = [workload.kv_bytes / b + h for b, h in zip(raw, hit, strict=True)]
-            row |= {
-                "medium": MEDIUM[name],
-                "raw_gib_s": med([b / 2**30 for b in raw]),
-                "raw_method": rounds[0]["bandwidth"][name]["method"],
-                "limit": med(limits),
-                "vs_limit": med([t / lim for t, lim in zip(ttft, limits, strict=True)]),
-            }
-        if SETUPS[name].warm:
-            rates = [
-                g["metrics"].get("bytes_promoted", 0) / g["metrics"]["promotion_seconds"]
-                for g in got
-                if g["metrics"].get("promotion_seconds")
-            ]
-            if len(rates) == len(got):
-                row["promotion_gib_s"] = med([p / 2**30 for p in rates])
-                row["promotion_vs_raw"] = med(
-                    [
-                        p / media_rate(r["bandwidth"][name])
-                        for p, r in zip(rates, rounds, strict=True)
-                    ]
-                )
-        rows.append(row)
-    return rows
-
-
-def media_rate(bandwidth: dict[str, Any]) -> float:
-    """Bytes per second of a `media.Bandwidth.as_dict()`."""
-    return float(bandwidth["bytes"]) / float(bandwidth["seconds"])
-
-
-def print_table(report: dict[str, Any]) -> None:
-    w = report["workload"]
-    print(
-        f"time to first token of a {w['prompt_tokens']}-token return ({w['kv_bytes'] >> 10} KiB "
-        f"of KV), median of {report['rounds']} round(s) (min-max); ratios: median per round"
-    )
-    head = ("set-up", "TTFT s", "x recompute", "limit s", "x limit", "x primary", "promotion GiB/s")
-    lines = [head]
-    for r in report["rows"]:
-
-        def fmt(key: str, spec: str = ".2f", r: dict[str, Any] = r) -> str:
-            return "-" if r.get(key) is None else format(r[key], spec)
-
-        promotion = "-"
-        if r.get("promotion_gib_s") is not None:
-            promotion = (
-                f"{r['promotion_gib_s']:.2f} of {r['raw_gib_s']:.2f} raw "
-                f"= {r['promotion_vs_raw']:.2f}"
-            )
-        lines.append(
-            (
-                r["title"],
-                f"{r['ttft']:.3f} ({r['ttft_min']:.3f}-{r['ttft_max']:.3f})",
-                fmt("vs_recompute", ".3f"),
-                fmt("limit", ".3f"),
-                fmt("vs_limit"),
-                fmt("vs_primary"),
-                promotion,
-            )
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    for line in lines:
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
-    print("limits: the KV bytes over the medium's raw read bandwidth + the engine hit's TTFT")
-    for r in report["rows"]:
-        if "medium" in r:
-            print(f"  {r['title']}: {r['medium']} {r['raw_gib_s']:.2f} GiB/s ({r['raw_method']})")
-
-
-def machine() -> dict[str, Any]:
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version()}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (--smoke: 1)")
@@ -555,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "kv_bytes": workload.kv_bytes,
         },
         "rounds": rounds,
-        "rows": summarize(records, workload),
+        "rows": summarize(records, workload.kv_bytes),
         "per_round": records,
         "problems": problems,
     }
