@@ -21,8 +21,9 @@ medians over rounds, ratios are taken per round, then their median.
 
 The limit of each set-up is the prompt's KV bytes over the raw read bandwidth of its medium,
 measured in the same round on the same bytes (`bench/media.py`: a numpy copy for the primary,
-O_DIRECT reads of the tier's own files for the disk, a pipelined GET of the tier's keys for
-Redis, GETs of its objects for S3), plus the engine hit's time to first token. Promotion
+O_DIRECT reads of the tier's own files for the disk, a pipelined GET of the tier's keys or
+redis-benchmark GETs of as many values of their size for Redis, the faster, GETs of the tier's
+objects for S3), plus the engine hit's time to first token. Promotion
 throughput is the tier's bytes promoted over the summed time of its promotion jobs, inside the
 engine, against the same raw bandwidth.
 
