@@ -46,7 +46,9 @@ def run_scenario(
     (`kv_connector_extra_config`; None: no offloading), `warmup` (a prompt run first and left out
     of the result: its output, time and counters; a fresh engine's first request pays one-time
     costs), `prefix_caching_hash_algo`, `env`
-    (variables for the engine; a null value removes one). `uniproc` (default True) keeps
+    (variables for the engine; a null value removes one), `settle` (default False: after the
+    prompts, step the engine until its stores and kvtier's demotions have ended, at most
+    `settle_timeout` seconds, default 120; in-process engines only). `uniproc` (default True) keeps
     scheduler and worker in one process; False is vLLM's default deployment, scheduler and
     worker in separate processes. `tensor_parallel_size` (default 1): above 1, one worker
     process per rank (vLLM's multiprocess executor; on CPUs give each rank its cores with

@@ -303,6 +303,8 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
                 history += messages[turn]
                 history += generate(history)
     elapsed = time.perf_counter() - start
+    if scenario.get("settle"):
+        settle(llm, float(scenario.get("settle_timeout", 120)))
     totals = {key: value - before[key] for key, value in _totals().items()}
     progress("done")
     del llm
@@ -337,6 +339,24 @@ class _Progress:
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(status + "\n")
+
+
+def settle(llm: Any, timeout: float) -> None:
+    """Step the in-process engine until its scheduler has nothing left (`has_requests`, which
+    counts the connector's pending work), at most `timeout` seconds. vLLM makes the store jobs
+    of a finished request's last blocks on the next step, and kvtier demotes stored blocks to
+    write-through tiers between steps; vLLM's own engine process keeps stepping while there is
+    such work, but an in-process engine steps only while `generate` runs: without this, the
+    last prompt's blocks never reach the primary, nor a write-through tier."""
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    if core is None:
+        raise ValueError("settle: only an in-process engine (uniproc) can be stepped here")
+    deadline = time.monotonic() + timeout
+    while core.scheduler.has_requests():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"settle: the engine still had work after {timeout:g} s")
+        llm.llm_engine.step()
+        time.sleep(0.001)  # the runtime's thread needs the GIL to end its jobs
 
 
 _CACHED = "vllm:prompt_tokens_cached_by_source"
