@@ -61,6 +61,7 @@ if str(ROOT) not in sys.path:
 from bench import media  # noqa: E402
 from bench.ttft_report import SETUPS, machine, print_table, summarize  # noqa: E402
 from kvtier.cli.common import PLACEHOLDER, make_tier  # noqa: E402
+from kvtier.demo import MODEL as DEMO_MODEL  # noqa: E402
 from kvtier.scenario import run_scenario  # noqa: E402
 from kvtier.servers import RedisServer, SeaweedS3  # noqa: E402
 from tiering.config.loader import parse_config  # noqa: E402
@@ -105,15 +106,7 @@ class Workload:
 
 
 FULL = Workload(
-    model={
-        "kind": "llama",
-        "hidden": 1024,
-        "heads": 16,
-        "kv_heads": 8,
-        "head_dim": 64,
-        "layers": 8,
-        "intermediate": 2816,
-    },
+    model=dict(DEMO_MODEL),  # the demo's 8-layer Llama
     kv_bytes_per_token=8 * 2 * 8 * 64 * 4,  # 32 KiB: 64 MiB for 2,048 tokens
     engine_blocks=66,
     prompt_tokens=2048,

@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from tests.tiering.test_gil import interval as interval  # noqa: F401  (autouse fixture)
 from tests.tiering.test_manager import HIT, MISS, PENDING, Harness, k
 from tests.tiering.test_manager import make as make  # noqa: F401  (the fixture)
 from tests.tiers.memory_hooks import plant
@@ -20,15 +21,6 @@ from tiering.config import TierConfig
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE
 from tiers.memory import MemoryTier
-
-
-@pytest.fixture(autouse=True)
-def interval() -> Iterator[float]:
-    before = sys.getswitchinterval()
-    gil.configure(gil.DEFAULT_INTERVAL)
-    yield before
-    gil.configure(gil.DEFAULT_INTERVAL)
-    sys.setswitchinterval(before)
 
 
 class DelayTier(MemoryTier):

@@ -146,20 +146,11 @@ async def _slow_read() -> AsyncIterator[None]:
         SlowReadsFileTier.ended += 1
 
 
-def scenario_c(workdir: Path) -> dict[str, Any]:
-    """c: a reset of the cache while promotions from a file tier are in flight.
-
-    A primary of 16 slots (a request's stores must fit: `unrelated` stores 15 blocks in one
-    step) and a write-through file tier: `first`'s blocks are on disk, and `unrelated`'s
-    stores push them out of the primary. Then `again` and `other` (200 tokens of its own)
-    arrive: one step looks `again` up (HIT_PENDING: kvtier queues promotions from the disk)
-    and computes `other` (whose store job the connector defers to the next step). Between
-    that step and the next, once the promotions are reading, the engine resets its prefix
-    cache and kvtier's (`reset_running_requests`: `other` is preempted and computed again).
-    Then everything runs to the end: `again` must get its whole prefix from kvtier again.
-    """
+def slow_file_extra(workdir: Path) -> dict[str, Any]:
+    """A primary of 16 slots in front of a write-through file tier whose reads take
+    `READ_DELAY` (scenarios c and idle)."""
     register_tier("slow-file", SlowReadsFileTier, replace=True)
-    extra = kvtier_extra(
+    return kvtier_extra(
         workdir,
         primary={"capacity": 16 * SLOT_BYTES, "directory": str(workdir)},
         tiers=[
@@ -174,6 +165,21 @@ def scenario_c(workdir: Path) -> dict[str, Any]:
         promotion={"deadline": "30s", "gate": "always"},
         faults={"timeout": "10s"},
     )
+
+
+def scenario_c(workdir: Path) -> dict[str, Any]:
+    """c: a reset of the cache while promotions from a file tier are in flight.
+
+    A primary of 16 slots (a request's stores must fit: `unrelated` stores 15 blocks in one
+    step) and a write-through file tier: `first`'s blocks are on disk, and `unrelated`'s
+    stores push them out of the primary. Then `again` and `other` (200 tokens of its own)
+    arrive: one step looks `again` up (HIT_PENDING: kvtier queues promotions from the disk)
+    and computes `other` (whose store job the connector defers to the next step). Between
+    that step and the next, once the promotions are reading, the engine resets its prefix
+    cache and kvtier's (`reset_running_requests`: `other` is preempted and computed again).
+    Then everything runs to the end: `again` must get its whole prefix from kvtier again.
+    """
+    extra = slow_file_extra(workdir)
     requests = prompts()
     with engine(workdir, extra) as e:
         for name in ("first", "unrelated"):
@@ -204,22 +210,7 @@ def scenario_idle(workdir: Path) -> dict[str, Any]:
     nothing else runs: the engine's steps schedule nothing meanwhile. kvtier's manager must see
     those steps as empty (from `build_connector_meta`'s argument) and wait in them rather than
     let the engine spin (`TieringOffloadingManager.on_schedule_end`, `idle`)."""
-    register_tier("slow-file", SlowReadsFileTier, replace=True)
-    extra = kvtier_extra(
-        workdir,
-        primary={"capacity": 16 * SLOT_BYTES, "directory": str(workdir)},
-        tiers=[
-            {
-                "name": "disk",
-                "type": "slow-file",
-                "path": str(workdir / "disk"),
-                "write": "through",
-                "min_free": 0,
-            }
-        ],
-        promotion={"deadline": "30s", "gate": "always"},
-        faults={"timeout": "10s"},
-    )
+    extra = slow_file_extra(workdir)
     requests = prompts()
     with engine(workdir, extra) as e:
         for name in ("first", "unrelated"):
