@@ -66,10 +66,10 @@ when it is at most this long (the later replies stay readable on the same connec
 one costs the connection instead, and the GETs after it are sent again on another: cheaper
 than moving hundreds of MiB only to drop them."""
 PIPELINE_MAX_VALUE = 512 << 10
-PIPELINE_BYTES = 512 << 10
+PIPELINE_BYTES = 1 << 20
 """Value bytes per pipeline of a batch on the fast path: a batch of large blocks goes as several
-pipelines on as many connections at once; one connection carries its replies one after another
-(see BENCHMARKS.md, "Secondary tiers")."""
+pipelines, at most `streams` of them at once on as many connections; one connection carries its
+replies one after another (BENCHMARKS.md, "Measurements behind design choices")."""
 
 
 def _unshown(field: Any) -> Any:
@@ -103,6 +103,13 @@ class RedisOptions(TierOptions):
     tls_key_file: str | None = option(None, help="Client key for TLS.")
     socket_timeout: float = option(2.0, kind="duration", help="Socket timeout of each command.")
     connect_timeout: float = option(1.0, kind="duration", help="Timeout of each connection.")
+    streams: int = option(
+        2,
+        low=1,
+        high=256,
+        help="Connections a batch's values move on at once (fast path; more only add overhead "
+        "against one single-threaded server).",
+    )
     fast_path: bool = option(
         True,
         help="Move blocks through kvtier's own RESP client on plain TCP (false: redis-py only).",
@@ -444,7 +451,8 @@ class RedisTier(Tier):
         once), each value read into its buffer; a pipeline that fails fails its blocks only."""
         spans = _spans([len(view) for view in views], PIPELINE_BYTES)
         heads: list[Fetched] = []
-        for got in await _each(self._fetch_pipeline(blocks[s], views[s]) for s in spans):
+        calls = (self._fetch_pipeline(blocks[s], views[s]) for s in spans)
+        for got in await _each(calls, self.options.streams):
             heads += got
         return [
             await self._settle(block, head, view)
@@ -509,7 +517,8 @@ class RedisTier(Tier):
         encoded = [self._encode(k, d) for k, d in items]
         spans = _spans([len(data) for _, data in items], PIPELINE_BYTES)
         outcomes: list[None | BaseException] = []
-        for got in await _each(self._store_pipeline(encoded[s]) for s in spans):
+        calls = (self._store_pipeline(encoded[s]) for s in spans)
+        for got in await _each(calls, self.options.streams):
             outcomes += got
         for (_, data), outcome in zip(items, outcomes, strict=True):
             if outcome is None:
@@ -604,13 +613,20 @@ def _spans(sizes: list[int], limit: int) -> list[slice]:
     return spans
 
 
-async def _each(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """The results of `calls`, run at once (one call runs without a task); an exception is
-    raised only once every call has ended (they read into the caller's buffers)."""
+async def _each(calls: Iterable[Awaitable[T]], limit: int) -> list[T]:
+    """The results of `calls`, at most `limit` running at once (one call runs without a task);
+    an exception is raised only once every call has ended (they read into the caller's
+    buffers)."""
     pending = list(calls)
     if len(pending) == 1:
         return [await pending[0]]
-    results = await asyncio.gather(*pending, return_exceptions=True)
+    gate = asyncio.Semaphore(limit)
+
+    async def gated(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    results = await asyncio.gather(*map(gated, pending), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result

@@ -297,29 +297,45 @@ def test_a_connection_keeps_its_reader_between_exchanges_until_the_server_closes
         admin.close()
 
 
-def test_a_batch_of_large_blocks_goes_as_several_pipelines_at_once(
-    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("streams", [1, 3])
+def test_a_batch_of_large_blocks_goes_as_several_pipelines_at_most_streams_at_once(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, streams: int
 ) -> None:
-    """Past `PIPELINE_BYTES` of values a batch is split into pipelines sent on as many
-    connections at once (one connection carries its replies one after another), each value
-    still landing in its own buffer."""
+    """Past `PIPELINE_BYTES` of values a batch is split into pipelines, at most `streams` of
+    them at once on as many connections (one connection carries its replies one after
+    another), each value still landing in its own buffer. Not more than `streams`, whatever
+    `concurrency` allows: against one single-threaded server, 32 connections at once halved a
+    64 MiB batch's throughput (BENCHMARKS.md)."""
     import tiers.redis
 
     flush(redis_server.port)
     monkeypatch.setattr(tiers.redis, "PIPELINE_BYTES", 100_000)  # about one 64 KiB block each
     size = 64 << 10
+    opened = 0
+    connect = tiers.redis.RespPool._connect
+
+    async def counted(self: Any) -> Any:
+        nonlocal opened
+        opened += 1
+        return await connect(self)
+
+    monkeypatch.setattr(tiers.redis.RespPool, "_connect", counted)
 
     async def body() -> None:
-        async with RedisTier(namespace=NAMESPACE, url=redis_server.url, concurrency=4) as tier:
+        async with RedisTier(
+            namespace=NAMESPACE, url=redis_server.url, concurrency=16, streams=streams
+        ) as tier:
             fast = tier._fast
             assert fast is not None
-            assert await tier.put_many([(key(i), payload(size, i)) for i in range(8)]) == [None] * 8
-            assert len(fast._idle) > 1  # several connections were in use at once
-            buffers = [bytearray(size) for _ in range(8)]
+            items = [(key(i), payload(size, i)) for i in range(24)]
+            assert await tier.put_many(items) == [None] * 24
+            assert len(fast._idle) == opened == streams  # that many were in use at once
+            buffers = [bytearray(size) for _ in range(24)]
             found = await tier.get_many([(key(i), b) for i, b in enumerate(buffers)])
-            assert found == [True] * 8
+            assert found == [True] * 24
+            assert opened == streams
             assert all(bytes(b) == payload(size, i) for i, b in enumerate(buffers))
-            assert tier.counters["puts"] == 8 and tier.counters["hits"] == 8
+            assert tier.counters["puts"] == 24 and tier.counters["hits"] == 24
 
     asyncio.run(body())
 
