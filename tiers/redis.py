@@ -451,8 +451,8 @@ class RedisTier(Tier):
         once), each value read into its buffer; a pipeline that fails fails its blocks only."""
         spans = _spans([len(view) for view in views], PIPELINE_BYTES)
         heads: list[Fetched] = []
-        calls = (self._fetch_pipeline(blocks[s], views[s]) for s in spans)
-        for got in await _each(calls, self.options.streams):
+        gate = asyncio.Semaphore(self.options.streams)
+        for got in await _each(self._fetch_pipeline(blocks[s], views[s], gate) for s in spans):
             heads += got
         return [
             await self._settle(block, head, view)
@@ -473,7 +473,7 @@ class RedisTier(Tier):
         return await self._accept_into(block, got, view)
 
     async def _fetch_pipeline(
-        self, blocks: list[BlockKey], views: list[memoryview]
+        self, blocks: list[BlockKey], views: list[memoryview], gate: asyncio.Semaphore
     ) -> list[Fetched]:
         """One pipeline of GETs, each value read into its view. An error reply (WRONGTYPE)
         answers its own GET only: the replies after it are the next GETs'. A value far too
@@ -497,10 +497,11 @@ class RedisTier(Tier):
                     if conn.broken:
                         return
 
-        async def fetch() -> None:
-            with self._errors(what):
-                while len(got) < len(blocks):
-                    await fast.run(exchange)
+        async def fetch() -> None:  # the wait at `gate` too is under the deadline
+            async with gate:
+                with self._errors(what):
+                    while len(got) < len(blocks):
+                        await fast.run(exchange)
 
         try:
             await self._call(fetch())
@@ -517,8 +518,8 @@ class RedisTier(Tier):
         encoded = [self._encode(k, d) for k, d in items]
         spans = _spans([len(data) for _, data in items], PIPELINE_BYTES)
         outcomes: list[None | BaseException] = []
-        calls = (self._store_pipeline(encoded[s]) for s in spans)
-        for got in await _each(calls, self.options.streams):
+        gate = asyncio.Semaphore(self.options.streams)
+        for got in await _each(self._store_pipeline(encoded[s], gate) for s in spans):
             outcomes += got
         for (_, data), outcome in zip(items, outcomes, strict=True):
             if outcome is None:
@@ -529,7 +530,7 @@ class RedisTier(Tier):
         return outcomes
 
     async def _store_pipeline(
-        self, encoded: list[tuple[BlockKey, tuple[Buffer, Buffer]]]
+        self, encoded: list[tuple[BlockKey, tuple[Buffer, Buffer]]], gate: asyncio.Semaphore
     ) -> list[None | BaseException]:
         assert self._fast is not None
         fast = self._fast
@@ -549,9 +550,10 @@ class RedisTier(Tier):
                     outcomes.append(self._error_reply(e, "SET"))
             return outcomes
 
-        async def store() -> list[None | BaseException]:
-            with self._errors("SET (pipelined)"):
-                return await fast.run(exchange)
+        async def store() -> list[None | BaseException]:  # the wait at `gate` is under it too
+            async with gate:
+                with self._errors("SET (pipelined)"):
+                    return await fast.run(exchange)
 
         try:
             return await self._call(store())
@@ -613,20 +615,13 @@ def _spans(sizes: list[int], limit: int) -> list[slice]:
     return spans
 
 
-async def _each(calls: Iterable[Awaitable[T]], limit: int) -> list[T]:
-    """The results of `calls`, at most `limit` running at once (one call runs without a task);
-    an exception is raised only once every call has ended (they read into the caller's
-    buffers)."""
+async def _each(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """The results of `calls`, run at once (one call runs without a task); an exception is
+    raised only once every call has ended (they read into the caller's buffers)."""
     pending = list(calls)
     if len(pending) == 1:
         return [await pending[0]]
-    gate = asyncio.Semaphore(limit)
-
-    async def gated(call: Awaitable[T]) -> T:
-        async with gate:
-            return await call
-
-    results = await asyncio.gather(*map(gated, pending), return_exceptions=True)
+    results = await asyncio.gather(*pending, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result

@@ -340,6 +340,41 @@ def test_a_batch_of_large_blocks_goes_as_several_pipelines_at_most_streams_at_on
     asyncio.run(body())
 
 
+def test_a_batch_waiting_for_its_streams_is_bounded_by_the_deadline(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline's wait for one of the batch's `streams` counts against its deadline, as the
+    connection pool's wait does: a slow server fails the blocks still queued within the
+    deadline (misses), instead of a batch taking its pipelines' count times as long."""
+    import tiers.redis
+
+    flush(redis_server.port)
+    monkeypatch.setattr(tiers.redis, "PIPELINE_BYTES", 100_000)  # about one 64 KiB block each
+    size = 64 << 10
+    run = tiers.redis.RespPool.run
+
+    async def slow(self: Any, exchange: Any) -> Any:
+        await asyncio.sleep(0.2)  # a server that takes 0.2 s per pipeline
+        return await run(self, exchange)
+
+    async def body() -> None:
+        async with RedisTier(
+            namespace=NAMESPACE, url=redis_server.url, streams=1, timeout=0.5
+        ) as tier:
+            assert await tier.put_many([(key(i), payload(size, i)) for i in range(6)]) == [None] * 6
+            monkeypatch.setattr(tiers.redis.RespPool, "run", slow)
+            buffers = [bytearray(size) for _ in range(6)]
+            start = time.monotonic()
+            found = await tier.get_many([(key(i), b) for i, b in enumerate(buffers)])
+            took = time.monotonic() - start
+            assert took < 0.9, took  # six pipelines one after another would take 1.2 s
+            assert found[0] is True and bytes(buffers[0]) == payload(size, 0)
+            assert isinstance(found[-1], TierTimeout)
+            assert all(f is True or isinstance(f, TierTimeout) for f in found)
+
+    asyncio.run(body())
+
+
 # -- a failed handshake (issue 15, item 10) -------------------------------------------------------
 
 
