@@ -23,7 +23,7 @@ from tiers.copy import (  # noqa: E402
     KVTensor,
     plan_copy,
 )
-from tiers.copy.base import CopyEngine, CopyJob  # noqa: E402
+from tiers.copy.base import CopyEngine, CopyJob, CopyResult  # noqa: E402
 from tiers.region import PrimaryRegion, RegionLayout  # noqa: E402
 
 
@@ -465,6 +465,66 @@ def test_failed_jobs_are_reported_and_later_jobs_run(device: str) -> None:
     assert [results[i].ok for i in range(3, 8)] == [False, False, False, False, True]
     assert not setup.shard[1].any() and not setup.shard[0].any()  # failed jobs wrote nothing
     assert setup.shard[2].any()
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("waited", [True, False], ids=["waited", "polled"])
+def test_a_dead_copy_thread_fails_its_job_and_later_ones_and_counts_loads_right(
+    waited: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy thread killed in the middle of a job (a BaseException that the engine does not
+    catch): the job it was copying and those queued behind it report failed, whether the engine
+    is waited on or only polled; a load the other lane is still copying reports as usual and
+    then drops the GIL claim (the count of loads does not go below zero); later jobs fail at
+    once instead of queueing behind a dead lane forever."""
+    import sys
+
+    from tiering import gil
+
+    class Killed(BaseException):
+        pass
+
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the thread's end: quiet
+    before = sys.getswitchinterval()
+    setup = make_setup(device="cpu")
+    started, gate = threading.Event(), threading.Event()
+
+    def fault(job: CopyJob) -> None:
+        if job.job_id == 1:
+            raise Killed  # not an Exception: ends the lane's thread
+        if job.job_id == 3:
+            started.set()
+            assert gate.wait(10)
+
+    engine = setup.engine(fault=fault)
+    engine.submit_load(3, [1], one(5), expedited=True)  # held on the expedited lane
+    assert started.wait(5)
+    engine.submit_load(1, [0], one(3))  # kills the regular lane's thread
+    engine.submit_load(2, [2], one(4))  # queued behind it
+    deadline = time.monotonic() + 5
+    results: dict[int, CopyResult] = {}
+    if waited:
+        assert waits_at_most(5, engine, [1, 2])
+    while set(results) != {1, 2} and time.monotonic() < deadline:
+        results.update((r.job_id, r) for r in engine.get_finished())
+        time.sleep(0.01)
+    assert {i: (r.ok, r.error) for i, r in results.items()} == {
+        1: (False, "copy thread died"),
+        2: (False, "copy thread died"),
+    }
+    assert sys.getswitchinterval() == pytest.approx(gil.DEFAULT_INTERVAL)  # job 3 is copied
+    gate.set()
+    assert waits_at_most(5, engine, [3])
+    (result,) = engine.get_finished()
+    assert result.job_id == 3 and result.ok
+    assert sys.getswitchinterval() == pytest.approx(before) and gil.holders() == 0
+    engine.submit_load(4, [3], one(6))
+    engine.submit_store(5, one(6), [4])
+    assert [(r.job_id, r.ok, r.error) for r in engine.get_finished()] == [
+        (4, False, "copy thread died"),
+        (5, False, "copy thread died"),
+    ]
+    assert sys.getswitchinterval() == pytest.approx(before) and gil.holders() == 0
     engine.shutdown()
 
 

@@ -56,6 +56,7 @@ class _Lane:
         self.queue: deque[tuple[CopyJob, int]] = deque()
         self.marks = marks
         self.done = 0
+        self.running: CopyJob | None = None  # the job being copied
         self.other: _Lane = self  # the engine's other lane, set once both exist
         self.thread = threading.Thread(target=run, args=(self,), name=name, daemon=True)
 
@@ -96,6 +97,8 @@ class CpuCopyEngine(CopyEngine):
         self._awaited: set[int] = set()
         self._results: list[CopyResult] = []
         self._stopping = False
+        self._broken: str | None = None
+        """Why the engine takes no more jobs although not shut down (a copy thread died)."""
         self._loads = 0
         """Loads queued or being copied: a request waits on each (`tiering.gil`)."""
         self._urgency = gil.Urgency()
@@ -107,10 +110,9 @@ class CpuCopyEngine(CopyEngine):
 
     def _submit(self, job: CopyJob) -> None:
         with self._cond:
-            if self._stopping:
-                self._results.append(
-                    CopyResult(job.job_id, job.direction, False, 0, 0.0, "engine is shut down")
-                )
+            if self._stopping or self._broken is not None:
+                why = self._broken or "engine is shut down"
+                self._results.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, why))
                 return
             lane = self._expedited if job.expedited else self._lane
             lane.queue.append((job, lane.other.marks.after(job)))
@@ -123,6 +125,8 @@ class CpuCopyEngine(CopyEngine):
 
     def get_finished(self) -> list[CopyResult]:
         with self._cond:
+            if not self._stopping and not self._lanes_alive():
+                self._fail_pending("copy thread died")  # only if a thread was killed
             results, self._results = self._results, []
         for result in results:
             self._reported(result.job_id)
@@ -132,9 +136,10 @@ class CpuCopyEngine(CopyEngine):
         with self._cond:
             self._awaited = self._pending.intersection(job_ids)
             while self._awaited:
-                if not all(lane.thread.is_alive() for lane in (self._lane, self._expedited)):
+                if not self._lanes_alive():
                     self._fail_pending("copy thread died")  # only if a thread was killed
-                    return
+                    if not self._awaited:
+                        return
                 self._cond.wait(timeout=1.0)
 
     def shutdown(self) -> None:
@@ -144,6 +149,9 @@ class CpuCopyEngine(CopyEngine):
         for lane in (self._lane, self._expedited):
             lane.thread.join()
         self._urgency.set(False)
+
+    def _lanes_alive(self) -> bool:
+        return self._lane.thread.is_alive() and self._expedited.thread.is_alive()
 
     def _ready(self, lane: _Lane) -> bool:
         """The lane's first job may start: the other lane's jobs it must follow have finished."""
@@ -157,8 +165,10 @@ class CpuCopyEngine(CopyEngine):
                 if not lane.queue:
                     return
                 job, _ = lane.queue.popleft()
+                lane.running = job
             result = self._execute(job)
             with self._cond:
+                lane.running = None
                 if job.direction is Direction.LOAD:
                     self._loads -= 1
                     self._urgency.set(self._loads > 0)
@@ -190,14 +200,24 @@ class CpuCopyEngine(CopyEngine):
         )
 
     def _fail_pending(self, why: str) -> None:
+        """A copy thread died (only a BaseException that `_execute` does not catch can do it):
+        fail every queued job, and the job the dead thread was copying, which will never
+        report; a job still being copied by the live lane reports as usual. Later jobs fail
+        at once: what is queued behind a dead lane would wait for it forever. Idempotent."""
+        self._broken = why
         for lane in (self._lane, self._expedited):
             for job, _ in lane.queue:
                 self._results.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, why))
             lane.queue.clear()
-        self._pending.clear()
-        self._awaited.clear()
-        self._loads = 0
-        self._urgency.set(False)
+            if lane.running is not None and not lane.thread.is_alive():
+                job, lane.running = lane.running, None
+                self._results.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, why))
+        running = [lane.running for lane in (self._lane, self._expedited) if lane.running]
+        self._pending = {job.job_id for job in running}
+        self._awaited &= self._pending
+        self._loads = sum(job.direction is Direction.LOAD for job in running)
+        self._urgency.set(self._loads > 0)
+        self._cond.notify_all()  # the live lane's thread, if it waits for the dead one
 
 
 def _copy(src: list[int], dst: list[int], nbytes: int) -> None:
