@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from tiering.policies import (
     ARCPolicy,
     EvictionPolicy,
     LRUPolicy,
+    PythonARCPolicy,
     create_policy,
     get_policy_class,
     policy_names,
@@ -147,13 +149,22 @@ def _use(policy: EvictionPolicy[str, int], key: str, protected: Container[str] =
     policy.insert(key, 0)
 
 
+ArcClass = Callable[[int], Any]
+
+
+@pytest.fixture(params=["compiled", "python"])
+def arc_class(request: pytest.FixtureRequest) -> ArcClass:
+    """ARC on its compiled core (`ARCPolicy`) and in Python (`PythonARCPolicy`, its fallback)."""
+    return ARCPolicy if request.param == "compiled" else PythonARCPolicy
+
+
 class TestARC:
-    def test_scan_does_not_flush_a_frequent_set(self) -> None:
+    def test_scan_does_not_flush_a_frequent_set(self, arc_class: ArcClass) -> None:
         hot = [f"hot{i}" for i in range(4)]
         scan = [f"scan{i}" for i in range(200)]
         survivors = {}
         for name in ("arc", "lru"):
-            policy = create_policy(name, 10)
+            policy = arc_class(10) if name == "arc" else create_policy(name, 10)
             for _ in range(3):
                 for key in hot:
                     _use(policy, key)
@@ -163,8 +174,8 @@ class TestARC:
         assert survivors["arc"] == 4  # ARC keeps the frequently used set in T2
         assert survivors["lru"] == 0  # while the same scan flushes LRU (the test can fail)
 
-    def test_ghost_hit_in_b1_grows_target_and_b2_shrinks_it(self) -> None:
-        policy: ARCPolicy[str, int] = ARCPolicy(4)
+    def test_ghost_hit_in_b1_grows_target_and_b2_shrinks_it(self, arc_class: ArcClass) -> None:
+        policy: ARCPolicy[str, int] = arc_class(4)
         for key in "abcd":
             policy.insert(key, 0)
         policy.touch(["c", "d"])  # T1 = a b, T2 = c d
@@ -181,8 +192,8 @@ class TestARC:
         assert policy.p == 0.0
         assert policy.lists() == (["e"], ["d", "a", "c"], ["b"], [])
 
-    def test_target_grows_faster_when_b2_is_larger(self) -> None:
-        policy: ARCPolicy[str, int] = ARCPolicy(4)
+    def test_target_grows_faster_when_b2_is_larger(self, arc_class: ArcClass) -> None:
+        policy: ARCPolicy[str, int] = arc_class(4)
         policy.insert_many(list("abcd"), [0] * 4)
         policy.touch(list("abc"))  # T1 = d, T2 = a b c
         policy.p = 2.0
@@ -193,16 +204,16 @@ class TestARC:
         policy.insert("d", 0)  # B1 hit with |B2| = 3, |B1| = 1: p += 3
         assert policy.p == 4.0  # capped at the capacity
 
-    def test_protected_lru_of_t1_falls_back_to_next(self) -> None:
-        policy: ARCPolicy[str, int] = ARCPolicy(3)
+    def test_protected_lru_of_t1_falls_back_to_next(self, arc_class: ArcClass) -> None:
+        policy: ARCPolicy[str, int] = arc_class(3)
         policy.insert_many(["a", "b", "c"], [0, 1, 2])
         assert policy.evict(1, {"a"}) == [("b", 1)]
         assert policy.lists() == (["a", "c"], [], ["b"], [])
 
-    def test_directory_bounds_hold_under_random_use(self) -> None:
+    def test_directory_bounds_hold_under_random_use(self, arc_class: ArcClass) -> None:
         rng = random.Random(7)
         c = 20
-        policy: ARCPolicy[str, int] = ARCPolicy(c)
+        policy: ARCPolicy[str, int] = arc_class(c)
         for _ in range(20000):
             key = f"k{int(rng.paretovariate(1.2)) % 120}"
             _use(policy, key)
@@ -213,8 +224,8 @@ class TestARC:
             assert 0.0 <= policy.p <= c
             assert not set(t1 + t2) & set(b1 + b2)
 
-    def test_clear_resets_target_and_ghosts(self) -> None:
-        policy: ARCPolicy[str, int] = ARCPolicy(2)
+    def test_clear_resets_target_and_ghosts(self, arc_class: ArcClass) -> None:
+        policy: ARCPolicy[str, int] = arc_class(2)
         policy.insert_many(["a", "b"], [0, 0])
         policy.evict(1, ())
         policy.insert("a", 0)
@@ -234,10 +245,10 @@ class TestARCAgainstReference:
         assert len(fast) == len(ref)
 
     @pytest.mark.parametrize("seed", range(12))
-    def test_random_calls(self, seed: int) -> None:
+    def test_random_calls(self, seed: int, arc_class: ArcClass) -> None:
         rng = random.Random(seed)
         c = rng.choice([1, 2, 3, 7, 16, 40])
-        fast: ARCPolicy[str, int] = ARCPolicy(c)
+        fast: ARCPolicy[str, int] = arc_class(c)
         ref: ReferenceARC[str, int] = ReferenceARC(c)
         universe = [f"k{i}" for i in range(5 * c + 4)]
         values = iter(range(10**9))
@@ -290,13 +301,13 @@ class TestARCAgainstReference:
                 assert fast.get(key) == ref.get(key)
                 assert (key in fast) == (key in ref)
 
-    def test_trace_replay_through_the_pool(self) -> None:
+    def test_trace_replay_through_the_pool(self, arc_class: ArcClass) -> None:
         """The start of the Mooncake trace through `PrimaryPool`, driven as vLLM's connector
         drives it (as `bench/manager.py` does), at a capacity where both ghost lists fill and
         the target moves."""
         trace = load_trace(ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz")
         requests = trace_keys(trace.requests[:6000])
-        fast: ARCPolicy[BlockKey, int] = ARCPolicy(3276)
+        fast: ARCPolicy[BlockKey, int] = arc_class(3276)
         ref: ReferenceARC[BlockKey, int] = ReferenceARC(3276)
         pools = PrimaryPool(3276, fast), PrimaryPool(3276, ref)  # type: ignore[arg-type]
         hits, targets = 0, set()

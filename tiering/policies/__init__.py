@@ -12,7 +12,7 @@ import importlib
 import re
 
 from tiering.errors import ConfigError, UnknownNameError
-from tiering.policies.arc import ARCPolicy
+from tiering.policies.arc import ARCPolicy, PythonARCPolicy
 from tiering.policies.base import EvictionPolicy
 from tiering.policies.lru import LRUPolicy
 
@@ -20,6 +20,7 @@ __all__ = [
     "ARCPolicy",
     "EvictionPolicy",
     "LRUPolicy",
+    "PythonARCPolicy",
     "create_policy",
     "get_policy_class",
     "policy_names",

@@ -1,19 +1,102 @@
-"""Adaptive Replacement Cache (Megiddo and Modha, FAST 2003)."""
+"""Adaptive Replacement Cache (Megiddo and Modha, FAST 2003): `ARCPolicy`, on a compiled core
+(`_arc.c`) or, where that was not built, on `PythonARCPolicy`, the same algorithm in Python."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
 from itertools import filterfalse, islice
+from typing import Any
 
 from tiering.policies.base import EvictionPolicy, K, V
 
-__all__ = ["ARCPolicy"]
+__all__ = ["ARCPolicy", "PythonARCPolicy"]
+
+log = logging.getLogger(__name__)
+
+
+def _load_core() -> Any:
+    try:
+        from tiering.policies._arc import ARC
+    except ImportError as e:
+        log.warning(
+            "kvtier's compiled ARC policy is missing (%s): ARC runs in Python, at about twice "
+            "the scheduler's cost per block (reinstall kvtier with a C compiler present)",
+            e,
+        )
+        return None
+    return ARC
+
+
+_CORE = _load_core()
 
 
 class ARCPolicy(EvictionPolicy[K, V]):
-    """Textbook ARC. Runs on its owner's thread.
+    """Textbook ARC (see `PythonARCPolicy` for the algorithm). Runs on its owner's thread.
+
+    The four lists live in one hash table of nodes linked in C (`tiering/policies/_arc.c`): a
+    key that moves between lists (T1 to T2 on a use, to its ghost list on eviction, back on a
+    ghost hit) is relinked in place, where the Python version removes it from one OrderedDict
+    and adds it to another. Both choose the same victims and keep the same lists and target on
+    any sequence of calls (`tests/tiering/test_policies.py`). Without the compiled core (kvtier
+    installed without a C compiler) this runs `PythonARCPolicy`, with a warning.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        core = _CORE(capacity) if _CORE is not None else PythonARCPolicy(capacity)
+        self._core = core
+        self.compiled = _CORE is not None
+        """Whether the compiled core runs (False: `PythonARCPolicy`)."""
+
+    @property
+    def p(self) -> float:
+        """Target size of T1, between 0 and the capacity."""
+        return float(self._core.p)
+
+    @p.setter
+    def p(self, value: float) -> None:
+        self._core.p = value
+
+    def get(self, key: K) -> V | None:
+        return self._core.get(key)  # type: ignore[no-any-return]
+
+    def get_many(self, keys: Iterable[K]) -> list[V | None]:
+        return self._core.get_many(keys)  # type: ignore[no-any-return]
+
+    def insert(self, key: K, value: V) -> None:
+        self._core.insert(key, value)
+
+    def insert_many(self, keys: Sequence[K], values: Sequence[V]) -> None:
+        self._core.insert_many(keys, values)
+
+    def remove(self, key: K) -> V:
+        return self._core.remove(key)  # type: ignore[no-any-return]
+
+    def touch(self, keys: Iterable[K]) -> None:
+        self._core.touch(keys)
+
+    def evict(self, n: int, protected: Container[K]) -> list[tuple[K, V]] | None:
+        return self._core.evict(n, protected)  # type: ignore[no-any-return]
+
+    def clear(self) -> None:
+        self._core.clear()
+
+    def __len__(self) -> int:
+        return len(self._core)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._core
+
+    def lists(self) -> tuple[list[K], list[K], list[K], list[K]]:
+        """T1, T2, B1 and B2, least recent first (for tests and diagnostics)."""
+        return self._core.lists()  # type: ignore[no-any-return]
+
+
+class PythonARCPolicy(EvictionPolicy[K, V]):
+    """Textbook ARC, in Python: `ARCPolicy`'s fallback. Runs on its owner's thread.
 
     - T1 holds keys used once since they became resident, T2 keys used at least twice; both
       are resident. B1 and B2 are their ghosts: keys recently evicted from T1 and T2 (no value).
