@@ -6,8 +6,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("tiers.copy._hostcopy", ["tiers/copy/_hostcopy.c"], extra_compile_args=["-O2"]),
-        Extension(
-            "tiering.policies._arc", ["tiering/policies/_arc.c"], extra_compile_args=["-O2"]
-        ),
+        Extension("tiering.policies._arc", ["tiering/policies/_arc.c"], extra_compile_args=["-O2"]),
     ]
 )

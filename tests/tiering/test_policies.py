@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import tiering.policies as policies
+import tiering.policies.arc as arc_module
 from kvtier.trace import load_trace, trace_keys
 from tests.conftest import ROOT
 from tests.tiering.arc_reference import ReferenceARC
@@ -232,6 +233,69 @@ class TestARC:
         assert policy.p > 0
         policy.clear()
         assert policy.p == 0.0 and policy.lists() == ([], [], [], [])
+
+
+class TestCompiledARC:
+    def test_an_install_builds_it_and_arc_runs_on_it(self) -> None:
+        assert arc_module._CORE is not None  # `pip install` builds tiering/policies/_arc.c
+        assert create_policy("arc", 4).compiled  # type: ignore[attr-defined]
+
+    def test_without_it_arc_runs_in_python(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(arc_module, "_CORE", None)
+        policy: ARCPolicy[str, int] = ARCPolicy(2)
+        assert not policy.compiled and isinstance(policy._core, PythonARCPolicy)
+        policy.insert_many(["a", "b"], [0, 1])
+        assert policy.evict(1, ()) == [("a", 0)] and policy.lists() == (["b"], [], ["a"], [])
+
+    def test_a_call_from_inside_its_own_call_is_refused(self) -> None:
+        """A container whose `__contains__` (Python code, run while `evict` holds pointers into
+        the lists) calls the policy again gets RuntimeError; the lists stay as they were."""
+        policy: ARCPolicy[str, int] = ARCPolicy(4)
+        policy.insert_many(list("abcd"), [0, 1, 2, 3])
+        errors = []
+
+        class Meddling:
+            def __contains__(self, key: object) -> bool:
+                try:
+                    policy.remove("b")
+                except RuntimeError as e:
+                    errors.append(str(e))
+                return key == "a"
+
+        assert policy.evict(2, Meddling()) == [("b", 1), ("c", 2)]
+        assert errors and "called again from inside" in errors[0]
+        assert policy.lists() == (["a", "d"], [], ["b", "c"], [])
+
+    def test_values_and_keys_are_released(self) -> None:
+        """Evictions, ghost trims, removals and `clear` drop their references: nothing leaks."""
+        import sys
+
+        value = object()
+        keys = [f"key-{i}" for i in range(100)]
+        before = sys.getrefcount(value), [sys.getrefcount(k) for k in keys]
+        policy: ARCPolicy[str, object] = ARCPolicy(10)
+        for start in range(0, 100, 5):
+            batch = keys[start : start + 5]
+            if len(policy) + len(batch) > 10:
+                victims = policy.evict(len(policy) + len(batch) - 10, ())
+                assert victims is not None
+                del victims
+            policy.insert_many(batch, [value] * len(batch))
+            policy.touch(keys[start : start + 2])
+        del batch
+        policy.remove(policy.lists()[1][0])
+        policy.clear()
+        assert (sys.getrefcount(value), [sys.getrefcount(k) for k in keys]) == before
+
+    def test_inserting_a_resident_key_is_misuse(self) -> None:
+        policy: ARCPolicy[str, int] = ARCPolicy(4)
+        policy.insert("a", 0)
+        with pytest.raises(ValueError, match="already resident"):
+            policy.insert_many(["a"], [1])
+        with pytest.raises(ValueError, match="as many values as keys"):
+            policy.insert_many(["b", "c"], [1])
+        with pytest.raises(ValueError, match="at least 0"):
+            policy.evict(-1, ())
 
 
 class TestARCAgainstReference:

@@ -61,10 +61,10 @@ class ARCPolicy(EvictionPolicy[K, V]):
         self._core.p = value
 
     def get(self, key: K) -> V | None:
-        return self._core.get(key)  # type: ignore[no-any-return]
+        return self._core.get(key)
 
     def get_many(self, keys: Iterable[K]) -> list[V | None]:
-        return self._core.get_many(keys)  # type: ignore[no-any-return]
+        return self._core.get_many(keys)
 
     def insert(self, key: K, value: V) -> None:
         self._core.insert(key, value)
@@ -79,7 +79,7 @@ class ARCPolicy(EvictionPolicy[K, V]):
         self._core.touch(keys)
 
     def evict(self, n: int, protected: Container[K]) -> list[tuple[K, V]] | None:
-        return self._core.evict(n, protected)  # type: ignore[no-any-return]
+        return self._core.evict(n, protected)
 
     def clear(self) -> None:
         self._core.clear()
@@ -92,7 +92,7 @@ class ARCPolicy(EvictionPolicy[K, V]):
 
     def lists(self) -> tuple[list[K], list[K], list[K], list[K]]:
         """T1, T2, B1 and B2, least recent first (for tests and diagnostics)."""
-        return self._core.lists()  # type: ignore[no-any-return]
+        return self._core.lists()
 
 
 class PythonARCPolicy(EvictionPolicy[K, V]):
