@@ -385,6 +385,10 @@ class PrimaryPool:
         held.difference_update(slots)
         self._free.extend(slots)
 
+    def ready_keys(self) -> list[BlockKey]:
+        """Resident keys not being written (pinned or not), the most recently stored first."""
+        return [key for key, r in reversed(self._ref.items()) if r != _WRITING]
+
     def slots_in_use(self) -> set[int]:
         """Slots being written, pinned or held: those a job may be using."""
         get = self._policy.get

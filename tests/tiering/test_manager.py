@@ -916,6 +916,57 @@ def test_shutdown_writes_what_write_through_tiers_were_still_to_get(
     assert h.manager.stats()["tiers"]["mem"]["demotions"] == 2
 
 
+def file_tier(path: Any, name: str = "nvme") -> Tier:
+    from tiers.file import BlockFileTier
+
+    return BlockFileTier(namespace=NAMESPACE, name=name, path=path, min_free=0, direct=False)
+
+
+def test_shutdown_writes_the_resident_blocks_to_a_write_back_tier_for_the_next_engine(
+    make: Callable[..., Harness], tmp_path: Any
+) -> None:
+    """A write-back tier gets a block when the primary evicts it; what the primary still
+    holds at shutdown goes to the write-back tiers that outlive the engine (a file tier here),
+    so that the next engine finds it; a memory tier, gone with the engine, gets nothing."""
+    cfg = TierConfig(name="nvme", type="file", write="back")
+    mem_cfg, mem = memory_tier(name="mem", write="back", indexed=True)
+    tier = file_tier(tmp_path)
+    h = make([(cfg, tier), (mem_cfg, mem)], slots=8, reserve=1, max_inflight=2)
+    h.store(*range(6))  # 2 slots free, reserve 1: nothing is evicted, nothing demoted
+    h.settle()
+    assert not any(tier.knows(k(i)) for i in range(6))
+    h.manager.shutdown()
+    assert all(stored(mem, k(i)) is None for i in range(6))
+
+    h = make([(cfg, file_tier(tmp_path))], slots=8, reserve=1)  # the next engine
+    for i in range(6):
+        assert h.lookup_until(i, HIT)[-1] is HIT
+        assert h.slot_bytes(i) == h.block(i)
+
+
+def test_the_shutdown_flush_sends_each_block_once_and_ends_within_its_time(
+    make: Callable[..., Harness], tmp_path: Any
+) -> None:
+    """A tier that fails every write is sent each block once (in rounds of `max_inflight`),
+    not again until the flush's time is up; a slow one gets what fits in that time."""
+    cfg = TierConfig(name="nvme", type="file", write="back")
+    failing = FaultyTier(file_tier(tmp_path / "a"), fail=1.0)
+    h = make([(cfg, failing)], slots=8, reserve=1, max_inflight=2)
+    h.store(*range(6))
+    h.settle()
+    h.manager.shutdown(flush=5.0)
+    assert failing.injected["fail"] == 6  # each of the six blocks once (a fault per block)
+
+    slow = FaultyTier(file_tier(tmp_path / "b"), delay=1.0, delay_seconds=0.4)
+    h = make([(cfg, slow)], slots=8, reserve=1, max_inflight=1)
+    h.store(*range(6))
+    h.settle()
+    began = time.monotonic()
+    h.manager.shutdown(flush=0.5)
+    assert time.monotonic() - began < 2.0
+    assert 1 <= slow.injected["delay"] <= 2  # one block per 0.4 s, for 0.5 s
+
+
 def test_a_promotion_is_not_abandoned_while_recomputing_would_take_longer(
     make: Callable[..., Harness],
 ) -> None:

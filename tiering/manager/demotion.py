@@ -8,6 +8,9 @@
   primary, their slots are held while a tier reads them) and demotes those each tier admits
   (not held there already, then its admission policies: `selective`'s hits, `min_age`). A
   slot goes back to the free list when the last demotion reading it ends.
+- At shutdown (`demote_resident`), the blocks still resident go to the write-back tiers that
+  outlive the engine (disk and remote media), newest first, as many as the flush's time allows:
+  they would otherwise reach such a tier only on an eviction that never comes.
 - A block evicted on the store path itself (no slot was reserved in time) has its bytes in a
   slot that now belongs to a new block: they are copied out at once and the copies demoted
   (`evicted_on_store`).
@@ -21,6 +24,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from tiering.errors import TierError
 from tiering.keys import BlockKey
@@ -31,11 +35,20 @@ from tiering.placement import BlockHistory
 from tiering.primary import LookupResult, PrimaryPool, StoreGrant
 from tiering.runtime import Job, JobResult
 
-__all__ = ["Demoter"]
+__all__ = ["Demoter", "ResidentFlush"]
 
 _HIT = LookupResult.HIT
 
 DemotionTag = Callable[[int, list[BlockKey], list[int], SlotHold], Demotion]
+
+
+@dataclass
+class ResidentFlush:
+    """A shutdown's demotion of the resident blocks: the keys, newest first, and per tier
+    (by index) how many of them it has been through."""
+
+    keys: list[BlockKey]
+    sent: dict[int, int] = field(default_factory=dict)
 
 
 class Demoter:
@@ -145,6 +158,46 @@ class Demoter:
         release = [slot for _, slot in victims if slot not in held]
         if release:
             pool.release(release)
+
+    def resident_flush(self) -> ResidentFlush:
+        """What a shutdown sends to the write-back tiers: the resident blocks, newest first."""
+        return ResidentFlush(self.pool.ready_keys())
+
+    def demote_resident(
+        self,
+        flush: ResidentFlush,
+        outbox: list[Job],
+        tag: DemotionTag,
+        done: Callable[[JobResult], None],
+    ) -> None:
+        """At shutdown: pin the next of `flush`'s blocks still resident, as many as each
+        write-back tier whose medium outlives the engine (not memory) has room for
+        (`max_inflight`), and demote those it admits. Each call goes on where the last one
+        ended, so a failed block is not sent again."""
+        lookup = self.pool.lookup
+        now = self.clock()
+        for state in self.write_back:
+            if state.tier.medium == "memory":
+                continue
+            room = self.max_inflight - state.inflight
+            start = flush.sent.get(state.index, 0)
+            if room <= 0 or start >= len(flush.keys):
+                continue
+            window = flush.keys[start : start + room]
+            flush.sent[state.index] = start + len(window)
+            blocks = [(key, 0) for key in window if lookup(key) is _HIT]
+            batch = [key for key, _ in self.admit(state, blocks, now)]
+            if batch:
+                slots = self.pool.pin_for_demotion(batch)  # released when the tier has them
+                self._submit(outbox, tag, done, state, batch, slots, SlotHold.PINNED)
+
+    def flush_left(self, flush: ResidentFlush) -> bool:
+        """Whether a write-back tier that outlives the engine has blocks of `flush` to go."""
+        return any(
+            flush.sent.get(state.index, 0) < len(flush.keys)
+            for state in self.write_back
+            if state.tier.medium != "memory"
+        )
 
     def evicted_on_store(
         self,

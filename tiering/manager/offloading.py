@@ -454,13 +454,17 @@ class TieringOffloadingManager:
         ).as_dict()
 
     def shutdown(self, timeout: float = 5.0, flush: float = 10.0) -> None:
-        """Write what the write-through tiers were still to get, wait up to `flush` seconds
-        for the tier jobs in flight (their slots are still mapped: nothing is cut off in the
-        middle), then close the tiers (each within `timeout`) and the runtime.
+        """Write what the write-through tiers were still to get and, for as long as `flush`
+        seconds allow, the blocks still resident to the write-back tiers that outlive the
+        engine (disk and remote media; newest first); wait for the tier jobs in flight (their
+        slots are still mapped: nothing is cut off in the middle), then close the tiers (each
+        within `timeout`) and the runtime.
 
         The blocks an engine stored in its last steps are queued for the write-through tiers
         between steps; an engine that stops right after its last request (vLLM's offline `LLM`)
-        runs no step more, and those blocks were lost to the next engine on the same tiers."""
+        runs no step more, and those blocks were lost to the next engine on the same tiers. A
+        write-back tier gets a block when the primary evicts it: without the flush, what the
+        primary held at the end (the most recent blocks) was lost to the next engine."""
         self.lock.end()
         if self._closed:  # a second call: the tiers and the runtime are closed already
             return
@@ -487,18 +491,28 @@ class TieringOffloadingManager:
         return len(self._promoting) > len(self._late) or bool(self._checking)
 
     def _flush(self, timeout: float) -> None:
-        """Submit the queued demotions and wait up to `timeout` for the jobs in flight."""
+        """Submit the queued demotions, then the resident blocks to the write-back tiers that
+        outlive the engine, in rounds of each tier's `max_inflight`, until none is left or
+        `timeout` has passed; wait for the jobs in flight until then."""
         deadline = time.monotonic() + timeout  # (not `clock`: a test's may stand still)
+        demoter = self.demoter
         with self.lock.held():
             self._drain()
-            self.demoter.demote_through(self._outbox, self._demotion, self._arrived)
+            demoter.demote_through(self._outbox, self._demotion, self._arrived)
+            flush = demoter.resident_flush()
+            demoter.demote_resident(flush, self._outbox, self._demotion, self._arrived)
             jobs, self._outbox = self._outbox, []
-        if jobs:
-            self.runtime.submit_many(jobs)
-        while self.runtime.pending() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        with self.lock.held():
-            self._drain()
+        while True:
+            if jobs:
+                self.runtime.submit_many(jobs)
+            while self.runtime.pending() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            with self.lock.held():
+                self._drain()
+                if not (demoter.flush_left(flush) and time.monotonic() < deadline):
+                    return
+                demoter.demote_resident(flush, self._outbox, self._demotion, self._arrived)
+                jobs, self._outbox = self._outbox, []
 
     # -- the runtime's side ----------------------------------------------------------------------
 
