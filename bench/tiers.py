@@ -8,6 +8,10 @@
 - redis tier: puts and gets with `--clients` calls in flight against `redis-benchmark -t set,get`
   with the same value size, `-c` clients and keyspace (`-r 64`: both cycle over 64 keys) on the
   same server. Target: at least 0.7.
+- redis tier, one promotion-sized batch: `put_many` / `get_many` of 128 blocks of 512 KiB (64
+  MiB, bench/ttft.py's prompt) with the tier's `streams` at 1, 2 (the default), 4 and 32, against
+  redis-benchmark GETs and SETs of as many values of that size from 16 clients, same server.
+  Target for the default: at least 0.7.
 - s3 tier: puts and gets with `--clients` calls in flight against plain boto3 put_object /
   get_object from as many threads, same client settings, same bucket. Target: at least 0.9.
 
@@ -16,7 +20,10 @@ redis-benchmark's clients and fio's jobs do.
 
 Servers are started on loopback for the run (redis-server, SeaweedFS), as the tests do.
 
-    python bench/tiers.py [--dir DIR] [--tiers file,redis,s3] [--aio on|off|both] [--json]
+    python bench/tiers.py [--dir DIR] [--tiers file,redis,redis-batch,s3] [--aio on|off|both]
+                          [--json]
+
+`--tiers redis` includes the batch case; `redis-batch` runs it alone.
 """
 
 from __future__ import annotations
@@ -226,6 +233,61 @@ def bench_redis(directory: Path, clients: int, repeat: int) -> list[dict[str, An
     return rows
 
 
+BATCH_BLOCKS, BATCH_BLOCK_BYTES = 128, 512 << 10
+"""The Redis batch case: one promotion of bench/ttft.py's 2,048-token prompt (64 MiB)."""
+
+
+async def one_batch(tier: Tier, blocks: int, size: int, repeat: int) -> list[tuple[float, float]]:
+    """put_many then get_many of one batch of `blocks` blocks, `repeat` times after one that is
+    not timed (as in the engine: the connections are open, the server's memory is allocated,
+    the buffers are mapped, as the primary's slots are): GiB/s each."""
+    sources = [slot(size, payload(size, i)) for i in range(blocks)]
+    buffers = [slot(size, bytes(size)) for _ in range(blocks)]  # touched: mapped
+    rates = []
+    async with tier:
+        for _ in range(repeat + 1):
+            start = time.perf_counter()
+            results = await tier.put_many([(key(i), sources[i]) for i in range(blocks)])
+            put = time.perf_counter() - start
+            assert all(r is None for r in results), results
+            start = time.perf_counter()
+            found = await tier.get_many([(key(i), buffers[i]) for i in range(blocks)])
+            get = time.perf_counter() - start
+            assert all(f is True for f in found), found
+            assert all(buffers[i] == sources[i] for i in range(blocks))
+            rates.append((gib_s(blocks * size, put), gib_s(blocks * size, get)))
+    return rates[1:]
+
+
+def bench_redis_batch(directory: Path, repeat: int, streams: Sequence[int]) -> list[dict[str, Any]]:
+    """The tier's fast path on one promotion-sized batch, by `streams`, against redis-benchmark
+    on the same values in the same run (16 clients, as bench/ttft.py's limit)."""
+    server = RedisServer(directory / "redis-batch")
+    server.start()
+    blocks, size = BATCH_BLOCKS, BATCH_BLOCK_BYTES
+    runs: dict[int, list[dict[str, float]]] = {n: [] for n in streams}
+    try:
+        for rep in range(repeat):
+            order = list(streams) if rep % 2 == 0 else list(reversed(streams))
+            for n in order:
+                tier = RedisTier(namespace=NAMESPACE, url=server.url, streams=n)
+                (put, get), *_ = asyncio.run(one_batch(tier, blocks, size, 1))
+                write, read = redis_benchmark("127.0.0.1", server.port, size, blocks, 16)
+                runs[n].append({"put": put, "get": get, "raw_write": write, "raw_read": read})
+    finally:
+        server.stop()
+    return [
+        {
+            "tier": f"redis batch, streams {n}",
+            "block_bytes": size,
+            "in_flight": blocks,
+            "baseline": "redis-benchmark -c 16; tier: one put_many / get_many of the batch",
+            **summarize(runs[n]),
+        }
+        for n in streams
+    ]
+
+
 # -- s3 -----------------------------------------------------------------------------------------
 
 
@@ -307,6 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             elif name == "redis":
                 rows += bench_redis(directory, args.clients, args.repeat)
+                rows += bench_redis_batch(directory, max(args.repeat, 5), (1, 2, 4, 32))
+            elif name == "redis-batch":
+                rows += bench_redis_batch(directory, max(args.repeat, 5), (1, 2, 4, 32))
             elif name == "s3":
                 rows += bench_s3(directory, args.clients, args.repeat)
             else:
@@ -321,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         size = f"{r['block_bytes'] >> 10:>5} KiB x{r['in_flight']:<2}"
         put = f"put {r['put']:.2f} / {r['raw_write']:.2f} = {r['put_ratio']:.2f}"
         get = f"get {r['get']:.2f} / {r['raw_read']:.2f} = {r['get_ratio']:.2f}"
-        print(f"{r['tier']:<21} {size} {put}   {get}   ({r['baseline']})")
+        print(f"{r['tier']:<24} {size} {put}   {get}   ({r['baseline']})")
     return 0
 
 
