@@ -1,5 +1,6 @@
 """Build of the compiled helpers (everything else is in pyproject.toml): the copy engine's
-batch copy, loaded with ctypes, and the core of the ARC eviction policy."""
+batch copy and the Redis tier's reply reader, both loaded with ctypes, and the core of the
+ARC eviction policy."""
 
 from setuptools import Extension, setup
 
@@ -7,5 +8,6 @@ setup(
     ext_modules=[
         Extension("tiers.copy._hostcopy", ["tiers/copy/_hostcopy.c"], extra_compile_args=["-O2"]),
         Extension("tiering.policies._arc", ["tiering/policies/_arc.c"], extra_compile_args=["-O2"]),
+        Extension("tiers._respread", ["tiers/_respread.c"], extra_compile_args=["-O2"]),
     ]
 )

@@ -487,9 +487,15 @@ class RedisTier(Tier):
         async def exchange(conn: RespConnection) -> None:
             start = len(got)  # a retry, or the rest after a connection given up, goes on
             await conn.send([command(b"GET", self._name(block)) for block in blocks[start:]])
-            for view in views[start:]:
+            limits = [self.object_limit(len(view)) for view in views]
+            while len(got) < len(views):
+                # the common replies in bulk, by the compiled reader; then one the slow way
+                got.extend(await conn.values_into(views[len(got) :], limits[len(got) :]))
+                if len(got) == len(views):
+                    return
+                view = views[len(got)]
                 try:
-                    got.append(await conn.value_into(view, self.object_limit(len(view)), DRAIN))
+                    got.append(await conn.value_into(view, limits[len(got)], DRAIN))
                 except ReplyError as e:
                     got.append(self._failed_item(e, what))
                 except CorruptObject as e:

@@ -14,9 +14,13 @@ reused: its position in the reply stream is unknown.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import importlib
+import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tiering.errors import CorruptObject
 from tiering.format import peek_lengths
@@ -39,6 +43,63 @@ HEADER_PEEK = 512
 READ_BUFFER = 1 << 18
 REPLY_MAX = 1 << 20
 """The largest bulk reply to a command other than GET (AUTH, SELECT, SET answer a few bytes)."""
+
+
+log = logging.getLogger(__name__)
+
+
+class _ReadState(ctypes.Structure):
+    """`kvtier_resp_state` of tiers/_respread.c: every field 64 bits, addresses as integers."""
+
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in (
+            "count",
+            "head",
+            "payload",
+            "payload_len",
+            "limit",
+            "head_len",
+            "head_max",
+            "item",
+            "phase",
+            "at",
+            "buf",
+            "cap",
+            "start",
+            "end",
+            "err",
+        )
+    ]
+
+
+def _load_reader() -> Any:
+    """`kvtier_resp_read` from the compiled helper (tiers/_respread.c), or None."""
+    try:
+        helper = importlib.import_module("tiers._respread")  # built by setup.py
+        function = ctypes.CDLL(helper.__file__).kvtier_resp_read
+    except (ImportError, OSError, AttributeError) as e:
+        log.warning(
+            "kvtier's compiled RESP reader is missing (%s): the Redis tier reads values in "
+            "Python, several GIL hand-overs per value (reinstall kvtier with a C compiler)",
+            e,
+        )
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.POINTER(_ReadState)]
+    function.restype = ctypes.c_int
+    return function
+
+
+_read_replies = _load_reader()
+_DONE, _AGAIN, _OTHER, _CLOSED, _PROTOCOL = 0, 1, 2, -1, -2
+
+
+def _address(view: memoryview) -> int:
+    return ctypes.addressof((ctypes.c_char * len(view)).from_buffer(view))
+
+
+def _addresses(values: Sequence[int]) -> Any:
+    return (ctypes.c_uint64 * len(values))(*values)
 
 
 class RespError(Exception):
@@ -87,6 +148,7 @@ class RespConnection:
         self._fd = sock.fileno()  # kept: a closed socket's fileno() is -1, its registration not
         self._buffer = bytearray(READ_BUFFER)
         self._view = memoryview(self._buffer)
+        self._buffer_address = _address(self._view)  # for the compiled reader
         self._start = 0
         self._end = 0
         self._reading_on: asyncio.AbstractEventLoop | None = None  # where the reader is
@@ -292,6 +354,62 @@ class RespConnection:
         await self.read_into(memoryview(data))
         await self._crlf()
         return bytes(data)
+
+    async def values_into(
+        self, payloads: Sequence[memoryview], limits: Sequence[int]
+    ) -> list[tuple[bytes, bool]]:
+        """`value_into` of the next replies, by the compiled reader (tiers/_respread.c: one
+        call per readiness event, the GIL released for it, however many bytes it moves), up to
+        the first reply it does not take (nil, an error reply, an object whose size does not
+        split into a header and exactly its payload, one over its limit): that one is left
+        unread, for `value_into`. Empty without the compiled reader."""
+        if _read_replies is None or not payloads or not all(payloads):
+            return []
+        n = len(payloads)
+        heads = [bytearray(HEADER_PEEK) for _ in range(n)]
+        head_len = (ctypes.c_uint64 * n)()
+        arrays = (  # referenced by address only: kept alive here for the calls
+            _addresses([_address(memoryview(h)) for h in heads]),
+            _addresses([_address(p) for p in payloads]),
+            _addresses([len(p) for p in payloads]),
+            _addresses(limits),
+        )
+        state = _ReadState(
+            count=n,
+            head=ctypes.addressof(arrays[0]),
+            payload=ctypes.addressof(arrays[1]),
+            payload_len=ctypes.addressof(arrays[2]),
+            limit=ctypes.addressof(arrays[3]),
+            head_len=ctypes.addressof(head_len),
+            head_max=HEADER_PEEK,
+            buf=self._buffer_address,
+            cap=len(self._buffer),
+            start=self._start,
+            end=self._end,
+        )
+        if self._asked:  # the replies are on their way, hardly here yet
+            self._asked = False
+            await self._ready()
+        while True:
+            rc = _read_replies(self._fd, ctypes.byref(state))
+            self._start, self._end = int(state.start), int(state.end)
+            if rc != _AGAIN:
+                break
+            await self._ready()
+        if rc == _CLOSED:
+            raise ConnectionError("the server closed the connection")
+        if rc == _PROTOCOL:
+            raise RespError("a bulk reply does not end with CRLF")
+        if rc < 0:
+            raise OSError(int(state.err), os.strerror(int(state.err)))
+        out = []
+        for i in range(int(state.item)):
+            head = bytes(heads[i][: head_len[i]])
+            if peek_lengths(head) == (len(head), len(payloads[i])):
+                out.append((head, True))
+            else:  # not what it says it is: the whole object, for the caller to refuse
+                out.append((head + bytes(payloads[i]), False))
+        return out
 
     async def value_into(
         self, payload: memoryview, limit: int, drain: int = 0
