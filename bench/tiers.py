@@ -9,9 +9,11 @@
   with the same value size, `-c` clients and keyspace (`-r 64`: both cycle over 64 keys) on the
   same server. Target: at least 0.7.
 - redis tier, one promotion-sized batch: `put_many` / `get_many` of 128 blocks of 512 KiB (64
-  MiB, bench/ttft.py's prompt) with the tier's `streams` at 1, 2 (the default), 4 and 32, against
-  redis-benchmark GETs and SETs of as many values of that size from 16 clients, same server.
-  Target for the default: at least 0.7.
+  MiB, bench/ttft.py's prompt) with the tier's `streams` at 1, 2 (the default), 4 and 32, and at
+  the default beside a thread spinning in Python (vLLM's engine loop, as the tier's thread meets
+  it) with the compiled reply reader and with the Python one, against redis-benchmark GETs and
+  SETs of as many values of that size from 16 clients, same server. Target for the default: at
+  least 0.7.
 - s3 tier: puts and gets with `--clients` calls in flight against plain boto3 put_object /
   get_object from as many threads, same client settings, same bucket. Target: at least 0.9.
 
@@ -30,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -259,33 +263,76 @@ async def one_batch(tier: Tier, blocks: int, size: int, repeat: int) -> list[tup
     return rates[1:]
 
 
+class Busy:
+    """A thread spinning in Python beside the tier, at the switch interval kvtier sets while
+    the engine waits on it (0.5 ms): vLLM's engine loop, as the tier's thread meets it. Every
+    time the tier's thread gives the GIL up (a syscall from Python does), taking it back can
+    wait that long."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._spin, daemon=True)
+        self.interval = sys.getswitchinterval()
+
+    def _spin(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+
+    def __enter__(self) -> Busy:
+        sys.setswitchinterval(0.0005)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        sys.setswitchinterval(self.interval)
+
+
 def bench_redis_batch(directory: Path, repeat: int, streams: Sequence[int]) -> list[dict[str, Any]]:
-    """The tier's fast path on one promotion-sized batch, by `streams`, against redis-benchmark
-    on the same values in the same run (16 clients, as bench/ttft.py's limit)."""
+    """The tier's fast path on one promotion-sized batch, by `streams`, and at the default
+    beside a busy engine thread (`Busy`) with the compiled reply reader and without it, against
+    redis-benchmark on the same values in the same run (16 clients, as bench/ttft.py's limit)."""
+    import tiers.resp
+
     server = RedisServer(directory / "redis-batch")
     server.start()
     blocks, size = BATCH_BLOCKS, BATCH_BLOCK_BYTES
-    runs: dict[int, list[dict[str, float]]] = {n: [] for n in streams}
+    compiled = tiers.resp._read_replies
+    cases = [(n, False, True) for n in streams]
+    if compiled is not None:
+        cases += [(2, True, True), (2, True, False)]
+    runs: dict[tuple[int, bool, bool], list[dict[str, float]]] = {c: [] for c in cases}
     try:
         for rep in range(repeat):
-            order = list(streams) if rep % 2 == 0 else list(reversed(streams))
-            for n in order:
+            for case in cases if rep % 2 == 0 else list(reversed(cases)):
+                n, busy, fast = case
+                tiers.resp._read_replies = compiled if fast else None
                 tier = RedisTier(namespace=NAMESPACE, url=server.url, streams=n)
-                (put, get), *_ = asyncio.run(one_batch(tier, blocks, size, 1))
+                with Busy() if busy else contextlib.nullcontext():
+                    (put, get), *_ = asyncio.run(one_batch(tier, blocks, size, 1))
                 write, read = redis_benchmark("127.0.0.1", server.port, size, blocks, 16)
-                runs[n].append({"put": put, "get": get, "raw_write": write, "raw_read": read})
+                runs[case].append({"put": put, "get": get, "raw_write": write, "raw_read": read})
     finally:
+        tiers.resp._read_replies = compiled
         server.stop()
-    return [
-        {
-            "tier": f"redis batch, streams {n}",
-            "block_bytes": size,
-            "in_flight": blocks,
-            "baseline": "redis-benchmark -c 16; tier: one put_many / get_many of the batch",
-            **summarize(runs[n]),
-        }
-        for n in streams
-    ]
+    rows = []
+    for case in cases:
+        n, busy, fast = case
+        what = f"redis batch, streams {n}"
+        if busy:
+            what += ", busy engine, " + ("C reader" if fast else "Python reader")
+        rows.append(
+            {
+                "tier": what,
+                "block_bytes": size,
+                "in_flight": blocks,
+                "baseline": "redis-benchmark -c 16; tier: one put_many / get_many of the batch",
+                **summarize(runs[case]),
+            }
+        )
+    return rows
 
 
 # -- s3 -----------------------------------------------------------------------------------------
@@ -386,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         size = f"{r['block_bytes'] >> 10:>5} KiB x{r['in_flight']:<2}"
         put = f"put {r['put']:.2f} / {r['raw_write']:.2f} = {r['put_ratio']:.2f}"
         get = f"get {r['get']:.2f} / {r['raw_read']:.2f} = {r['get_ratio']:.2f}"
-        print(f"{r['tier']:<24} {size} {put}   {get}   ({r['baseline']})")
+        print(f"{r['tier']:<46} {size} {put}   {get}   ({r['baseline']})")
     return 0
 
 
