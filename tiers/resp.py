@@ -41,6 +41,7 @@ T = TypeVar("T")
 HEADER_PEEK = 512
 """Bytes of a value read before its payload is placed (an object header is ~100 bytes)."""
 READ_BUFFER = 1 << 18
+RCVBUF = 4 << 20
 REPLY_MAX = 1 << 20
 """The largest bulk reply to a command other than GET (AUTH, SELECT, SET answer a few bytes)."""
 
@@ -520,6 +521,7 @@ class RespPool:
         conn: RespConnection | None = None
         try:
             sock.setblocking(False)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
             if family in (socket.AF_INET, socket.AF_INET6):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # the handshake too: a server that accepts and never answers AUTH must not hang us

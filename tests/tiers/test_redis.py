@@ -815,3 +815,33 @@ def test_operators_commands_report_a_key_that_is_not_a_string(
     client = redis.Redis(host="127.0.0.1", port=redis_server.port)
     assert client.exists(f"kvtier:{NAMESPACE.hex()}:{key(1).hex()}") == 0
     client.close()
+
+
+def test_a_fast_path_connection_takes_a_large_receive_buffer(redis_server: RedisServer) -> None:
+    """A promotion's replies arrive faster than the tier's thread, sharing the GIL with the
+    engine's, takes them: a 4 MiB receive buffer (asked before connecting, so that the window
+    scales) lets more arrive between two of its reads (bench/ttft.py: Redis promotions 0.88 ->
+    1.03-1.29 GiB/s inside the engine)."""
+    import socket
+
+    import tiers.resp
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=redis_server.url) as tier:
+            assert tier._fast is not None
+            await tier.put(key(1), payload(4096, 1))
+            assert await tier.get(key(1), bytearray(4096)) is True
+            (conn,) = tier._fast._idle
+            got = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+            assert got >= min(tiers.resp.RCVBUF, rmem_max()), got
+
+    asyncio.run(body())
+
+
+def rmem_max() -> int:
+    """The largest receive buffer an unprivileged socket may ask for (Linux doubles what it is
+    asked for, up to twice this)."""
+    try:
+        return int(Path("/proc/sys/net/core/rmem_max").read_text())
+    except OSError:
+        return 0
