@@ -483,11 +483,11 @@ class RedisTier(Tier):
         fast = self._fast
         got: list[Fetched] = []
         what = "GET (pipelined)"
+        limits = [self.object_limit(len(view)) for view in views]
 
         async def exchange(conn: RespConnection) -> None:
             start = len(got)  # a retry, or the rest after a connection given up, goes on
             await conn.send([command(b"GET", self._name(block)) for block in blocks[start:]])
-            limits = [self.object_limit(len(view)) for view in views]
             while len(got) < len(views):
                 # the common replies in bulk, by the compiled reader; then one the slow way
                 got.extend(await conn.values_into(views[len(got) :], limits[len(got) :]))

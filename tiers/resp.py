@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import importlib
-import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,6 +23,7 @@ from typing import Any, TypeVar
 from tiering.errors import CorruptObject
 from tiering.format import peek_lengths
 from tiering.tier import Buffer
+from tiers.native import load_function
 
 __all__ = [
     "HandshakeError",
@@ -44,9 +43,6 @@ READ_BUFFER = 1 << 18
 RCVBUF = 4 << 20
 REPLY_MAX = 1 << 20
 """The largest bulk reply to a command other than GET (AUTH, SELECT, SET answer a few bytes)."""
-
-
-log = logging.getLogger(__name__)
 
 
 class _ReadState(ctypes.Structure):
@@ -74,25 +70,14 @@ class _ReadState(ctypes.Structure):
     ]
 
 
-def _load_reader() -> Any:
-    """`kvtier_resp_read` from the compiled helper (tiers/_respread.c), or None."""
-    try:
-        helper = importlib.import_module("tiers._respread")  # built by setup.py
-        function = ctypes.CDLL(helper.__file__).kvtier_resp_read
-    except (ImportError, OSError, AttributeError) as e:
-        log.warning(
-            "kvtier's compiled RESP reader is missing (%s): the Redis tier reads values in "
-            "Python, several GIL hand-overs per value (reinstall kvtier with a C compiler)",
-            e,
-        )
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.POINTER(_ReadState)]
-    function.restype = ctypes.c_int
-    return function
-
-
-_read_replies = _load_reader()
-_DONE, _AGAIN, _OTHER, _CLOSED, _PROTOCOL = 0, 1, 2, -1, -2
+_read_replies = load_function(
+    "tiers._respread",
+    "kvtier_resp_read",
+    [ctypes.c_int, ctypes.POINTER(_ReadState)],
+    ctypes.c_int,
+    "the Redis tier reads values in Python, several GIL hand-overs per value",
+)
+_AGAIN, _CLOSED, _PROTOCOL = 1, -1, -2  # kvtier_resp_read's answers (and 0: done, 2: other)
 
 
 def _address(view: memoryview) -> int:

@@ -83,6 +83,8 @@ class Demoter:
         self.clock = clock
         self.write_through = [t for t in self.tiers if t.config.write == "through"]
         self.write_back = [t for t in self.tiers if t.config.write != "through"]
+        self.outliving = [t for t in self.write_back if t.tier.medium != "memory"]
+        """The write-back tiers that outlive the engine (disk, remote): a shutdown's flush."""
         self.through: list[BlockKey] = []
         """Stored blocks for the write-through tiers, pinned and demoted between steps."""
         self._held: dict[int, int] = {}
@@ -176,9 +178,7 @@ class Demoter:
         ended, so a failed block is not sent again."""
         lookup = self.pool.lookup
         now = self.clock()
-        for state in self.write_back:
-            if state.tier.medium == "memory":
-                continue
+        for state in self.outliving:
             room = self.max_inflight - state.inflight
             start = flush.sent.get(state.index, 0)
             if room <= 0 or start >= len(flush.keys):
@@ -193,11 +193,7 @@ class Demoter:
 
     def flush_left(self, flush: ResidentFlush) -> bool:
         """Whether a write-back tier that outlives the engine has blocks of `flush` to go."""
-        return any(
-            flush.sent.get(state.index, 0) < len(flush.keys)
-            for state in self.write_back
-            if state.tier.medium != "memory"
-        )
+        return any(flush.sent.get(state.index, 0) < len(flush.keys) for state in self.outliving)
 
     def evicted_on_store(
         self,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import importlib
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 from tiering import gil
 from tiers.copy.base import CopyEngine, CopyJob, CopyResult, Direction, KVTensor, LaneMarks
 from tiers.copy.mapping import GroupRef
+from tiers.native import load_function
 
 if TYPE_CHECKING:
     import torch
@@ -25,25 +25,13 @@ log = logging.getLogger(__name__)
 _memmove = ctypes.memmove  # a foreign call: releases the GIL while it copies
 
 
-def _load_batch_copy() -> Callable[..., None] | None:
-    """`kvtier_copy_batch` from the compiled helper (tiers/copy/_hostcopy.c), or None."""
-    try:
-        helper = importlib.import_module("tiers.copy._hostcopy")  # built by setup.py
-        function = ctypes.CDLL(helper.__file__).kvtier_copy_batch
-    except (ImportError, OSError, AttributeError) as e:
-        log.warning(
-            "kvtier's compiled copy helper is missing (%s): copies fall back to one memmove "
-            "per piece, which waits for the GIL between pieces (reinstall kvtier with a C "
-            "compiler present)",
-            e,
-        )
-        return None
-    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    function.restype = None
-    return function
-
-
-_copy_batch = _load_batch_copy()
+_copy_batch: Callable[..., None] | None = load_function(
+    "tiers.copy._hostcopy",
+    "kvtier_copy_batch",
+    [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t],
+    None,
+    "copies fall back to one memmove per piece, which waits for the GIL between pieces",
+)
 
 
 class _Lane:
