@@ -125,6 +125,8 @@ def test_tier_errors_name_the_field(tiers: object, message: str) -> None:
         ),
         ({"faults": {"retries": 3}}, "faults.retries: unknown key"),
         ({"metrics": {"prometheus_port": 70000}}, "metrics.prometheus_port: expected a TCP port"),
+        ({"shutdown": {"flush": "-1s"}}, "shutdown.flush: expected a duration"),
+        ({"shutdown": {"resident": "maybe"}}, "shutdown.resident: expected true or false"),
     ],
 )
 def test_section_errors_name_the_field(data: object, message: str) -> None:
@@ -277,6 +279,13 @@ def test_options_come_in_the_units_the_tiers_take() -> None:
     assert f == {"path": "/x", "timeout": 5.0, "min_free": 0}
     assert r == {"socket_timeout": 1.5, "ttl": 3600.0}
     assert s["read_timeout"] == 60.0 and p["part_size"] == 16 << 20
+
+
+def test_the_shutdown_section_loads() -> None:
+    config = parse_config({"shutdown": {"flush": "2.5s", "resident": False}})
+    assert (config.shutdown.flush, config.shutdown.resident) == (2.5, False)
+    assert parse_config({"shutdown": {"flush": 0}}).shutdown.flush == 0.0
+    assert (parse_config({}).shutdown.flush, parse_config({}).shutdown.resident) == (10.0, True)
 
 
 def test_the_readme_example_sections_load() -> None:

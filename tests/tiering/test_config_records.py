@@ -178,9 +178,28 @@ def test_every_section_key_has_its_default_and_help_in_one_place() -> None:
         "tiers",
         "promotion",
         "faults",
+        "shutdown",
         "metrics",
         "auth",
     ]
+
+
+def test_every_declared_section_is_read_from_the_file() -> None:
+    """A section the schema declares is read, not accepted and then ignored: a value other
+    than its default, given in the file, arrives in the record."""
+    for name, (cls, _) in sections_of(Config).items():
+        for key, f in fields_of(cls).items():
+            if f.kind == "flag":
+                value: object = not f.default
+            elif f.kind in ("integer", "number", "duration") and f.default is not None:
+                value = f.default + 1
+            else:
+                continue
+            try:
+                config = parse_config({name: {key: value}}, {})
+            except ConfigError:
+                continue  # out of the field's range: its own test says so
+            assert getattr(getattr(config, name), key) == value, f"{name}.{key} was ignored"
 
 
 def test_the_docs_table_has_every_key() -> None:

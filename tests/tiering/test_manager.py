@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from tests.tiers.memory_hooks import plant, stored
-from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
+from tiering.config import (
+    BreakerConfig,
+    Config,
+    FaultsConfig,
+    PromotionConfig,
+    ShutdownConfig,
+    TierConfig,
+)
 from tiering.keys import BlockKey, make_key
 from tiering.manager import TierEvent, TieringOffloadingManager
 from tiering.metrics import MetricsServer
@@ -56,6 +63,7 @@ class Harness:
             faults=FaultsConfig(
                 timeout=kw.pop("timeout", 2.0), breaker=BreakerConfig(failures=100)
             ),
+            shutdown=kw.pop("shutdown", ShutdownConfig()),
         )
         self.runtime = Runtime(config.faults.breaker)
         self.manager = TieringOffloadingManager(
@@ -984,3 +992,24 @@ def test_a_promotion_is_not_abandoned_while_recomputing_would_take_longer(
     h.lookup_until(1, HIT)
     assert h.manager.counters["promotions_late"] == 0
     assert h.slot_bytes(1) == h.block(1)
+
+
+@pytest.mark.parametrize("section", ["resident_off", "no_flush"])
+def test_the_shutdown_section_turns_the_resident_flush_off(
+    make: Callable[..., Harness], tmp_path: Any, section: str
+) -> None:
+    """`shutdown.resident: false` sends the write-back tier nothing at shutdown;
+    `shutdown.flush: 0` writes nothing more at all, the write-through tier's queue included."""
+    shutdown = (
+        ShutdownConfig(resident=False) if section == "resident_off" else ShutdownConfig(flush=0.0)
+    )
+    cfg = TierConfig(name="nvme", type="file", write="back")
+    through_cfg, through = memory_tier(name="mem", indexed=True)
+    tier = file_tier(tmp_path)
+    h = make([(cfg, tier), (through_cfg, through)], slots=8, reserve=1, shutdown=shutdown)
+    h.store(*range(6))  # stored in the last step: the write-through queue still holds them
+    h.manager.shutdown()
+    assert not any(tier.knows(k(i)) for i in range(6))
+    assert h.manager.stats()["tiers"]["nvme"]["demotions"] == 0
+    written = h.manager.stats()["tiers"]["mem"]["demotions"]
+    assert written == (6 if section == "resident_off" else 0)

@@ -9,6 +9,7 @@
       - {name: s3, type: s3, bucket: kv-cache, prefix: prod/, write: back, blocks_per_object: 8}
     promotion: {deadline: 200ms, gate: auto, prefill_rate: 20000}
     faults:    {timeout: 500ms, breaker: {failures: 5, cooldown: 10s, latency: 2s}}
+    shutdown:  {flush: 10s, resident: true}
     metrics:   {prometheus_port: 9464, address: 127.0.0.1}
     auth:      {secret: "${KVTIER_SECRET}"}
 
@@ -28,6 +29,7 @@ from tiering.config.schema import (
     MetricsConfig,
     PrimaryConfig,
     PromotionConfig,
+    ShutdownConfig,
     TierConfig,
 )
 
@@ -40,6 +42,7 @@ __all__ = [
     "MetricsConfig",
     "PrimaryConfig",
     "PromotionConfig",
+    "ShutdownConfig",
     "TierConfig",
     "json_schema",
     "load_config",

@@ -30,10 +30,6 @@ from tiering.config.schema import (
     SCHEMA_VERSION,
     AuthConfig,
     Config,
-    FaultsConfig,
-    MetricsConfig,
-    PrimaryConfig,
-    PromotionConfig,
     TierConfig,
     sections_of,
 )
@@ -104,20 +100,22 @@ def parse_config(data: object, env: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(
             f"version: this kvtier reads config version {SCHEMA_VERSION}, got {short_repr(version)}"
         )
-    faults = _section(top.get("faults", {}), "faults", FaultsConfig)
-    primary = _section(top.get("primary", {}), "primary", PrimaryConfig)
+    # Every section the schema declares is read here (none is accepted and then ignored);
+    # `auth` is read from the text before interpolation, so that its secret stays raw.
+    sections: dict[str, Any] = {
+        name: _section(top.get(name, {}), name, cls)
+        for name, (cls, _) in sections_of(Config).items()
+        if name != "auth"
+    }
     try:
-        get_policy_class(primary.eviction)
+        get_policy_class(sections["primary"].eviction)
     except ConfigError as e:
         raise ConfigError(f"primary.eviction: {e}") from None
     return Config(
         version=version,
-        primary=primary,
         tiers=_tiers(top.get("tiers", [])),
-        promotion=_section(top.get("promotion", {}), "promotion", PromotionConfig),
-        faults=faults,
-        metrics=_section(top.get("metrics", {}), "metrics", MetricsConfig),
         auth=_auth(top.get("auth", {}), raw_secret),
+        **sections,
     )
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "MetricsConfig",
     "PrimaryConfig",
     "PromotionConfig",
+    "ShutdownConfig",
     "TierConfig",
     "section",
     "sections_of",
@@ -184,6 +185,26 @@ class FaultsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ShutdownConfig:
+    """Any thread (a frozen value): the `shutdown` section."""
+
+    flush: float = option(
+        10.0,
+        kind="duration",
+        zero=True,
+        help="How long the engine's shutdown may spend writing what the tiers are still to get: "
+        "the write-through tiers' queue, then (with `resident`) the primary's blocks (0: write "
+        "nothing more; the jobs in flight still end).",
+    )
+    resident: bool = option(
+        True,
+        help="At shutdown, send the blocks still in the primary, newest first, to the "
+        "write-back tiers whose medium outlives the engine (disk, remote), within `flush`: "
+        "without it the next engine finds only what the primary evicted.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsConfig:
     """Any thread (a frozen value): the `metrics` section."""
 
@@ -229,5 +250,6 @@ class Config:
     """The secondary tiers, in lookup order (`TierConfig`, plus each type's own options)."""
     promotion: PromotionConfig = section(PromotionConfig, help="Secondary -> primary.")
     faults: FaultsConfig = section(FaultsConfig, help="Deadlines and circuit breakers.")
+    shutdown: ShutdownConfig = section(ShutdownConfig, help="What the engine's end writes.")
     metrics: MetricsConfig = section(MetricsConfig, help="The Prometheus endpoint.")
     auth: AuthConfig = section(AuthConfig, help="Authenticated stored objects.")

@@ -161,9 +161,10 @@ class Demoter:
         if release:
             pool.release(release)
 
-    def resident_flush(self) -> ResidentFlush:
-        """What a shutdown sends to the write-back tiers: the resident blocks, newest first."""
-        return ResidentFlush(self.pool.ready_keys())
+    def resident_flush(self, resident: bool = True) -> ResidentFlush:
+        """What a shutdown sends to the write-back tiers: the resident blocks, newest first
+        (none without `resident`: `shutdown.resident`)."""
+        return ResidentFlush(self.pool.ready_keys() if resident else [])
 
     def demote_resident(
         self,

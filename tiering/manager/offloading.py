@@ -453,12 +453,13 @@ class TieringOffloadingManager:
             self.pool, self.tiers, self.counters, self.runtime, latencies=False
         ).as_dict()
 
-    def shutdown(self, timeout: float = 5.0, flush: float = 10.0) -> None:
-        """Write what the write-through tiers were still to get and, for as long as `flush`
-        seconds allow, the blocks still resident to the write-back tiers that outlive the
-        engine (disk and remote media; newest first); wait for the tier jobs in flight (their
-        slots are still mapped: nothing is cut off in the middle), then close the tiers (each
-        within `timeout`) and the runtime.
+    def shutdown(self, timeout: float = 5.0, flush: float | None = None) -> None:
+        """For as long as `flush` seconds allow (`shutdown.flush` when None), write what the
+        write-through tiers were still to get and (`shutdown.resident`) the blocks still
+        resident to the write-back tiers that outlive the engine (disk and remote media;
+        newest first), waiting for the tier jobs in flight (their slots are still mapped:
+        nothing is cut off in the middle); then close the tiers (each within `timeout`) and
+        the runtime.
 
         The blocks an engine stored in its last steps are queued for the write-through tiers
         between steps; an engine that stops right after its last request (vLLM's offline `LLM`)
@@ -469,7 +470,7 @@ class TieringOffloadingManager:
         if self._closed:  # a second call: the tiers and the runtime are closed already
             return
         try:
-            self._flush(flush)
+            self._flush(self.config.shutdown.flush if flush is None else flush)
         except StateError:  # the runtime was shut down already: nothing more can be written
             self.counters["close_errors"] += 1
         with self.lock.held():  # serialized with `_on_tick`, which claims under the lock
@@ -492,14 +493,17 @@ class TieringOffloadingManager:
 
     def _flush(self, timeout: float) -> None:
         """Submit the queued demotions, then the resident blocks to the write-back tiers that
-        outlive the engine, in rounds of each tier's `max_inflight`, until none is left or
-        `timeout` has passed; wait for the jobs in flight until then."""
+        outlive the engine (unless `shutdown.resident` is off), in rounds of each tier's
+        `max_inflight`, until none is left or `timeout` has passed; wait for the jobs in flight
+        until then. A `timeout` of 0 submits nothing."""
+        if timeout <= 0:
+            return
         deadline = time.monotonic() + timeout  # (not `clock`: a test's may stand still)
         demoter = self.demoter
         with self.lock.held():
             self._drain()
             demoter.demote_through(self._outbox, self._demotion, self._arrived)
-            flush = demoter.resident_flush()
+            flush = demoter.resident_flush(self.config.shutdown.resident)
             demoter.demote_resident(flush, self._outbox, self._demotion, self._arrived)
             jobs, self._outbox = self._outbox, []
         while True:
