@@ -23,6 +23,10 @@ A slot that is being written or read is never evicted or reused. The eviction po
 or a registered one) holds the resident keys with their slots and chooses victims; this class
 owns the states, the ref counts, the free list and the events.
 
+The store path (`prepare_store`, `complete_store`: every block the engine offers goes through
+both) runs in C where it was built (`tiering/_pool.c`, on this class's own containers); the
+Python methods `_prepare_store` and `_complete_store` are the same algorithm, the fallback.
+
 Over 400 lines: one state machine, kept in one class so that every transition of a slot reads
 in one place.
 """
@@ -30,11 +34,12 @@ in one place.
 from __future__ import annotations
 
 import enum
+import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import filterfalse
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tiering.errors import StateError
 from tiering.keys import BlockKey
@@ -42,8 +47,26 @@ from tiering.policies import EvictionPolicy, create_policy
 
 __all__ = ["KeyState", "LookupResult", "PrimaryEvent", "PrimaryPool", "StoreGrant"]
 
+log = logging.getLogger(__name__)
+
 _WRITING = -1
 _READY = 0
+
+
+def _load_core() -> Any:
+    try:
+        from tiering import _pool
+    except ImportError as e:
+        log.warning(
+            "kvtier's compiled primary store path is missing (%s): it runs in Python, at a "
+            "higher scheduler cost per block (reinstall kvtier with a C compiler present)",
+            e,
+        )
+        return None
+    return _pool
+
+
+_CORE = _load_core()
 
 
 class LookupResult(enum.Enum):
@@ -143,6 +166,8 @@ class PrimaryPool:
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # pop() gives slot 0 first
         self._held: set[int] = set()  # reclaimed, still being read by a demotion
         self._events: list[PrimaryEvent] | None = [] if events else None
+        self._core = _CORE
+        """The compiled store path, or None (the Python one): a test runs both."""
 
     # -- queries ------------------------------------------------------------------------------
 
@@ -217,6 +242,21 @@ class PrimaryPool:
         evictable (ready, unpinned) slots for all of them. New keys are WRITING until
         `complete_store`.
         """
+        core = self._core
+        if core is None:
+            return self._prepare_store(keys)
+        out = core.prepare_store(
+            self._ref, self._busy, self._writing, self._free, self._policy, keys
+        )
+        if not out:
+            return None if out is None else _EMPTY_GRANT
+        grant = StoreGrant(*out)
+        if grant.evicted and self._events is not None:
+            self._events.append(PrimaryEvent(grant.evicted, removed=True))
+        return grant
+
+    def _prepare_store(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
+        """`prepare_store` in Python."""
         ref = self._ref
         wanted = dict.fromkeys(keys)
         new = list(filterfalse(ref.__contains__, wanted))
@@ -266,6 +306,22 @@ class PrimaryPool:
 
         Every key must be WRITING (`StateError` otherwise, and nothing changes).
         """
+        core = self._core
+        if core is None:
+            return self._complete_store(keys, ok)
+        finished = core.complete_store(self._ref, self._busy, self._writing, keys, ok)
+        if type(finished) is list:
+            (key,) = finished
+            raise StateError(
+                f"complete_store: key {key.hex()} is {self._describe(key)}, not being written"
+            )
+        if not ok:
+            self._free.extend(map(self._policy.remove, finished))
+        elif self._events is not None and finished:
+            self._events.append(PrimaryEvent(finished, removed=False))
+
+    def _complete_store(self, keys: Iterable[BlockKey], ok: bool) -> None:
+        """`complete_store` in Python."""
         done = dict.fromkeys(keys, _READY)  # ordered, so that events list keys as given
         writing = self._writing
         if not done.keys() <= writing:

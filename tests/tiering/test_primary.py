@@ -18,6 +18,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from tiering import primary
 from tiering.errors import StateError
 from tiering.keys import BlockKey, make_key
 from tiering.policies import policy_names
@@ -41,6 +42,18 @@ def policy(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=["compiled", "python"])
+def store_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test of the pool runs on both store paths: the compiled one (tiering/_pool.c)
+    and the Python fallback (the state machine draws one per run)."""
+    if request.param == "python":
+        monkeypatch.setattr(primary, "_CORE", None)
+    else:
+        assert primary._CORE is not None, "the install did not build tiering/_pool.c"
+    return str(request.param)
+
+
+@pytest.mark.usefixtures("store_path")
 class TestLifecycle:
     def test_store_then_lookup(self, policy: str) -> None:
         pool = PrimaryPool(4, policy)
@@ -153,6 +166,7 @@ class TestLifecycle:
         assert grant is not None and grant.evicted == (b,)
 
 
+@pytest.mark.usefixtures("store_path")
 class TestMisuse:
     def test_complete_store_twice(self) -> None:
         pool = PrimaryPool(2)
@@ -206,6 +220,7 @@ class TestMisuse:
             PrimaryPool(4, "mru")
 
 
+@pytest.mark.usefixtures("store_path")
 class TestEventsAndReset:
     def test_events(self) -> None:
         pool = PrimaryPool(2, events=True)
@@ -264,10 +279,14 @@ class PrimaryMachine(RuleBasedStateMachine):
     loads = Bundle("loads")
 
     @initialize(
-        capacity=st.integers(min_value=1, max_value=8), policy=st.sampled_from(policy_names())
+        capacity=st.integers(min_value=1, max_value=8),
+        policy=st.sampled_from(policy_names()),
+        compiled=st.booleans(),
     )
-    def start(self, capacity: int, policy: str) -> None:
+    def start(self, capacity: int, policy: str, compiled: bool) -> None:
         self.pool = PrimaryPool(capacity, policy, events=True)
+        if not compiled:
+            self.pool._core = None  # the Python store path
         self.model = Model(capacity)
 
     def drain_events(self) -> None:
@@ -387,6 +406,7 @@ PrimaryMachine.TestCase.settings = settings(max_examples=300, stateful_step_coun
 TestPrimaryMachine = PrimaryMachine.TestCase
 
 
+@pytest.mark.usefixtures("store_path")
 class TestPinsAndReclaim:
     def test_pin_is_not_a_use(self) -> None:
         pool = PrimaryPool(2, "lru")
@@ -450,3 +470,106 @@ class TestPinsAndReclaim:
             with pytest.raises(StateError, match="was not reclaimed"):
                 pool.release(bad)
             assert pool.num_held == 2 and pool.num_free == 0
+
+
+class TestCompiledStorePath:
+    """tiering/_pool.c against the Python store path it replaces."""
+
+    @staticmethod
+    def state(pool: PrimaryPool) -> tuple[object, ...]:
+        return (
+            list(pool._ref.items()),
+            sorted(pool._busy),
+            sorted(pool._writing),
+            list(pool._free),
+            pool.policy.get_many(list(pool._ref)),
+            pool.take_events(),
+        )
+
+    @pytest.mark.parametrize("seed", range(6))
+    def test_every_answer_and_state_is_the_python_paths(self, policy: str, seed: int) -> None:
+        """Random stores (with duplicates and resident keys), failed stores, loads and
+        reclaims, step by step on both paths: the same grants, errors and containers."""
+        import random
+
+        rng = random.Random(seed)
+        pools = [PrimaryPool(6, policy, events=True) for _ in range(2)]
+        pools[1]._core = None
+        assert pools[0]._core is not None
+        for _ in range(400):
+            op = rng.random()
+            keys = [k(rng.randrange(16)) for _ in range(rng.randrange(5))]
+            ok = rng.random() < 0.85
+            answers: list[object] = []
+            for pool in pools:
+                try:
+                    if op < 0.5:
+                        answers.append(pool.prepare_store(iter(keys)))
+                    elif op < 0.8:
+                        done = sorted(pool._writing)[: len(keys) + 1] + keys[:1]
+                        answers.append(pool.complete_store(done, ok))
+                    elif op < 0.9:
+                        ready = [key for key in pool.ready_keys() if pool.ref_count(key) == 0]
+                        answers.append(pool.prepare_load(ready[:2]))
+                        pool.complete_load(ready[:2])
+                    else:
+                        answers.append(pool.release([s for _, s in pool.reclaim(1)]))
+                except StateError as e:
+                    answers.append(str(e))
+            assert answers[0] == answers[1]
+            assert self.state(pools[0]) == self.state(pools[1])
+
+    def test_misuse_changes_nothing(self) -> None:
+        pool = PrimaryPool(4)
+        grant = pool.prepare_store([k(1), k(2)])
+        assert grant is not None
+        before = TestCompiledStorePath.state(pool)
+        with pytest.raises(StateError, match="not being written"):
+            pool.complete_store([k(1), k(9)])
+        assert TestCompiledStorePath.state(pool) == before
+        core = primary._CORE
+        with pytest.raises(TypeError):
+            core.prepare_store({}, set(), set(), (), pool.policy, [])
+        with pytest.raises(TypeError):
+            core.complete_store({}, set(), [], [], True)
+        with pytest.raises(TypeError):
+            pool.prepare_store(5)  # type: ignore[arg-type]
+
+    def test_a_failing_policy_leaves_no_mark(self) -> None:
+        """A policy whose `evict` raises, or evicts too few: the call fails, and no key is
+        left marked as written or protected."""
+
+        pool = PrimaryPool(2)
+        stored(pool, 1, 2)
+        before = TestCompiledStorePath.state(pool)
+        policy = pool.policy
+        real = policy.evict
+        try:
+            policy.evict = lambda n, protected: 1 / 0  # type: ignore[method-assign]
+            with pytest.raises(ZeroDivisionError):
+                pool.prepare_store([k(3), k(1), k(3)])
+            assert TestCompiledStorePath.state(pool) == before
+            policy.evict = lambda n, protected: []  # type: ignore[method-assign]
+            with pytest.raises(AssertionError, match="refused to evict"):
+                pool.prepare_store([k(3)])
+            assert TestCompiledStorePath.state(pool) == before
+        finally:
+            policy.evict = real  # type: ignore[method-assign]
+        assert pool.prepare_store([k(3)]) is not None
+
+    def test_no_reference_leaks(self, policy: str) -> None:
+        """Keys stored, evicted, failed and forgotten hold no reference afterwards."""
+        import sys
+
+        keys = [make_key(bytes([i]) * 32) for i in range(64)]
+        counts = [sys.getrefcount(key) for key in keys]
+        pool = PrimaryPool(8, policy)
+        for round_ in range(4):
+            for i in range(0, 64, 4):
+                grant = pool.prepare_store(keys[i : i + 4] + keys[i : i + 2])
+                assert grant is not None
+                pool.complete_store(grant.keys, ok=(i + round_) % 3 != 0)
+            del grant
+        pool.reset()
+        pool.policy.clear()
+        assert [sys.getrefcount(key) for key in keys] == counts
