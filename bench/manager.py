@@ -13,7 +13,10 @@ the absolute figures across runs). Per request, as vLLM's connector drives a man
 include turning slots into the int32 array a vLLM LoadStoreSpec carries, which vLLM's manager
 does inside prepare_load / prepare_store.
 
-    python bench/manager.py [--capacity 6553] [--repeat 5] [--json]
+    python bench/manager.py [--capacity 6553] [--repeat 5] [--python-store] [--json]
+
+`--python-store` adds kvtier with the pool's Python store path (`pool._core = None`), the
+fallback of the compiled one (tiering/_pool.c), to the same alternating runs.
 
 vLLM comes from its own virtual environment (kvtier/venv.py, created on first use); the
 script re-executes itself with that environment's python when vLLM is not importable here.
@@ -74,7 +77,17 @@ class Cost:
 
 
 def drive_kvtier(requests: Sequence[list[BlockKey]], capacity: int, policy: str) -> Cost:
+    return _drive_pool(PrimaryPool(capacity, policy), requests)
+
+
+def drive_kvtier_python(requests: Sequence[list[BlockKey]], capacity: int, policy: str) -> Cost:
+    """kvtier with the Python store path (the fallback of tiering/_pool.c)."""
     pool = PrimaryPool(capacity, policy)
+    pool._core = None
+    return _drive_pool(pool, requests)
+
+
+def _drive_pool(pool: PrimaryPool, requests: Sequence[list[BlockKey]]) -> Cost:
     lookup, HIT = pool.lookup, LookupResult.HIT
     clock = time.perf_counter_ns
     cost = Cost()
@@ -189,6 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", default="lru,arc", help="comma-separated (default lru,arc)")
     parser.add_argument("--repeat", type=int, default=5, help="runs per manager (median kept)")
     parser.add_argument("--no-vllm", action="store_true", help="measure kvtier only")
+    parser.add_argument(
+        "--python-store",
+        action="store_true",
+        help="also kvtier with the Python store path (against the compiled one, same runs)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -203,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     managers: dict[str, Callable[[Sequence[list[BlockKey]], int, str], Cost]] = {
         "kvtier": drive_kvtier
     }
+    if args.python_store:
+        managers["kvtier-python"] = drive_kvtier_python
     if not args.no_vllm:
         managers["vllm"] = drive_vllm
     results: dict[str, dict[str, Any]] = {}
@@ -229,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "vllm" in managers:
             ours, theirs = results[f"{policy}/kvtier"], results[f"{policy}/vllm"]
             ours["ratio_whole"] = ours["whole_us"] / theirs["whole_us"]
+            if "kvtier-python" in managers:
+                slow = results[f"{policy}/kvtier-python"]
+                slow["ratio_whole"] = slow["whole_us"] / theirs["whole_us"]
 
     meta = {
         "trace": str(args.trace),
