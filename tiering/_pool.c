@@ -142,7 +142,11 @@ prepare_store(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_CLEAR(lent);
         if (victims == NULL)
             goto fail_new;
-        if (!PyList_Check(victims) || PyList_GET_SIZE(victims) != shortfall) {
+        if (victims != Py_None) /* any sequence of (key, slot) pairs, as the Python path takes */
+            Py_SETREF(victims, PySequence_Fast(victims, "evict must return a sequence or None"));
+        if (victims == NULL)
+            goto fail_new;
+        if (victims == Py_None || PySequence_Fast_GET_SIZE(victims) != shortfall) {
             PyErr_Format(PyExc_AssertionError, "policy refused to evict %zd evictable keys",
                          shortfall);
             goto fail_new;
@@ -152,15 +156,20 @@ prepare_store(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (evicted == NULL || evicted_slots == NULL)
             goto fail_new;
         for (i = 0; i < shortfall; i++) {
-            PyObject *pair = PyList_GET_ITEM(victims, i);
-            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyObject *pair = PySequence_Fast(PySequence_Fast_GET_ITEM(victims, i),
+                                             "a victim is not a (key, slot) pair");
+            if (pair == NULL)
+                goto fail_new;
+            if (PySequence_Fast_GET_SIZE(pair) != 2) {
+                Py_DECREF(pair);
                 PyErr_SetString(PyExc_AssertionError, "a victim is not a (key, slot) pair");
                 goto fail_new;
             }
-            Py_INCREF(PyTuple_GET_ITEM(pair, 0));
-            PyTuple_SET_ITEM(evicted, i, PyTuple_GET_ITEM(pair, 0));
-            Py_INCREF(PyTuple_GET_ITEM(pair, 1));
-            PyTuple_SET_ITEM(evicted_slots, i, PyTuple_GET_ITEM(pair, 1));
+            Py_INCREF(PySequence_Fast_GET_ITEM(pair, 0));
+            PyTuple_SET_ITEM(evicted, i, PySequence_Fast_GET_ITEM(pair, 0));
+            Py_INCREF(PySequence_Fast_GET_ITEM(pair, 1));
+            PyTuple_SET_ITEM(evicted_slots, i, PySequence_Fast_GET_ITEM(pair, 1));
+            Py_DECREF(pair);
         }
         Py_CLEAR(victims);
         for (i = 0; i < shortfall; i++) {

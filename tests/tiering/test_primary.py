@@ -557,6 +557,18 @@ class TestCompiledStorePath:
             policy.evict = real  # type: ignore[method-assign]
         assert pool.prepare_store([k(3)]) is not None
 
+    def test_a_policy_may_answer_evict_with_any_sequence_of_pairs(self) -> None:
+        """The contract says a list of (key, value) tuples; a registered policy answering
+        with a tuple of lists works on the compiled path as on the Python one."""
+        pools = [PrimaryPool(2) for _ in range(2)]
+        pools[1]._core = None
+        for pool in pools:
+            stored(pool, 1, 2)
+            real = pool.policy.evict
+            pool.policy.evict = lambda n, p, real=real: tuple(map(list, real(n, p)))  # type: ignore[method-assign]
+        grants = [pool.prepare_store([k(3)]) for pool in pools]
+        assert grants[0] == grants[1] and grants[0] is not None and grants[0].evicted == (k(1),)
+
     def test_no_reference_leaks(self, policy: str) -> None:
         """Keys stored, evicted, failed and forgotten hold no reference afterwards."""
         import sys
