@@ -509,6 +509,13 @@ class Tier(ABC):
         asking its store (not `indexed`): use `contains`."""
         return None
 
+    def newest(self, n: int) -> list[BlockKey]:
+        """Up to `n` of the keys an `indexed` tier holds, the most recently written or read
+        first, from its index (no I/O; the runtime's thread, like the primitives): what a
+        warm start reads into the primary (`primary.warm_start`). A tier without an index
+        answers none."""
+        return []
+
     async def contains(self, keys: Sequence[KeyLike]) -> list[bool]:
         """Whether each key has a block (existence only: a corrupt object is found by `get`)."""
         blocks = [as_key(k) for k in keys]

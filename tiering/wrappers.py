@@ -52,6 +52,9 @@ class ForwardingTier(Tier):
     def knows(self, key: BlockKey) -> bool | None:
         return self.inner.knows(key)
 
+    def newest(self, n: int) -> list[BlockKey]:
+        return self.inner.newest(n)
+
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         return await self.inner._read(key, limit)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -66,6 +67,9 @@ class MemoryTier(Tier):
 
     def knows(self, key: BlockKey) -> bool:
         return key in self._objects
+
+    def newest(self, n: int) -> list[BlockKey]:
+        return list(itertools.islice(reversed(self._objects), max(0, n)))
 
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
         return [key in self._objects for key in keys]

@@ -18,6 +18,7 @@ from tiering.config import (
     BreakerConfig,
     Config,
     FaultsConfig,
+    PrimaryConfig,
     PromotionConfig,
     ShutdownConfig,
     TierConfig,
@@ -64,6 +65,7 @@ class Harness:
                 timeout=kw.pop("timeout", 2.0), breaker=BreakerConfig(failures=100)
             ),
             shutdown=kw.pop("shutdown", ShutdownConfig()),
+            primary=kw.pop("primary", PrimaryConfig()),
         )
         self.runtime = Runtime(config.faults.breaker)
         self.manager = TieringOffloadingManager(

@@ -88,6 +88,15 @@ class PrimaryConfig:
         "to a fresh shared page costs about four times the copy): the whole capacity is "
         "committed early instead of as slots are first used.",
     )
+    warm_start: int = option(
+        0,
+        kind="size",
+        zero=True,
+        help="Bytes of blocks to read into the primary at start, in the background, from the "
+        "indexed tiers (file tiers a previous engine wrote): their newest blocks first, into "
+        "free slots only, beside the engine's own promotions, so that a restarted engine's "
+        "returning prompts hit the primary (0: none; at most the primary's capacity).",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,8 @@ class Promotion(NamedTuple):
     tier: int
     batch: list[tuple[BlockKey, int]]
     """(key, slot) pairs."""
+    warm: bool = False
+    """Read at start (`primary.warm_start`), not for a lookup."""
 
 
 class Demotion(NamedTuple):

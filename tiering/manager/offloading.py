@@ -164,6 +164,11 @@ class TieringOffloadingManager:
             write_back=bool(self.demoter.write_back),
         )
         self.refusals = StoreRefusals(pool, slot_view, config.primary.capacity, self.counters)
+        self._block_bytes = len(slot_view(0))
+        if any(state.indexed for state in self.tiers):
+            warm = config.primary.warm_start // max(1, self._block_bytes)
+            self.promoter.warm_budget = min(warm, pool.num_slots)
+        self._warm_keys = self.promoter.warm_keys
         self._publish = publish
         self._generation = 0  # bumped by `reset`: results of older jobs are dropped
         self._step = 0  # `on_schedule_end` calls so far
@@ -202,6 +207,8 @@ class TieringOffloadingManager:
         self._progress = threading.Event()
         """Set whenever finished jobs have been applied (`_drain`): an idle step waits on it."""
         runtime.add_hook(self._on_tick)
+        if self.promoter.warm_budget:
+            runtime.nudge()  # the warm start begins at the runtime's first tick
 
     # -- the primary's contract -------------------------------------------------------------------
 
@@ -225,8 +232,11 @@ class TieringOffloadingManager:
             self.lock.begin()
         result = self.pool.lookup(key)
         if result is not _MISS:
-            if result is _PENDING and key in self._late:
-                return _MISS  # its promotion is late: recomputing is sooner
+            if result is _PENDING:
+                if key in self._late:
+                    return _MISS  # its promotion is late: recomputing is sooner
+                if key in self._warm_keys:
+                    self._warm_keys.discard(key)  # the engine now waits on a warm start's read
             return result
         if not self.tiers:
             return result
@@ -362,8 +372,11 @@ class TieringOffloadingManager:
         return events
 
     def has_pending_work(self) -> bool:
+        """Work the engine must keep stepping for (vLLM steps while this holds). A warm
+        start's batch is not, until a request waits on one of its blocks: the runtime applies
+        its result."""
         return bool(
-            self.runtime.pending()
+            self.runtime.pending() - self.promoter.warm_unasked()
             or self._arrivals
             or self._work_queued
             or self._ticking
@@ -406,7 +419,7 @@ class TieringOffloadingManager:
                 self._publish(self._snapshot())
             urgent = self._urgent()
             self._urgency.set(urgent)
-            if idle and urgent:
+            if idle and (urgent or self.promoter.warming):
                 wait = True
                 self.counters["idle_waits"] += 1
                 self._progress.clear()  # under the lock: no result is applied meanwhile
@@ -486,10 +499,12 @@ class TieringOffloadingManager:
     def _urgent(self) -> bool:
         """Promotions or existence checks the engine waits on are in flight (a late promotion's
         key reads MISS: the engine recomputes it and waits on nothing; `late` is a subset of
-        `promoting`). Under the lock."""
+        `promoting`; so is a warm start's batch, whose keys no lookup asked for are in
+        `warm_keys`, disjoint from `late`). Under the lock."""
         if self._closed:
             return False
-        return len(self._promoting) > len(self._late) or bool(self._checking)
+        waited = len(self._promoting) - len(self._late) - len(self._warm_keys)
+        return waited > 0 or bool(self._checking)
 
     def _flush(self, timeout: float) -> None:
         """Submit the queued demotions, then the resident blocks to the write-back tiers that
@@ -523,8 +538,10 @@ class TieringOffloadingManager:
     def _check(self, index: int, keys: list[BlockKey]) -> ExistenceCheck:
         return ExistenceCheck(self._generation, index, keys)
 
-    def _promotion(self, index: int, batch: list[tuple[BlockKey, int]]) -> Promotion:
-        return Promotion(self._generation, index, batch)
+    def _promotion(
+        self, index: int, batch: list[tuple[BlockKey, int]], warm: bool = False
+    ) -> Promotion:
+        return Promotion(self._generation, index, batch, warm)
 
     def _demotion(
         self, index: int, keys: list[BlockKey], slots: list[int], hold: SlotHold
@@ -541,7 +558,13 @@ class TieringOffloadingManager:
         """The runtime's hook, on its thread at every tick: apply finished jobs, mark late
         promotions, and do the between-step work once a step has handed it over. Never waits
         for the lock: if the scheduler holds it, next tick. Whether it did or has work."""
-        if not (self._arrivals or self._work_queued or self.promoter.overdue() or self._stuck):
+        if not (
+            self._arrivals
+            or self._work_queued
+            or self.promoter.overdue()
+            or self._stuck
+            or self.promoter.warm_due()
+        ):
             return False
         assert self.runtime.on_loop_thread(), "the runtime's hook called off its thread"
         if not self.lock.try_acquire():
@@ -553,6 +576,8 @@ class TieringOffloadingManager:
                 self._between()
             else:
                 self._drain()
+            if self.promoter.warm_due() and not self._closed:
+                self._warm()
             if self._stuck and self._stuck.isdisjoint(self.runtime.pending_ids()):
                 # the jobs a reset outlived have ended (a fence may hold some slots longer)
                 self.pool.release(self._quarantined - self._fenced)
@@ -567,6 +592,19 @@ class TieringOffloadingManager:
             self._ticking = False
             self.lock.release()
         return True
+
+    def _warm(self) -> None:
+        """Submit the warm start's next batch into free slots above the write-back reserve
+        (a warmed block that took the reserve would be demoted again at once)."""
+        assert self.lock.owned()
+        reserve = self.demoter.reserve if self._write_back else 0
+        self.promoter.submit_warm(
+            self._outbox,
+            self._promotion,
+            self._arrived,
+            room=self.pool.num_free - reserve,
+            block_bytes=self._block_bytes,
+        )
 
     def _between(self) -> None:
         """Apply finished jobs, submit the queued checks, write-through demotions and

@@ -9,6 +9,15 @@ WRITING until the tier lets go of it. A batch's deadline is `promotion.deadline`
 recomputing its blocks would take (at `promotion.prefill_rate`) when that is longer: giving up
 sooner would only make the request wait longer. A failed promotion frees the slot and the
 block is remembered as absent for a while (`TierLocator.absent`).
+
+**Warm start** (`primary.warm_start`): after a restart the primary is empty while the file
+tiers hold what the last engine wrote (its resident blocks too: `shutdown.resident`). The
+newest of the indexed tiers' blocks, up to the budget, are read into free slots in the
+background, one batch (`WARM_BATCH_BYTES`) at a time, as promotions that no lookup asked for:
+a request that looks one up meanwhile waits on it like on its own promotion. Warming takes only
+free slots above the write-back reserve (it never evicts), skips blocks the primary has or is
+promoting, and stops for good when the primary has no room left, when a batch fails as a whole
+(the tier is down: the engine's own promotions are not crowded out by retries), or at a reset.
 """
 
 from __future__ import annotations
@@ -30,6 +39,11 @@ from tiering.runtime import Job, JobResult
 __all__ = ["Promoter"]
 
 _PENDING, _MISS = LookupResult.PENDING, LookupResult.MISS
+
+WARM_BATCH_BYTES = 64 << 20
+"""Bytes one warm-start batch reads (at least one block): large enough for the tier to read at
+its full rate, small enough that the engine's own promotions meanwhile share the medium with
+one batch at most."""
 
 
 class Promoter:
@@ -87,6 +101,16 @@ class Promoter:
         self._batch_of: dict[BlockKey, int] = {}
         """Key -> the submission number of the batch in flight promoting it (a heap entry of
         a batch that has ended must not mark a later promotion of its keys late)."""
+        self.warm_budget = 0
+        """Blocks a warm start may still read (`primary.warm_start`); 0: none, or it ended."""
+        self._warm_plan: list[tuple[int, BlockKey]] | None = None
+        """(tier index, key) still to read, the newest last; None until the first batch."""
+        self.warming = False
+        """A warm-start batch is in flight."""
+        self.warm_keys: set[BlockKey] = set()
+        """The keys of the warm-start batch in flight that no lookup has asked for (the
+        engine waits on none of them), none of them late."""
+        self._warm_size = 0  # keys in the warm-start batch in flight
 
     def request(self, key: BlockKey, state: TierState) -> LookupResult:
         """A lookup found `key` in `state`'s tier: PENDING once queued, MISS when gated."""
@@ -110,6 +134,7 @@ class Promoter:
             _, seq, keys = heapq.heappop(deadlines)
             late = [key for key in keys if batch_of.get(key) == seq]
             self.late.update(late)
+            self.warm_keys.difference_update(late)
             self.counters["promotions_late"] += len(late)
             marked = marked or bool(late)
         return marked
@@ -117,7 +142,7 @@ class Promoter:
     def submit(
         self,
         outbox: list[Job],
-        tag: Callable[[int, list[tuple[BlockKey, int]]], Promotion],
+        tag: Callable[..., Promotion],
         done: Callable[[JobResult], None],
     ) -> None:
         """Allocate primary slots for each tier's queued promotions and add their jobs to
@@ -126,7 +151,6 @@ class Promoter:
         for index, keys in self.queued.items():
             if not keys:
                 continue
-            state = self.tiers[index]
             grant = pool.allocate_for_promotion(keys) or self._allocate_some(keys)
             if len(grant.keys) < len(keys):
                 granted = set(grant.keys)
@@ -143,23 +167,111 @@ class Promoter:
                 self.history.forget(grant.evicted)
                 if self.write_back:
                     self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
-            if not grant.keys:
-                continue
-            batch = list(zip(grant.keys, grant.slots, strict=True))
-            deadline = max(self.deadline, len(batch) * self.recompute_per_block)
-            seq = next(self._submissions)
-            self._batch_of.update(dict.fromkeys(grant.keys, seq))
-            heapq.heappush(self._deadlines, (self.clock() + deadline, seq, list(grant.keys)))
-            outbox.append(
-                Job(
-                    state.config.name,
-                    functools.partial(get_into, state.tier, self.slot_view, batch),
-                    deadline,
-                    tag=tag(index, batch),
-                    done=done,
-                )
-            )
+            if grant.keys:
+                batch = list(zip(grant.keys, grant.slots, strict=True))
+                self._submit_batch(outbox, tag, done, index, batch)
         self.queued.clear()
+
+    def warm_unasked(self) -> bool:
+        """A warm-start batch is in flight and no request waits on any of its blocks."""
+        return self.warming and len(self.warm_keys) == self._warm_size
+
+    def warm_due(self) -> bool:
+        """Whether a warm-start batch could be submitted now (read without the lock)."""
+        return self.warm_budget > 0 and not self.warming
+
+    def submit_warm(
+        self,
+        outbox: list[Job],
+        tag: Callable[..., Promotion],
+        done: Callable[[JobResult], None],
+        *,
+        room: int,
+        block_bytes: int,
+    ) -> None:
+        """Add the next warm-start batch to `outbox`: blocks of one tier, newest first, at
+        most `room` of them (free slots above the reserve) and `WARM_BATCH_BYTES`. Without
+        room or blocks left, the warm start ends."""
+        if not self.warm_due():
+            return
+        plan = self._warm_plan
+        if plan is None:
+            plan = self._warm_plan = self._plan_warm(self.warm_budget)
+        n = min(room, self.warm_budget, max(1, WARM_BATCH_BYTES // max(1, block_bytes)))
+        lookup, promoting = self.pool.lookup, self.promoting
+        keys: list[BlockKey] = []
+        index = -1
+        while plan and len(keys) < n:
+            tier, key = plan[-1]
+            if lookup(key) is not _MISS or key in promoting:
+                plan.pop()  # resident, or promoted for a request meanwhile
+                continue
+            if keys and tier != index:
+                break  # one tier per batch
+            plan.pop()
+            index = tier
+            keys.append(key)
+        if not keys:
+            self.end_warm()
+            return
+        grant = self.pool.allocate_for_promotion(keys)
+        assert grant is not None and not grant.evicted, "a warm start took a slot in use"
+        self.warm_budget -= len(grant.keys)
+        self.warming = True
+        self.warm_keys.update(grant.keys)
+        self._warm_size = len(grant.keys)
+        self.counters["warm_batches"] += 1
+        batch = list(zip(grant.keys, grant.slots, strict=True))
+        self._submit_batch(outbox, tag, done, index, batch, warm=True)
+
+    def _plan_warm(self, budget: int) -> list[tuple[int, BlockKey]]:
+        """Up to `budget` blocks of the indexed tiers, each from the first tier that has it,
+        the newest of the first tier first; returned reversed (popped from the end)."""
+        plan: dict[BlockKey, int] = {}
+        for state in self.tiers:
+            if len(plan) >= budget:
+                break
+            if state.indexed:
+                for key in state.tier.newest(budget):
+                    plan.setdefault(key, state.index)
+                    if len(plan) >= budget:
+                        break
+        return [(index, key) for key, index in reversed(plan.items())]
+
+    def end_warm(self) -> None:
+        """No more warm-start batches (one in flight still ends as it would)."""
+        self.warm_budget = 0
+        self._warm_plan = []
+
+    def _submit_batch(
+        self,
+        outbox: list[Job],
+        tag: Callable[..., Promotion],
+        done: Callable[[JobResult], None],
+        index: int,
+        batch: list[tuple[BlockKey, int]],
+        warm: bool = False,
+    ) -> None:
+        """One `get_many` job of `batch` (allocated WRITING) from tier `index`, with its
+        deadline."""
+        state = self.tiers[index]
+        promoting = self.promoting
+        for key, _ in batch:
+            promoting[key] = index
+        deadline = max(self.deadline, len(batch) * self.recompute_per_block)
+        seq = next(self._submissions)
+        keys = [key for key, _ in batch]
+        self._batch_of.update(dict.fromkeys(keys, seq))
+        heapq.heappush(self._deadlines, (self.clock() + deadline, seq, keys))
+        outbox.append(
+            Job(
+                state.config.name,
+                functools.partial(get_into, state.tier, self.slot_view, batch),
+                deadline,
+                tag=tag(index, batch, warm),
+                done=done,
+            )
+        )
 
     def _allocate_some(self, keys: list[BlockKey]) -> StoreGrant:
         """As many of `keys` as the primary can take, in order (a batch that does not fit)."""
@@ -190,6 +302,13 @@ class Promoter:
             batch_of.pop(key, None)
         if self.late:
             self.late.difference_update(key for key, _ in batch)
+        if job.warm:
+            self.warming = False
+            self.warm_keys.difference_update(key for key, _ in batch)
+            self.counters["blocks_warmed"] += len(arrived)
+            if not result.ok or result.fault is not None:
+                self.counters["warm_stopped"] += 1
+                self.end_warm()  # the tier failed as a whole: retrying would crowd it
         state.counters["promotion_seconds"] += result.seconds
         if arrived:
             self.pool.complete_promotion(arrived)
@@ -229,3 +348,6 @@ class Promoter:
         self._deadlines.clear()
         self._batch_of.clear()
         self.late.clear()
+        self.warming = False
+        self.warm_keys.clear()
+        self.end_warm()

@@ -10,6 +10,7 @@ key the tier holds, `knows` answers from it) and count their own bytes (`_bytes_
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from abc import abstractmethod
@@ -94,7 +95,7 @@ class FileTier(Tier):
     _removes_damaged: ClassVar[bool] = True
     """A writable tier's start-up scan removes the damaged objects it finds."""
 
-    _index: Mapping[BlockKey, object]
+    _index: dict[BlockKey, Any]
     """Every key the tier holds (set by the layout)."""
 
     def __init_subclass__(cls, *, layout: str = "", **kwargs: Any) -> None:
@@ -189,6 +190,11 @@ class FileTier(Tier):
 
     def knows(self, key: BlockKey) -> bool:
         return key in self._index
+
+    def newest(self, n: int) -> list[BlockKey]:
+        # Both layouts keep their index oldest first: by write time at start, then in the
+        # order objects are written (and, for the files layout, read).
+        return list(itertools.islice(reversed(self._index), max(0, n)))
 
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
         return [key in self._index for key in keys]
