@@ -14,6 +14,9 @@ its time to first token. Set-ups (`--setups`):
   ended (the scenario's `settle`); each tier must then hold all of the prompt's blocks. Then,
   per set-up, a second engine process with that tier alone (its primary empty) warms up and
   sends the prompt: its KV is promoted from the tier and loaded.
+- `file/warm-start`: `file` with `primary.warm_start` (the prompt's KV bytes) in the second
+  engine: the tier's blocks are read into its primary from its start, so the return finds them
+  there (`host`), promoted before it came. Its limit (the disk's) is not on the return's path.
 
 Every engine first serves a short unrelated prompt (a fresh engine's first request is slow) that
 is not counted. Each round runs every set-up, in an order rotated by one per round; figures are
@@ -32,7 +35,8 @@ for vLLM alone, all of the prompt from the set-up's source otherwise), the bytes
 the first token of every return, equal to vLLM alone's. Promotions get a 5 s deadline so that a
 busy machine measures a slow promotion, not a miss.
 
-    python bench/ttft.py [--rounds 3] [--setups vllm,primary,file,file/segments,redis,s3]
+    python bench/ttft.py [--rounds 3]
+                         [--setups vllm,primary,file,file/segments,file/warm-start,redis,s3]
                          [--dir DIR] [--model-dir DIR] [--smoke] [--json]
 
 `--smoke`: the 2-layer Llama of connectors/vllm/run.py, short prompts, one round (CI).
@@ -163,9 +167,14 @@ class Bench:
     # -- engines ---------------------------------------------------------------------------------
 
     def engine(
-        self, prompts: list[list[int]], tiers: list[dict[str, Any]] | None, settle: bool = False
+        self,
+        prompts: list[list[int]],
+        tiers: list[dict[str, Any]] | None,
+        settle: bool = False,
+        warm_start: int = 0,
     ) -> dict[str, Any]:
-        """One engine process serving `prompts` in turn; `tiers` None: without kvtier."""
+        """One engine process serving `prompts` in turn; `tiers` None: without kvtier;
+        `warm_start`: the primary's `warm_start` in bytes."""
         w = self.workload
         extra = None
         if tiers is not None:
@@ -175,7 +184,7 @@ class Bench:
                 "spec_module_path": "connectors.vllm",
                 "kvtier": {
                     "version": 1,
-                    "primary": {"capacity": f"{max(capacity, 8)}MiB"},
+                    "primary": {"capacity": f"{max(capacity, 8)}MiB", "warm_start": warm_start},
                     "tiers": tiers,
                     "promotion": {"gate": "always", "deadline": DEADLINE},
                 },
@@ -195,11 +204,12 @@ class Bench:
     def tier(self, name: str, round_: int) -> dict[str, Any]:
         """The config of set-up `name`'s tier in round `round_` (storage of its own)."""
         common = {"write": "through"}
-        if name in ("file", "file/segments"):
-            layout = "files" if name == "file" else "segments"
-            path = self.scratch / f"round{round_}" / layout
+        if name in ("file", "file/segments", "file/warm-start"):
+            layout = "segments" if name == "file/segments" else "files"
+            label = "warm" if name == "file/warm-start" else layout
+            path = self.scratch / f"round{round_}" / label
             return {
-                "name": f"nvme-{layout}",
+                "name": f"nvme-{label}",
                 "type": "file",
                 "path": str(path),
                 "layout": layout,
@@ -283,7 +293,8 @@ class Bench:
             elif name == "primary":
                 result = self.engine([warmup, prompt, evictor, prompt], [])
             else:
-                result = self.engine([warmup, prompt], [self.tier(name, round_)])
+                warm_start = w.kv_bytes if SETUPS[name].warm_start else 0
+                result = self.engine([warmup, prompt], [self.tier(name, round_)], False, warm_start)
             out = result["outputs"][-1]
             record["setups"][name] = {
                 "seconds": out["seconds"],
@@ -322,7 +333,10 @@ class Bench:
             "load_bytes": (metrics.get("load_bytes", 0), w.kv_bytes),
         }
         if setup.warm:
-            expected["host_cached_tokens"] = (metrics.get("host_cached_tokens", 0), 0)
+            if setup.warm_start:  # all read at start, none on the return's path
+                expected["blocks_warmed"] = (metrics.get("blocks_warmed", 0), w.blocks)
+            else:
+                expected["host_cached_tokens"] = (metrics.get("host_cached_tokens", 0), 0)
             expected["tier_promotions"] = (metrics.get("tier_promotions", 0), w.blocks)
         for what, (found, want) in expected.items():
             if found != want:

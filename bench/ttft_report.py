@@ -22,6 +22,9 @@ class Setup:
     """A warm restart: a second engine process finds the prompt in a tier."""
     medium: str | None
     """Where the return's KV comes from, whose raw bandwidth makes the limit."""
+    warm_start: bool = False
+    """The second engine reads the tier's blocks into its primary at start
+    (`primary.warm_start`): the return finds them there, off the request's path."""
 
 
 SETUPS = {
@@ -29,6 +32,9 @@ SETUPS = {
     "primary": Setup("kvtier primary", "host_cached_tokens", False, "host memory"),
     "file": Setup("warm restart: file (files)", "disk_cached_tokens", True, "disk"),
     "file/segments": Setup("warm restart: file (segments)", "disk_cached_tokens", True, "disk"),
+    "file/warm-start": Setup(
+        "warm restart: file (files), warm start", "host_cached_tokens", True, "disk", True
+    ),
     "redis": Setup("warm restart: redis", "remote_cached_tokens", True, "redis"),
     "s3": Setup("warm restart: s3", "remote_cached_tokens", True, "s3"),
 }

@@ -51,6 +51,8 @@ MANAGER_METRICS = {
     "demotions_dropped_direct_eviction": "vllm:kvtier_dropped_direct_evictions",
     "promotions_late": "vllm:kvtier_promotions_late",
     "idle_waits": "vllm:kvtier_idle_waits",
+    "blocks_warmed": "vllm:kvtier_blocks_warmed",
+    "warm_stopped": "vllm:kvtier_warm_stopped",
 }
 BREAKER = "vllm:kvtier_tier_breaker_open"
 LATENCY = "vllm:kvtier_tier_job_seconds"

@@ -373,6 +373,7 @@ _METRICS = {
     ("vllm:kvtier_tier_demotions", None): ("tier_demotions",),
     ("vllm:kvtier_tier_bytes_promoted", None): ("bytes_promoted",),
     ("vllm:kvtier_tier_promotion_seconds", None): ("promotion_seconds",),
+    ("vllm:kvtier_blocks_warmed", None): ("blocks_warmed",),
 }
 """vLLM metrics the scenario reports: (name, source label) -> the result keys it adds to.
 `kvtier_cached_tokens` is every prompt token kvtier served, by any source: host (the CPU

@@ -3,9 +3,9 @@ engine, and the order of its set-ups. Timings are not asserted (they are figures
 BENCHMARKS.md); what each return found, and from where, and its first token are.
 
 The smoke run here takes vLLM alone, the primary, the segment layout's and S3's warm restarts
-(every engine costs 20-40 s on this machine): the bench's code for the `files` layout differs from
-the segment layout's by its name alone, and Redis's by its tier entry and its raw read; both run
-in the full command (and in `--smoke` without `--setups`)."""
+and the warm start (every engine costs 20-40 s on this machine): the bench's code for the
+`files` layout differs from the segment layout's by its name alone, and Redis's by its tier
+entry and its raw read; both run in the full command (and in `--smoke` without `--setups`)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from tests.conftest import ROOT
 SOURCES = {
     "primary": "host_cached_tokens",
     "file/segments": "disk_cached_tokens",
+    "file/warm-start": "host_cached_tokens",
     "s3": "remote_cached_tokens",
 }
 """The set-ups the smoke run takes besides vLLM alone, and where each return's tokens come from."""
@@ -81,8 +82,12 @@ def test_smoke_run_serves_every_return_from_its_set_up(tmp_path: Path, vllm_pyth
         assert got[name]["cached_tokens"] == prompt, name
         assert metrics[source] == prompt, name
         assert metrics["load_bytes"] == kv_bytes, name
-        if name != "primary":  # a warm restart: an empty primary, every block promoted
+        if name == "file/warm-start":  # read into the primary at start, before the return
+            assert metrics["blocks_warmed"] == blocks, name
+            assert metrics.get("disk_cached_tokens", 0) == 0, name
+        elif name != "primary":  # a warm restart: an empty primary, every block promoted
             assert metrics.get("host_cached_tokens", 0) == 0, name
+        if name != "primary":
             assert metrics["tier_promotions"] == blocks, name
             assert round_["fill"][name] == blocks, name  # the first engine stored them all
 

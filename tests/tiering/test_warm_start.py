@@ -271,16 +271,21 @@ def test_a_warm_start_reads_in_batches_of_at_most_warm_batch_bytes(
     assert h.manager.counters["warm_batches"] == 3
 
 
-def test_a_reset_ends_the_warm_start(make: Callable[..., Harness], tmp_path: Path) -> None:
-    """vLLM's cache reset forgets the primary; the warm start does not begin again."""
+def test_a_reset_ends_the_warm_start(
+    make: Callable[..., Harness], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's cache reset forgets the primary: the batch in flight is dropped and no other
+    batch follows."""
+    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", 2 * BLOCK)
     cfg = written(make, tmp_path, "files", range(6))
     slow = SlowReads(file_tier(tmp_path, "files"))
     h = make([(cfg, slow)], slots=8, primary=warm(6), promotion_deadline=30.0)
     wait_for(h, lambda: slow.reads >= 1)
     slow.open()
     h.manager.reset()
-    time.sleep(0.05)
+    time.sleep(0.1)
     assert resident(h) == set()
+    assert slow.reads == 2  # the first batch only
     assert h.manager.promoter.warm_budget == 0 and not h.manager.promoter.warming
 
 

@@ -43,6 +43,8 @@ MANAGER_COUNTERS = {
         "Empty engine steps that waited for a promotion or existence check to end instead of"
         " spinning."
     ),
+    "blocks_warmed": "Blocks read into the CPU primary at start (primary.warm_start).",
+    "warm_stopped": "Warm starts ended early because a batch failed as a whole.",
 }
 """The manager's counters that a snapshot always has (others appear once they move)."""
 _TIER_ZEROS = dict.fromkeys(TIER_COUNTERS, 0.0)
