@@ -34,39 +34,29 @@ in one place.
 from __future__ import annotations
 
 import enum
-import logging
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import filterfalse
 from typing import Any, NamedTuple
 
+from tiering.compiled import load_extension
 from tiering.errors import StateError
 from tiering.keys import BlockKey
 from tiering.policies import EvictionPolicy, create_policy
 
 __all__ = ["KeyState", "LookupResult", "PrimaryEvent", "PrimaryPool", "StoreGrant"]
 
-log = logging.getLogger(__name__)
 
 _WRITING = -1
 _READY = 0
 
 
-def _load_core() -> Any:
-    try:
-        from tiering import _pool
-    except ImportError as e:
-        log.warning(
-            "kvtier's compiled primary store path is missing (%s): it runs in Python, at a "
-            "higher scheduler cost per block (reinstall kvtier with a C compiler present)",
-            e,
-        )
-        return None
-    return _pool
-
-
-_CORE = _load_core()
+_CORE: Any = load_extension(
+    "tiering._pool",
+    "primary store path",
+    "it runs in Python, at a higher scheduler cost per block",
+)
 
 
 class LookupResult(enum.Enum):

@@ -4,14 +4,12 @@ extensions; a foreign call releases the GIL for as long as it runs)."""
 from __future__ import annotations
 
 import ctypes
-import importlib
-import logging
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["load_function"]
+from tiering.compiled import load_extension, missing
 
-log = logging.getLogger(__name__)
+__all__ = ["load_function"]
 
 
 def load_function(
@@ -19,17 +17,13 @@ def load_function(
 ) -> Any:
     """Function `name` of the compiled helper `module`, typed; or None, with a warning that
     says what runs `without` it (kvtier installed where no C compiler was)."""
+    helper = load_extension(module, f"helper {module}", without)
+    if helper is None:
+        return None
     try:
-        helper = importlib.import_module(module)
         function = getattr(ctypes.CDLL(helper.__file__), name)
-    except (ImportError, OSError, AttributeError) as e:
-        log.warning(
-            "kvtier's compiled helper %s is missing (%s): %s (reinstall kvtier with a C "
-            "compiler present)",
-            module,
-            e,
-            without,
-        )
+    except (OSError, AttributeError) as e:
+        missing(f"helper {module}", e, without)
         return None
     function.argtypes = list(argtypes)
     function.restype = restype

@@ -3,34 +3,24 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
 from itertools import filterfalse, islice
 from typing import Any
 
+from tiering.compiled import load_extension
 from tiering.policies.base import EvictionPolicy, K, V
 
 __all__ = ["ARCPolicy", "PythonARCPolicy"]
 
-log = logging.getLogger(__name__)
 
-
-def _load_core() -> Any:
-    try:
-        from tiering.policies._arc import ARC
-    except ImportError as e:
-        log.warning(
-            "kvtier's compiled ARC policy is missing (%s): ARC runs in Python, at about twice "
-            "the scheduler's cost per block (reinstall kvtier with a C compiler present)",
-            e,
-        )
-        return None
-    return ARC
-
-
-_CORE = _load_core()
+_CORE: Any = load_extension(
+    "tiering.policies._arc",
+    "ARC policy",
+    "ARC runs in Python, at about twice the scheduler's cost per block",
+    attribute="ARC",
+)
 
 
 class ARCPolicy(EvictionPolicy[K, V]):
