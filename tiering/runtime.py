@@ -69,6 +69,9 @@ class Job:
     counts as pending until it returns). It must not block; an exception is logged."""
     writes: bool = False
     """The job writes to the tier (a demotion): it passes the tier's write breaker too."""
+    bulk: bool = False
+    """A background bulk transfer (a warm start's batch): its length is its size's, not the
+    tier's latency, so a breaker's `latency` does not count it (its faults do)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +358,8 @@ class Runtime:
         """Record a job's outcome with its breakers (module docstring: `TierFull` counts only
         against writes)."""
         ticket, write_ticket = tickets
+        if job.bulk:
+            seconds = 0.0
         self._breaker(job.tier).record(
             ticket, fault is None or isinstance(fault, TierFull), seconds, fault
         )

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.tiering.test_manager import HIT, MISS, PENDING, Harness, k, memory_tier
-from tiering.config import PrimaryConfig, TierConfig
+from tiering.config import BreakerConfig, PrimaryConfig, TierConfig
 from tiering.errors import TierUnavailable
 from tiering.keys import BlockKey
 from tiering.primary import KeyState
@@ -124,7 +124,7 @@ def test_a_restarted_engine_finds_the_newest_blocks_in_its_primary_before_any_st
     runtime alone (the engine runs no step), with their bytes, and are hits at once; the four
     older ones stay on disk, found by a lookup as before."""
     cfg = written(make, tmp_path, layout, range(10))
-    h = make([(cfg, file_tier(tmp_path, layout))], slots=8, primary=warm(6))
+    h = make([(cfg, file_tier(tmp_path, layout))], slots=24, primary=warm(6))
     wait_for(h, warm_ended(h))
     assert resident(h) == set(range(4, 10))
     for i in range(4, 10):
@@ -143,7 +143,8 @@ def test_a_warm_start_never_evicts_and_leaves_the_write_back_reserve_free(
     make: Callable[..., Harness], tmp_path: Path, layout: str
 ) -> None:
     """A budget larger than the primary: the warm start fills the free slots above the
-    write-back reserve, newest first, evicts nothing and then ends."""
+    write-back reserve, newest first, a quarter of the primary at most at a time (the
+    engine's stores keep slots they can evict), evicts nothing and then ends."""
     cfg = written(make, tmp_path, layout, range(12), write="back")
     h = make([(cfg, file_tier(tmp_path, layout))], slots=8, reserve=3, primary=warm(100))
     wait_for(h, warm_ended(h))
@@ -153,6 +154,7 @@ def test_a_warm_start_never_evicts_and_leaves_the_write_back_reserve_free(
     assert not any(getattr(e, "removed", False) for e in events)  # nothing evicted
     h.manager.on_schedule_end()
     assert h.manager.counters["blocks_warmed"] == 5
+    assert h.manager.counters["warm_batches"] == 3  # a batch takes at most a quarter of the slots
     assert h.manager.stats()["tiers"]["nvme"]["demotions"] == 0  # nothing written back
 
 
@@ -207,7 +209,7 @@ def test_a_request_for_a_block_being_warmed_waits_on_that_read(
     block is a hit when the batch lands."""
     cfg = written(make, tmp_path, layout, range(4))
     slow = SlowReads(file_tier(tmp_path, layout))
-    h = make([(cfg, slow)], slots=8, primary=warm(4), promotion_deadline=30.0)
+    h = make([(cfg, slow)], slots=16, primary=warm(4), promotion_deadline=30.0)
     wait_for(h, lambda: h.manager.promoter.warming)
     wait_for(h, lambda: slow.reads >= 1)
     assert not h.manager.has_pending_work()  # the warm batch alone keeps no step going
@@ -304,3 +306,153 @@ def test_no_warm_start_without_a_budget_or_an_indexed_tier(
     time.sleep(0.1)
     assert resident(h) == set()
     assert h.manager.promoter.warm_budget == 0
+
+
+class Sleepy(FaultyTier):
+    """Every read takes `seconds`."""
+
+    def __init__(self, inner: Tier, seconds: float) -> None:
+        super().__init__(inner)
+        self.seconds = seconds
+        self.reads = 0
+
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
+        self.reads += 1
+        await asyncio.sleep(self.seconds)
+        return await super()._read(key, limit)
+
+
+def indexed_mem(n: int, write: str = "through") -> tuple[Any, Any]:
+    cfg, mem = memory_tier(name="mem", write=write, indexed=True)
+    for i in range(n):
+        asyncio.run(mem.put(k(i), block(i)))
+    return cfg, mem
+
+
+def slow_writes(seconds: float) -> tuple[Any, Any]:
+    """A write-through tier without an index (not warmed) whose writes take `seconds`: some
+    other job in flight, as a real engine has."""
+    cfg, mem = memory_tier(name="remote", write="through")
+    return cfg, FaultyTier(mem, delay=1.0, delay_seconds=seconds)
+
+
+def warm_batches(h: Harness) -> float:
+    with h.manager.quiet():
+        return h.manager.counters["warm_batches"]
+
+
+def test_no_warm_batch_is_submitted_once_reset_began(
+    make: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reset() drains the jobs in flight without the lock; meanwhile each tick applies the
+    warm batch that ended and submits the next one, so the warm start goes on (and prolongs
+    the drain) until reset takes the lock. The design says a reset ends it."""
+    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", BLOCK)
+    cfg, mem = indexed_mem(40)
+    rcfg, remote = slow_writes(0.3)
+    h = make(
+        [(cfg, Sleepy(mem, 0.01)), (rcfg, remote)],
+        slots=48,
+        primary=warm(40),
+        promotion_deadline=30.0,
+    )
+    h.store(45)  # its write-through demotion to `remote` takes 0.3 s
+    h.manager.on_schedule_end()
+    wait_for(h, lambda: h.manager.promoter.warming)
+    before = warm_batches(h)
+    h.manager.reset(drain_timeout=5.0)
+    time.sleep(0.05)
+    assert warm_batches(h) - before == 0
+
+
+def test_no_warm_batch_is_submitted_once_shutdown_began(
+    make: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """shutdown()'s flush waits on runtime.pending() without the lock; the warm start keeps
+    reading (useless reads, on the medium the flush writes to) until the flush ends, and a
+    batch may still be in flight when the tiers are closed."""
+    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", BLOCK)
+    cfg, mem = indexed_mem(60)
+    rcfg, remote = slow_writes(0.3)
+    h = make(
+        [(cfg, Sleepy(mem, 0.01)), (rcfg, remote)],
+        slots=64,
+        primary=warm(60),
+        promotion_deadline=30.0,
+    )
+    h.store(62)  # queued for the write-through tiers: the flush writes it (0.3 s)
+    wait_for(h, lambda: h.manager.promoter.warming)
+    before = warm_batches(h)
+    h.manager.shutdown(flush=5.0)
+    assert h.manager.counters["warm_batches"] - before == 0
+
+
+def test_a_late_warm_batch_nobody_asked_for_keeps_no_step_going(
+    make: Callable[..., Harness],
+) -> None:
+    """A warm batch past its deadline (the manager's clock) that no lookup asked for: the
+    engine waits on nothing, so has_pending_work() must stay False (vLLM steps while True)."""
+    now = [1000.0]
+    cfg, mem = indexed_mem(4)
+    slow = SlowReads(mem)
+    h = make([(cfg, slow)], slots=8, primary=warm(4), promotion_deadline=30.0, clock=lambda: now[0])
+    wait_for(h, lambda: slow.reads >= 1)
+    assert not h.manager.has_pending_work()
+    now[0] += 60.0  # past the batch's deadline; the tier has not let go yet
+    wait_for(h, lambda: bool(h.manager.promoter.late))
+    with h.manager.quiet():
+        assert not h.manager._urgent()
+    try:
+        assert not h.manager.has_pending_work()
+    finally:
+        slow.open()
+
+
+class Bandwidth(FaultyTier):
+    """A working tier that reads `per_block` seconds per block of a batch (a disk's rate)."""
+
+    def __init__(self, inner: Tier, per_block: float) -> None:
+        super().__init__(inner)
+        self.per_block = per_block
+
+    async def get_many(self, items: Any) -> Any:
+        items = list(items)
+        await asyncio.sleep(self.per_block * len(items))
+        return await super().get_many(items)
+
+
+def test_a_slow_but_healthy_tier_is_warmed(
+    make: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm batch's deadline is not the promotion deadline (0.2 s, for a request waiting)
+    but its bytes at `WARM_MIN_RATE`: a tier reading 12 blocks in 0.1 s is warmed from, and
+    its measured time per block (the `auto` gate's) is not the bulk read's."""
+    monkeypatch.setattr("tiering.manager.promotion.WARM_MIN_RATE", 12 * BLOCK / 0.5)
+    cfg, mem = indexed_mem(40)
+    h = make([(cfg, Bandwidth(mem, 0.008))], slots=48, primary=warm(40), promotion_deadline=0.2)
+    wait_for(h, lambda: h.manager.promoter.warm_budget == 0 and not h.manager.promoter.warming)
+    h.manager.on_schedule_end()
+    c = h.manager.counters
+    assert (c["warm_stopped"], c["blocks_warmed"]) == (0, 40)
+    assert h.manager.tiers[0].seconds_per_block is None
+
+
+def test_warm_batches_do_not_open_the_tiers_latency_breaker(
+    make: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `faults.breaker.latency` set, each bulk warm batch slower than it counts as a
+    breaker failure: a few in a row open the tier's breaker, which then refuses the engine's
+    own promotions (and demotions) for `cooldown`, and the warm start stops."""
+    import tests.tiering.test_manager as tm
+
+    def breaker(failures: int) -> BreakerConfig:
+        return BreakerConfig(failures=3, latency=0.02)
+
+    monkeypatch.setattr(tm, "BreakerConfig", breaker)
+    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", 8 * BLOCK)
+    cfg, mem = indexed_mem(40)
+    h = make([(cfg, Bandwidth(mem, 0.004))], slots=48, primary=warm(40), promotion_deadline=2.0)
+    wait_for(h, lambda: h.manager.promoter.warm_budget == 0 and not h.manager.promoter.warming)
+    h.manager.on_schedule_end()
+    assert h.runtime.breaker_state("mem") == "closed"
+    assert h.manager.counters["blocks_warmed"] == 40

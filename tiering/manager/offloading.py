@@ -235,8 +235,9 @@ class TieringOffloadingManager:
             if result is _PENDING:
                 if key in self._late:
                     return _MISS  # its promotion is late: recomputing is sooner
-                if key in self._warm_keys:
-                    self._warm_keys.discard(key)  # the engine now waits on a warm start's read
+                if key in self._warm_keys:  # the engine now waits on a warm start's read
+                    self._warm_keys.discard(key)
+                    self.promoter.warm_asked = True
             return result
         if not self.tiers:
             return result
@@ -314,6 +315,8 @@ class TieringOffloadingManager:
         never says (vLLM 0.32: it runs and waits for the copies in flight at a reset in the
         next step, so they have ended once the steps that can be in flight meanwhile have)."""
         self.lock.end()  # the runtime applies what finishes meanwhile
+        with self.lock.held():
+            self.promoter.end_warm()  # no batch after the one in flight: the drain waits on it
         deadline = self.clock() + drain_timeout
         while self.runtime.pending() and self.clock() < deadline:
             time.sleep(0.001)
@@ -376,7 +379,7 @@ class TieringOffloadingManager:
         start's batch is not, until a request waits on one of its blocks: the runtime applies
         its result."""
         return bool(
-            self.runtime.pending() - self.promoter.warm_unasked()
+            self.runtime.pending() > self.promoter.warm_unasked()
             or self._arrivals
             or self._work_queued
             or self._ticking
@@ -482,6 +485,8 @@ class TieringOffloadingManager:
         self.lock.end()
         if self._closed:  # a second call: the tiers and the runtime are closed already
             return
+        with self.lock.held():
+            self.promoter.end_warm()  # the flush's writes have the medium to themselves
         try:
             self._flush(self.config.shutdown.flush if flush is None else flush)
         except StateError:  # the runtime was shut down already: nothing more can be written

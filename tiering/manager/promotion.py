@@ -44,6 +44,11 @@ WARM_BATCH_BYTES = 64 << 20
 """Bytes one warm-start batch reads (at least one block): large enough for the tier to read at
 its full rate, small enough that the engine's own promotions meanwhile share the medium with
 one batch at most."""
+WARM_MIN_RATE = 32 << 20
+"""Bytes per second below which a warm-start batch times out (and the warm start ends): a
+batch's deadline is its bytes at this rate, when that is longer than a promotion's. A disk
+read beside a starting engine is far slower than alone (BENCHMARKS.md, "Time to first
+token"), and no request waits on the batch."""
 
 
 class Promoter:
@@ -110,7 +115,8 @@ class Promoter:
         self.warm_keys: set[BlockKey] = set()
         """The keys of the warm-start batch in flight that no lookup has asked for (the
         engine waits on none of them), none of them late."""
-        self._warm_size = 0  # keys in the warm-start batch in flight
+        self.warm_asked = False
+        """A lookup found a block of the warm-start batch in flight (the engine waits on it)."""
 
     def request(self, key: BlockKey, state: TierState) -> LookupResult:
         """A lookup found `key` in `state`'s tier: PENDING once queued, MISS when gated."""
@@ -174,7 +180,7 @@ class Promoter:
 
     def warm_unasked(self) -> bool:
         """A warm-start batch is in flight and no request waits on any of its blocks."""
-        return self.warming and len(self.warm_keys) == self._warm_size
+        return self.warming and not self.warm_asked
 
     def warm_due(self) -> bool:
         """Whether a warm-start batch could be submitted now (read without the lock)."""
@@ -197,7 +203,12 @@ class Promoter:
         plan = self._warm_plan
         if plan is None:
             plan = self._warm_plan = self._plan_warm(self.warm_budget)
-        n = min(room, self.warm_budget, max(1, WARM_BATCH_BYTES // max(1, block_bytes)))
+        n = min(
+            room,
+            self.warm_budget,
+            max(1, WARM_BATCH_BYTES // max(1, block_bytes)),
+            max(1, self.pool.num_slots // 4),  # the engine's stores keep slots to evict
+        )
         lookup, promoting = self.pool.lookup, self.promoting
         keys: list[BlockKey] = []
         index = -1
@@ -219,10 +230,18 @@ class Promoter:
         self.warm_budget -= len(grant.keys)
         self.warming = True
         self.warm_keys.update(grant.keys)
-        self._warm_size = len(grant.keys)
+        self.warm_asked = False
         self.counters["warm_batches"] += 1
         batch = list(zip(grant.keys, grant.slots, strict=True))
-        self._submit_batch(outbox, tag, done, index, batch, warm=True)
+        self._submit_batch(
+            outbox,
+            tag,
+            done,
+            index,
+            batch,
+            warm=True,
+            deadline=len(batch) * block_bytes / WARM_MIN_RATE,
+        )
 
     def _plan_warm(self, budget: int) -> list[tuple[int, BlockKey]]:
         """Up to `budget` blocks of the indexed tiers, each from the first tier that has it,
@@ -251,14 +270,16 @@ class Promoter:
         index: int,
         batch: list[tuple[BlockKey, int]],
         warm: bool = False,
+        deadline: float = 0.0,
     ) -> None:
         """One `get_many` job of `batch` (allocated WRITING) from tier `index`, with its
-        deadline."""
+        deadline (at least `deadline`). A warm start's is a bulk job: the tier's latency
+        breaker does not count its length."""
         state = self.tiers[index]
         promoting = self.promoting
         for key, _ in batch:
             promoting[key] = index
-        deadline = max(self.deadline, len(batch) * self.recompute_per_block)
+        deadline = max(self.deadline, len(batch) * self.recompute_per_block, deadline)
         seq = next(self._submissions)
         keys = [key for key, _ in batch]
         self._batch_of.update(dict.fromkeys(keys, seq))
@@ -270,6 +291,7 @@ class Promoter:
                 deadline,
                 tag=tag(index, batch, warm),
                 done=done,
+                bulk=warm,
             )
         )
 
@@ -314,11 +336,12 @@ class Promoter:
             self.pool.complete_promotion(arrived)
             state.counters["promotions"] += len(arrived)
             state.counters["bytes_promoted"] += len(arrived) * len(self.slot_view(batch[0][1]))
-            per_block = result.seconds / len(batch)
-            previous = state.seconds_per_block
-            state.seconds_per_block = (
-                per_block if previous is None else 0.8 * previous + 0.2 * per_block
-            )
+            if not job.warm:  # (a bulk read beside a starting engine says nothing of a request's)
+                per_block = result.seconds / len(batch)
+                previous = state.seconds_per_block
+                state.seconds_per_block = (
+                    per_block if previous is None else 0.8 * previous + 0.2 * per_block
+                )
         if missing:
             self.pool.complete_promotion(missing, ok=False)
             if self.pool.events:
