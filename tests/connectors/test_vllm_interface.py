@@ -31,7 +31,7 @@ from kvtier.venv import ensure_vllm_tree, ensure_vllm_venv
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ("a", "canary", "b", "c", "idle")
+SCENARIOS = ("a", "canary", "b", "c", "idle", "warm")
 PREFIX_BLOCKS = 10
 """Engine blocks the 320-token prefix fills; the engine's cache keeps the first."""
 MAX_TOKENS = 8
@@ -228,3 +228,21 @@ def test_an_engine_waiting_for_promotions_does_not_spin(harness: dict[str, Any])
     assert found["again_seconds"] >= 0.5
     assert found["idle_waits"] >= 20
     assert found["again_steps"] < 0.5 / 0.005 * 2 + 40, found["again_steps"]
+
+
+def test_a_restarted_engine_finds_the_warm_started_prefix_in_the_primary(
+    harness: dict[str, Any],
+) -> None:
+    """warm: the second engine's warm start read the file tier's blocks (the eleven `first`
+    stored) into its primary before `again` came; `again` finds its whole prefix there (the
+    engine's own cache is empty: ten blocks) in one load, with no lookup waiting on a
+    promotion, and every block it reads holds the bytes `first` wrote."""
+    found = observed(harness, "warm")
+    assert found["blocks_warmed"] >= PREFIX_BLOCKS
+    again = found["requests"]["again"]
+    assert again["first_computed"] == PREFIX_BLOCKS * 32
+    assert {e["result"] for e in events(found, "lookup")} <= {"HIT", "MISS"}
+    (load,) = events(found, "load")
+    assert load["engine_blocks"] == again["block_ids"][:PREFIX_BLOCKS]
+    assert found["mismatched_blocks"] == []
+    assert_all_finished(found)

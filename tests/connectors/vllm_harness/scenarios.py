@@ -228,6 +228,35 @@ def scenario_idle(workdir: Path) -> dict[str, Any]:
         }
 
 
+def scenario_warm(workdir: Path) -> dict[str, Any]:
+    """warm: a restart with the warm start. A first engine with a write-through file tier
+    serves `first` and stops; a second one on the same tier, whose primary the warm start fills
+    from the tier before any request (`primary.warm_start`), serves `again`: its prefix must be
+    loaded from the primary, with the bytes `first` stored, and no lookup must wait on a
+    promotion."""
+    primary = {"capacity": 16 * SLOT_BYTES, "directory": str(workdir)}
+    tier = {
+        "name": "disk",
+        "type": "file",
+        "path": str(workdir / "warm-disk"),
+        "write": "through",
+        "min_free": 0,
+    }
+    requests = prompts()
+    with engine(workdir, kvtier_extra(workdir, primary=primary, tiers=[tier])) as e:
+        e.add_request("first", requests["first"], MAX_TOKENS)
+        e.run()
+    warm = kvtier_extra(workdir, primary={**primary, "warm_start": 16 * SLOT_BYTES}, tiers=[tier])
+    with engine(workdir, warm) as e:
+        manager = e.scheduler.connector.connector_scheduler.manager.manager
+        promoter = manager.promoter
+        _wait_until(lambda: promoter.warm_budget == 0 and not promoter.warming)
+        warmed = manager.snapshot()["manager"]["blocks_warmed"]
+        e.add_request("again", requests["again"], MAX_TOKENS)
+        e.run()
+        return observed(e) | {"blocks_warmed": warmed}
+
+
 def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -242,4 +271,5 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "b": scenario_b,
     "c": scenario_c,
     "idle": scenario_idle,
+    "warm": scenario_warm,
 }
