@@ -17,7 +17,10 @@ background, one batch (`WARM_BATCH_BYTES`) at a time, as promotions that no look
 a request that looks one up meanwhile waits on it like on its own promotion. Warming takes only
 free slots above the write-back reserve (it never evicts), skips blocks the primary has or is
 promoting, and stops for good when the primary has no room left, when a batch fails as a whole
-(the tier is down: the engine's own promotions are not crowded out by retries), or at a reset.
+(the tier is down: the engine's own promotions are not crowded out by retries; the breaker's
+rule, `fault_of`, says what "as a whole" is), or when a reset or the shutdown begins. A batch
+is a bulk job with a deadline of its own (`WARM_MIN_RATE`), and its time does not feed the
+gate's estimate of the tier.
 """
 
 from __future__ import annotations
