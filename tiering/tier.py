@@ -511,9 +511,9 @@ class Tier(ABC):
 
     def newest(self, n: int) -> list[BlockKey]:
         """Up to `n` of the keys an `indexed` tier holds, the most recently written or read
-        first, from its index (no I/O; the runtime's thread, like the primitives): what a
-        warm start reads into the primary (`primary.warm_start`). A tier without an index
-        answers none."""
+        first, from its index (no I/O; the runtime's thread, like the primitives, or any
+        thread before the tier's first call): what a warm start reads into the primary
+        (`primary.warm_start`). A tier without an index answers none."""
         return []
 
     async def contains(self, keys: Sequence[KeyLike]) -> list[bool]:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.tiering.test_manager import HIT, MISS, PENDING, Harness, k, memory_tier
 from tiering.config import BreakerConfig, PrimaryConfig, TierConfig
-from tiering.errors import TierUnavailable
+from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.primary import KeyState
 from tiering.testing import NAMESPACE
@@ -456,3 +456,34 @@ def test_warm_batches_do_not_open_the_tiers_latency_breaker(
     h.manager.on_schedule_end()
     assert h.runtime.breaker_state("mem") == "closed"
     assert h.manager.counters["blocks_warmed"] == 40
+
+
+class OneSlowRead(FaultyTier):
+    """The first read of block 2 fails as a tier call past its deadline would."""
+
+    def __init__(self, inner: Tier) -> None:
+        super().__init__(inner)
+        self.reads: list[BlockKey] = []
+
+    async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
+        self.reads.append(key)
+        if key == k(2) and self.reads.count(key) == 1:
+            raise TierTimeout("tier 'nvme': injected: no answer within the deadline")
+        return await super()._read(key, limit)
+
+
+def test_a_block_whose_read_failed_alone_is_read_once_more(
+    make: Callable[..., Harness], tmp_path: Path
+) -> None:
+    """Beside a starting engine a tier call can pass its deadline: a block whose warm read
+    failed alone (the batch did not fail as a whole) is queued once more, and is warmed."""
+    cfg = written(make, tmp_path, "files", range(4))
+    tier = OneSlowRead(file_tier(tmp_path, "files"))
+    h = make([(cfg, tier)], slots=16, primary=warm(4))
+    wait_for(h, warm_ended(h))
+    assert resident(h) == set(range(4))
+    assert tier.reads.count(k(2)) == 2 and len(tier.reads) == 5
+    h.manager.on_schedule_end()
+    assert h.manager.counters["blocks_warmed"] == 4
+    assert h.manager.counters["warm_retries"] == 1
+    assert h.slot_bytes(2) == h.block(2)

@@ -168,6 +168,8 @@ class TieringOffloadingManager:
         if any(state.indexed for state in self.tiers):
             warm = config.primary.warm_start // max(1, self._block_bytes)
             self.promoter.warm_budget = min(warm, pool.num_slots)
+            if self.promoter.warm_budget:
+                self.promoter.plan_warm()  # what the tiers hold now, before any request
         self._warm_keys = self.promoter.warm_keys
         self._publish = publish
         self._generation = 0  # bumped by `reset`: results of older jobs are dropped
@@ -316,7 +318,7 @@ class TieringOffloadingManager:
         next step, so they have ended once the steps that can be in flight meanwhile have)."""
         self.lock.end()  # the runtime applies what finishes meanwhile
         with self.lock.held():
-            self.promoter.end_warm()  # no batch after the one in flight: the drain waits on it
+            self.promoter.end_warm("reset")  # no batch after the one in flight: drained below
         deadline = self.clock() + drain_timeout
         while self.runtime.pending() and self.clock() < deadline:
             time.sleep(0.001)
@@ -486,7 +488,7 @@ class TieringOffloadingManager:
         if self._closed:  # a second call: the tiers and the runtime are closed already
             return
         with self.lock.held():
-            self.promoter.end_warm()  # the flush's writes have the medium to themselves
+            self.promoter.end_warm("shutdown")  # the flush's writes have the medium to themselves
         try:
             self._flush(self.config.shutdown.flush if flush is None else flush)
         except StateError:  # the runtime was shut down already: nothing more can be written

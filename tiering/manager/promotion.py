@@ -28,6 +28,8 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
@@ -40,6 +42,8 @@ from tiering.primary import LookupResult, PrimaryPool, StoreGrant
 from tiering.runtime import Job, JobResult
 
 __all__ = ["Promoter"]
+
+log = logging.getLogger(__name__)
 
 _PENDING, _MISS = LookupResult.PENDING, LookupResult.MISS
 
@@ -120,6 +124,11 @@ class Promoter:
         engine waits on none of them), none of them late."""
         self.warm_asked = False
         """A lookup found a block of the warm-start batch in flight (the engine waits on it)."""
+        self._warm_began = 0.0
+        self._warm_over = False  # ended: nothing is read again
+        self._warm_retried: set[BlockKey] = set()
+        """Blocks whose warm read failed on its own (a tier call past its deadline beside a
+        starting engine, say) and were queued once more."""
 
     def request(self, key: BlockKey, state: TierState) -> LookupResult:
         """A lookup found `key` in `state`'s tier: PENDING once queued, MISS when gated."""
@@ -205,7 +214,7 @@ class Promoter:
             return
         plan = self._warm_plan
         if plan is None:
-            plan = self._warm_plan = self._plan_warm(self.warm_budget)
+            plan = self._warm_plan = self.plan_warm()
         n = min(
             room,
             self.warm_budget,
@@ -226,7 +235,7 @@ class Promoter:
             index = tier
             keys.append(key)
         if not keys:
-            self.end_warm()
+            self.end_warm("no room left" if plan else "done")
             return
         grant = self.pool.allocate_for_promotion(keys)
         assert grant is not None and not grant.evicted, "a warm start took a slot in use"
@@ -246,9 +255,12 @@ class Promoter:
             deadline=len(batch) * block_bytes / WARM_MIN_RATE,
         )
 
-    def _plan_warm(self, budget: int) -> list[tuple[int, BlockKey]]:
-        """Up to `budget` blocks of the indexed tiers, each from the first tier that has it,
-        the newest of the first tier first; returned reversed (popped from the end)."""
+    def plan_warm(self) -> list[tuple[int, BlockKey]]:
+        """What the warm start will read: up to its budget of the blocks the indexed tiers hold
+        now, each from the first tier that has it, the newest of the first tier first; returned
+        reversed (popped from the end). Made once, when the manager is built (before the
+        engine's requests: blocks the engine writes later are its own, not the last engine's)."""
+        budget = self.warm_budget
         plan: dict[BlockKey, int] = {}
         for state in self.tiers:
             if len(plan) >= budget:
@@ -258,12 +270,32 @@ class Promoter:
                     plan.setdefault(key, state.index)
                     if len(plan) >= budget:
                         break
-        return [(index, key) for key, index in reversed(plan.items())]
+        self._warm_plan = [(index, key) for key, index in reversed(plan.items())]
+        self.warm_budget = min(budget, len(plan))
+        self._warm_began = time.monotonic()
+        if plan:
+            log.info(
+                "kvtier: warm start: reading %d blocks into the primary from %s",
+                len(plan),
+                ", ".join(sorted({self.tiers[i].config.name for i in plan.values()})),
+            )
+        return self._warm_plan
 
-    def end_warm(self) -> None:
+    def end_warm(self, why: str = "stopped") -> None:
         """No more warm-start batches (one in flight still ends as it would)."""
+        if self.warm_budget or self.warming:
+            self._said_end(why)
         self.warm_budget = 0
         self._warm_plan = []
+        self._warm_over = True
+
+    def _said_end(self, why: str) -> None:
+        log.info(
+            "kvtier: warm start ended (%s): %d blocks read in %.2f s",
+            why,
+            self.counters["blocks_warmed"],
+            time.monotonic() - self._warm_began,
+        )
 
     def _submit_batch(
         self,
@@ -333,7 +365,21 @@ class Promoter:
             self.counters["blocks_warmed"] += len(arrived)
             if not result.ok or result.fault is not None:
                 self.counters["warm_stopped"] += 1
-                self.end_warm()  # the tier failed as a whole: retrying would crowd it
+                self.end_warm(f"tier {state.config.name!r} failed")  # retrying would crowd it
+            elif not self._warm_over:
+                again = [
+                    (job.tier, key)
+                    for (key, _), ok in zip(batch, found, strict=True)
+                    if isinstance(ok, BaseException) and key not in self._warm_retried
+                ]
+                if again:  # a block that failed alone (not absent, not corrupt): once more
+                    self._warm_retried.update(key for _, key in again)
+                    assert self._warm_plan is not None
+                    self._warm_plan += again
+                    self.warm_budget += len(again)
+                    self.counters["warm_retries"] += len(again)
+                elif not self.warm_budget:
+                    self._said_end("done")
         state.counters["promotion_seconds"] += result.seconds
         if arrived:
             self.pool.complete_promotion(arrived)
