@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.tiering.test_manager import HIT, MISS, PENDING, Harness, k, memory_tier
+from tests.tiering.test_manager import make as make  # noqa: F401  (the fixture)
 from tiering.config import BreakerConfig, PrimaryConfig, TierConfig
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
@@ -22,19 +23,6 @@ from tiering.wrappers import FaultyTier
 from tiers.file import BlockFileTier, SegmentFileTier
 
 BLOCK = 4096
-
-
-@pytest.fixture
-def make() -> Iterator[Callable[..., Harness]]:
-    made: list[Harness] = []
-
-    def build(tiers: list[tuple[TierConfig, Tier]], **kw: Any) -> Harness:
-        made.append(Harness(tiers, **kw))
-        return made[-1]
-
-    yield build
-    for h in made:
-        h.close()
 
 
 @pytest.fixture(params=["files", "segments"])
@@ -487,3 +475,26 @@ def test_a_block_whose_read_failed_alone_is_read_once_more(
     assert h.manager.counters["blocks_warmed"] == 4
     assert h.manager.counters["warm_retries"] == 1
     assert h.slot_bytes(2) == h.block(2)
+
+
+class BrokenListing(FaultyTier):
+    """A third-party indexed tier whose `newest` raises."""
+
+    def newest(self, n: int) -> list[BlockKey]:
+        raise RuntimeError("listing is broken")
+
+
+def test_a_tier_whose_listing_fails_is_left_out_and_the_engine_starts(
+    make: Callable[..., Harness], tmp_path: Path
+) -> None:
+    """The plan is made while the engine starts: a tier's bug there is logged, that tier is
+    not warmed from, the next one is, and lookups find the first tier's blocks as before."""
+    cfg = written(make, tmp_path / "a", "files", range(3))
+    mem_cfg, mem = memory_tier(name="mem", write="back", indexed=True)
+    asyncio.run(mem.put(k(7), block(7)))
+    tiers = [(cfg, BrokenListing(file_tier(tmp_path / "a", "files"))), (mem_cfg, mem)]
+    h = make(tiers, slots=16, primary=warm(8))
+    wait_for(h, warm_ended(h))
+    assert resident(h) == {7}
+    assert h.lookup_until(1, HIT)[0] is PENDING
+    assert h.slot_bytes(1) == h.block(1)

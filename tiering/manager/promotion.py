@@ -115,8 +115,8 @@ class Promoter:
         a batch that has ended must not mark a later promotion of its keys late)."""
         self.warm_budget = 0
         """Blocks a warm start may still read (`primary.warm_start`); 0: none, or it ended."""
-        self._warm_plan: list[tuple[int, BlockKey]] | None = None
-        """(tier index, key) still to read, the newest last; None until the first batch."""
+        self._warm_plan: list[tuple[int, BlockKey]] = []
+        """(tier index, key) still to read, the newest last (`plan_warm`)."""
         self.warming = False
         """A warm-start batch is in flight."""
         self.warm_keys: set[BlockKey] = set()
@@ -213,8 +213,6 @@ class Promoter:
         if not self.warm_due():
             return
         plan = self._warm_plan
-        if plan is None:
-            plan = self._warm_plan = self.plan_warm()
         n = min(
             room,
             self.warm_budget,
@@ -255,21 +253,28 @@ class Promoter:
             deadline=len(batch) * block_bytes / WARM_MIN_RATE,
         )
 
-    def plan_warm(self) -> list[tuple[int, BlockKey]]:
+    def plan_warm(self) -> None:
         """What the warm start will read: up to its budget of the blocks the indexed tiers hold
-        now, each from the first tier that has it, the newest of the first tier first; returned
+        now, each from the first tier that has it, the newest of the first tier first; kept
         reversed (popped from the end). Made once, when the manager is built (before the
-        engine's requests: blocks the engine writes later are its own, not the last engine's)."""
+        engine's requests: blocks the engine writes later are its own, not the last engine's).
+        A tier whose listing fails is left out (logged)."""
         budget = self.warm_budget
         plan: dict[BlockKey, int] = {}
         for state in self.tiers:
             if len(plan) >= budget:
                 break
-            if state.indexed:
-                for key in state.tier.newest(budget):
-                    plan.setdefault(key, state.index)
-                    if len(plan) >= budget:
-                        break
+            if not state.indexed:
+                continue
+            try:
+                newest = state.tier.newest(budget)
+            except Exception:  # a tier's bug must not stop the engine from starting
+                log.exception("kvtier: warm start: tier %r cannot list its blocks", state.tier.name)
+                continue
+            for key in newest:
+                plan.setdefault(key, state.index)
+                if len(plan) >= budget:
+                    break
         self._warm_plan = [(index, key) for key, index in reversed(plan.items())]
         self.warm_budget = min(budget, len(plan))
         self._warm_began = time.monotonic()
@@ -279,7 +284,6 @@ class Promoter:
                 len(plan),
                 ", ".join(sorted({self.tiers[i].config.name for i in plan.values()})),
             )
-        return self._warm_plan
 
     def end_warm(self, why: str = "stopped") -> None:
         """No more warm-start batches (one in flight still ends as it would)."""
@@ -374,7 +378,6 @@ class Promoter:
                 ]
                 if again:  # a block that failed alone (not absent, not corrupt): once more
                     self._warm_retried.update(key for _, key in again)
-                    assert self._warm_plan is not None
                     self._warm_plan += again
                     self.warm_budget += len(again)
                     self.counters["warm_retries"] += len(again)
