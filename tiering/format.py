@@ -17,6 +17,9 @@ concept, read together when the format changes.)
     58      8     header checksum (xxh3-64 of bytes 0..57 and the key)
     66      k     key
     66+k    32    with bit 0x80 of the checksum byte: HMAC-SHA256 of bytes 0..65+k and the payload
+    h       16    optional writer tag: b"KVWR", 4 zero bytes, the writer's 8-byte id (h: the
+                  header's end, after the key and MAC; in the padding, so readers that do not
+                  know it skip it, and not authenticated: it feeds a metric, never a decision)
     ...           zero padding up to the payload offset
             n     payload
 
@@ -37,7 +40,11 @@ it is checked, in this order, so that no claim makes a reader allocate or copy w
    and exactly that long.
 
 Any mismatch raises `CorruptObject` with a short `reason` (one of `REASONS`); tiers turn that into a
-miss, delete the object where they may, and count it by reason.
+miss and count it by reason. Only damage a reader can prove (`REMOVABLE`: a bad checksum, a torn
+object, lengths no writer produces, a name holding something that is no kvtier object or another
+key's) lets a writable tier delete the object. An object the reader cannot authenticate, of
+another namespace, of a format version or codec it does not know, may be a neighbour's (another
+secret, another model, a newer kvtier in a rolling upgrade): it is left where it is.
 
 A checksum is not authentication: anyone who can write to a shared Redis or bucket can plant an
 object with valid checksums. With a per-deployment secret, every object carries an HMAC-SHA256
@@ -69,6 +76,8 @@ __all__ = [
     "MAX_BLOCK_BYTES",
     "MAX_PAYLOAD_OFFSET",
     "REASONS",
+    "REMOVABLE",
+    "WRITER_BYTES",
     "Header",
     "check_object",
     "decode_header",
@@ -108,6 +117,13 @@ REASONS: Final = (
     "auth",
 )
 """Why an object was refused (`CorruptObject.reason`), for metrics."""
+REMOVABLE: Final = frozenset(("magic", "header", "key", "length", "truncated", "checksum"))
+"""The reasons that prove an object damaged whoever wrote it: a writable tier may delete it.
+The others (`auth`, `namespace`, `version`, `codec`) say only that this reader cannot use it:
+another secret, another namespace or a newer format's object is a neighbour's, left in place."""
+WRITER_BYTES: Final = 8
+"""The length of a writer's id in the writer tag."""
+_WRITER_TAG: Final = b"KVWR\x00\x00\x00\x00"
 
 _MAC_DOMAIN: Final = b"kvtier object MAC v1\x00"
 
@@ -126,6 +142,9 @@ class Header:
     payload_checksum: int
     mac: bytes | None = None
     """The object's MAC, when it carries one."""
+    writer: bytes | None = None
+    """The id of the tier that wrote the object (`Tier.writer`), when its header carries a
+    writer tag and the bytes read reach it; unauthenticated (a metric's input only)."""
     signed: bytes = b""
     """The header bytes a MAC covers (the fixed fields and the key)."""
 
@@ -257,6 +276,7 @@ def encode(
     checksum_kind: str = "xxh3",
     align: int = 1,
     secret_key: bytes | None = None,
+    writer: bytes | None = None,
 ) -> tuple[bytes, bytes | memoryview]:
     """The header (padded so the payload starts at a multiple of `align`) and the payload.
 
@@ -264,7 +284,7 @@ def encode(
     tier's `pwritev`); `b"".join(parts)` is the object. With codec `raw` the payload is `data`
     itself, not a copy. A block that `codec` does not shrink is stored raw (the header says
     so), so a stored payload is never longer than its block. `secret_key` (`mac_key` of the
-    deployment's secret) adds a MAC.
+    deployment's secret) adds a MAC; `writer` (`WRITER_BYTES` bytes) a writer tag.
     """
     if len(namespace) != NAMESPACE_BYTES:
         raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
@@ -273,7 +293,11 @@ def encode(
         codec, payload = "raw", data
     payload_sum = checksum(checksum_kind, payload)
     kind = CHECKSUMS.index(checksum_kind) | (_AUTHENTICATED if secret_key is not None else 0)
+    if writer is not None and len(writer) != WRITER_BYTES:
+        raise ValueError(f"writer must be {WRITER_BYTES} bytes, got {len(writer)}")
     offset = HEADER_MIN + len(key) + (MAC_BYTES if secret_key is not None else 0)
+    if writer is not None:
+        offset += len(_WRITER_TAG) + WRITER_BYTES
     offset = -(-offset // align) * align
     fields = FIXED_FIELDS.pack(
         MAGIC,
@@ -292,6 +316,8 @@ def encode(
     header = fields[:58] + header_sum.to_bytes(8, "little") + key
     if secret_key is not None:
         header += _mac(secret_key, header, payload)
+    if writer is not None:
+        header += _WRITER_TAG + writer
     return header + bytes(offset - len(header)), payload
 
 
@@ -361,8 +387,17 @@ def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespac
         raw_len,
         payload_sum,
         mac,
+        _writer(raw, header_end, offset),
         signed,
     )
+
+
+def _writer(raw: memoryview, header_end: int, offset: int) -> bytes | None:
+    """The writer tag's id, when the padding after the header starts with one (`encode`)."""
+    end = header_end + len(_WRITER_TAG) + WRITER_BYTES
+    if end > offset or end > len(raw) or bytes(raw[header_end : end - WRITER_BYTES]) != _WRITER_TAG:
+        return None
+    return bytes(raw[end - WRITER_BYTES : end])
 
 
 def check_object(header: Header, size: int, expect_raw: int | None = None) -> None:

@@ -21,7 +21,8 @@ mode, authenticated objects (`secret`), counters, and the async context manager.
         persistent = True
         Options = MyOptions
         async def _read(self, key, limit): ...    # the stored object, or None
-        async def _write(self, key, parts): ...   # store b"".join(parts) atomically
+        async def _write(self, key, parts): ...   # store b"".join(parts) atomically (False:
+                                                  # one was there already, nothing written)
         async def _delete(self, key): ...         # True if it was there
         async def _contains(self, keys): ...      # one bool per key
         async def _stat(self): ...                # TierStat
@@ -50,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Mapping, Sequence
@@ -66,6 +68,8 @@ from tiering.errors import (
 )
 from tiering.format import (
     MAX_BLOCK_BYTES,
+    REMOVABLE,
+    WRITER_BYTES,
     Header,
     check_object,
     decode_header,
@@ -82,6 +86,7 @@ __all__ = [
     "MIN_SECRET_BYTES",
     "Buffer",
     "KeyLike",
+    "NamespaceUsage",
     "ObjectInfo",
     "ReadsInto",
     "Tier",
@@ -98,7 +103,7 @@ Buffer = bytes | memoryview
 """Bytes a tier reads or writes without copying them: bytes, or a view of someone's buffer."""
 
 HEADER_ROOM = 4096
-"""Bytes a stored object may take before its payload (a header is at most 166 bytes, padded to
+"""Bytes a stored object may take before its payload (a header is at most 182 bytes, padded to
 the writer's alignment): with the block's size, what `Tier.object_limit` allows."""
 MIN_SECRET_BYTES = 16
 """The shortest deployment secret a tier accepts for authenticated objects."""
@@ -115,6 +120,19 @@ class TierStat:
     """Bytes of those objects, headers included."""
     capacity: int | None
     """Bytes the tier may hold; None when unbounded or unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceUsage:
+    """What one namespace holds in a tier's store, store-wide: every engine's objects (any
+    thread: a value). For operators (`kvtier stats`, `kvtier purge --idle-for`) and metrics."""
+
+    namespace: bytes
+    objects: int
+    bytes_used: int
+    """Bytes of its objects, headers included."""
+    last_write: float | None = None
+    """When the newest of its objects was written (Unix time); None when the store cannot say."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,12 +251,17 @@ class Tier(ABC):
         self.concurrency = self.options.concurrency
         self.timeout = self.options.timeout
         self._mac_key = None if secret is None else mac_key(bytes(secret))
+        self.writer = os.urandom(WRITER_BYTES)
+        """This tier's id in the writer tag of every object it writes: a hit on an object
+        another id wrote is counted under `hits_other_writer`."""
         # once: a runtime_checkable isinstance walks the protocol's members, too slow for
         # every get
         self._reads_into = isinstance(self, ReadsInto)
         self.counters: Counter[str] = Counter()
         """Events by name: hits, misses, puts, deletes, bytes_read, bytes_written, errors,
-        corrupt.<reason> (`tiering.format.REASONS`), evictions."""
+        corrupt.<reason> (`tiering.format.REASONS`), evictions, duplicates and
+        duplicate_bytes (puts the store already held: nothing written), hits_other_writer
+        (hits on objects another tier instance wrote: another engine, or an earlier run)."""
         self.damaged: list[tuple[str, str, bool]] = []
         """(where, reason, removed) of each stored object a start-up scan found damaged and
         did not index (`kvtier verify` reports them): a read-only tier leaves them in place."""
@@ -271,11 +294,14 @@ class Tier(ABC):
         """
 
     @abstractmethod
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
         """Store `b"".join(parts)` as the object of `key`, replacing any.
 
         Parameters: `key`, the block's key; `parts`, the object in pieces (the header, then the
         payload: `tiering.format.encode`), to write without joining them where the store can.
+
+        Returns: None or True when written; False when the store already held an object of
+        `key` and nothing was written (counted under `duplicates` and `duplicate_bytes`).
 
         Guaranteed by the caller: the tier is not read-only; `parts` stay valid and unchanged
         until the call returns or raises (the payload is often a view of a primary slot, which
@@ -285,6 +311,12 @@ class Tier(ABC):
         returns (copy what it holds on to); on a tier that `evicts`, stay within `capacity` by
         evicting least recently used objects (counted as `evictions`) and raise `TierFull` for
         an object larger than the capacity; raise a `TierError` when the store fails.
+        The implementation may: write once where the store allows it (Redis `SET NX`, an S3
+        conditional put, an exclusive create), leaving an object already there in place and
+        answering False: engines sharing a store then write a block once between them. Two
+        engines of one namespace write the same bytes for a key; a damaged object is deleted
+        by the reader that finds it (`REMOVABLE`), and one this tier cannot read (another
+        secret's) is a neighbour's, which it must not replace.
         """
 
     @abstractmethod
@@ -346,6 +378,17 @@ class Tier(ABC):
         the store's names tell them (a prefix per namespace)."""
         return [self.namespace]
 
+    async def _usage(self) -> list[NamespaceUsage]:
+        """What every namespace holds in the tier's store, store-wide (every engine's objects
+        at the tier's location: its directory, key prefix or bucket prefix). Default: this
+        namespace, from `_stat`, without a write time. Override where the store can tell
+        (listings with sizes and times).
+
+        The implementation may: take time proportional to the store's objects (it is for
+        operators and the usage metrics, never the data path)."""
+        stat = await self._stat()
+        return [NamespaceUsage(self.namespace, stat.objects, stat.bytes_used)]
+
     async def _close(self) -> None:  # noqa: B027 - optional: most tiers hold something to release
         """Release connections, files and threads; called once, by the first `close`. The
         implementation must: first write out any object it still holds only in memory (the S3
@@ -386,8 +429,9 @@ class Tier(ABC):
         """Read the block of `key` into `into` (exactly its size); whether it was found.
 
         A corrupt, truncated, foreign, unauthenticated or wrongly sized object is a miss: it is
-        counted under `corrupt.<reason>` and deleted unless the tier is read-only. After a miss
-        `into` holds no block (it may hold garbage: a caller uses it only after a hit).
+        counted under `corrupt.<reason>` and, when the damage is provable
+        (`tiering.format.REMOVABLE`), deleted unless the tier is read-only. After a miss `into`
+        holds no block (it may hold garbage: a caller uses it only after a hit).
         """
         block = as_key(key)
         view = memoryview(into).cast("B")
@@ -413,16 +457,17 @@ class Tier(ABC):
         if not placed:
             return await self._accept(block, data, view)
         try:
-            self.verify_placed(block, data, view)
+            header = self.verify_placed(block, data, view)
         except CorruptObject as e:
             await self._refuse(block, e)
             return False
-        return self._hit(len(view))
+        return self._hit(len(view), header)
 
-    def verify_placed(self, block: BlockKey, header_bytes: Buffer, view: memoryview) -> None:
+    def verify_placed(self, block: BlockKey, header_bytes: Buffer, view: memoryview) -> Header:
         """Check a header and the payload a backend read straight into `view` (`ReadsInto`):
         `CorruptObject` unless they are `block`'s, of this namespace, raw, with a matching
-        checksum (and MAC). Pure: any thread (a backend may check in its I/O threads)."""
+        checksum (and MAC); the checked header. Pure: any thread (a backend may check in its
+        I/O threads, and count the hit on the loop: `_hit`)."""
         header = decode_header(header_bytes, block, self.namespace)
         if header.payload_offset != len(header_bytes):
             raise CorruptObject("length", "the payload was read from another offset than its own")
@@ -430,36 +475,47 @@ class Tier(ABC):
             raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
         check_object(header, header.payload_offset + len(view), len(view))
         verify_payload(header, view, self._mac_key)
+        return header
 
     async def _accept(self, block: BlockKey, blob: Buffer | None, view: memoryview) -> bool:
         """Verify a stored object read by a backend and copy its block into `view`."""
         if blob is None:
             return self._miss()
         try:
-            view[:] = self.verified_block(block, blob, len(view))
+            header, block_bytes = self.verified(block, blob, len(view))
+            view[:] = block_bytes
         except CorruptObject as e:
             await self._refuse(block, e)
             return False
-        return self._hit(len(view))
+        return self._hit(len(view), header)
 
     def verified_block(self, key: BlockKey, blob: Buffer, size: int | None = None) -> Buffer:
         """The block a stored object holds, verified as a read would verify it (header, real
         size, checksum, MAC with a secret, bounded decoding); `size`: the block size expected.
         Raises `CorruptObject`."""
+        return self.verified(key, blob, size)[1]
+
+    def verified(
+        self, key: BlockKey, blob: Buffer, size: int | None = None
+    ) -> tuple[Header, Buffer]:
+        """`verified_block` with the object's checked header."""
         blob = memoryview(blob)
         header = decode_header(blob, key, self.namespace)
         check_object(header, len(blob), size)
         payload = blob[header.payload_offset : header.object_length]
         verify_payload(header, payload, self._mac_key)
-        return decompress(header.codec, payload, header.raw_length)
+        return header, decompress(header.codec, payload, header.raw_length)
 
     def decode_header(self, key: BlockKey, head: Buffer) -> Header:
         """The checked header of the object of `key` whose first bytes are `head`."""
         return decode_header(head, key, self.namespace)
 
-    def _hit(self, size: int) -> bool:
+    def _hit(self, size: int, header: Header) -> bool:
+        """Count a verified hit of `size` bytes on the object of `header` (the loop thread)."""
         self.counters["hits"] += 1
         self.counters["bytes_read"] += size
+        if header.writer is not None and header.writer != self.writer:
+            self.counters["hits_other_writer"] += 1
         return True
 
     def _encode(
@@ -478,6 +534,7 @@ class Tier(ABC):
             checksum_kind=self.checksum,
             align=self.align,
             secret_key=self._mac_key,
+            writer=self.writer,
         )
         return block, (header, payload)
 
@@ -491,9 +548,17 @@ class Tier(ABC):
         """Store `data` as the block of `key`, replacing any; `StateError` on a read-only tier.
         `data` must stay unchanged until the call returns (it is written from where it lies)."""
         block, parts = self._encode(key, data)
-        await self._call(self._write(block, parts))
+        self._count_put(await self._call(self._write(block, parts)), len(data))
+
+    def _count_put(self, written: bool | None, size: int) -> None:
+        """Count a put of a `size`-byte block that `_write` answered `written` for (False:
+        the store held the key already; for backends whose batches write their own way)."""
         self.counters["puts"] += 1
-        self.counters["bytes_written"] += len(data)
+        if written is False:
+            self.counters["duplicates"] += 1
+            self.counters["duplicate_bytes"] += size
+        else:
+            self.counters["bytes_written"] += size
 
     async def delete(self, key: KeyLike) -> bool:
         """Remove the block of `key`; whether there was one. `StateError` on a read-only tier."""
@@ -555,6 +620,11 @@ class Tier(ABC):
     async def stat(self) -> TierStat:
         """What the tier holds (`TierStat`); may list the store: for operators and metrics."""
         return await self._call(self._stat())
+
+    async def usage(self) -> list[NamespaceUsage]:
+        """What every namespace holds in the tier's store, store-wide (`_usage`): for
+        operators and metrics; may list the store."""
+        return await self._call(self._usage())
 
     async def close(self) -> None:
         """Release what the tier holds (`_close`), once; later calls do nothing."""
@@ -633,12 +703,21 @@ class Tier(ABC):
         return False
 
     async def _refuse(self, key: BlockKey, error: CorruptObject) -> None:
-        """Count `error` as a corrupt miss of `key` and delete the object unless the tier is
-        read-only, as `get` does (for backends whose batches refuse objects themselves)."""
+        """Count `error` as a corrupt miss of `key` and, when it proves the object damaged
+        (`tiering.format.REMOVABLE`) and the tier is writable, delete it, as `get` does (for
+        backends whose batches refuse objects themselves). An object of another secret,
+        namespace or format is a neighbour's: left in place."""
         self.counters["misses"] += 1
         self.counters[f"corrupt.{error.reason}"] += 1
-        log.warning("tier %r: object %s refused (%s)", self.name, key.hex(), error)
-        if not self.read_only:
+        removable = error.reason in REMOVABLE
+        log.warning(
+            "tier %r: object %s refused (%s)%s",
+            self.name,
+            key.hex(),
+            error,
+            "" if removable else "; left in place",
+        )
+        if removable and not self.read_only:
             try:
                 await self._call(self._delete(key))
             except TierError as e:

@@ -440,8 +440,8 @@ class RedisTier(Tier):
             await self._call(store())
         except TierError as e:
             return [e] * len(items)
-        self.counters["puts"] += len(items)
-        self.counters["bytes_written"] += sum(len(d) for _, d in items)
+        for _, data in items:
+            self._count_put(None, len(data))
         return [None] * len(items)
 
     async def _get_many_fast(
@@ -529,8 +529,7 @@ class RedisTier(Tier):
             outcomes += got
         for (_, data), outcome in zip(items, outcomes, strict=True):
             if outcome is None:
-                self.counters["puts"] += 1
-                self.counters["bytes_written"] += len(data)
+                self._count_put(None, len(data))
             else:
                 self.counters["errors"] += 1
         return outcomes

@@ -8,8 +8,11 @@ from tiering.errors import ConfigError, CorruptObject
 from tiering.format import (
     FIXED_FIELDS,
     HEADER_MIN,
+    REASONS,
+    REMOVABLE,
     decode_header,
     encode,
+    mac_key,
     peek_lengths,
     verify_payload,
 )
@@ -184,3 +187,34 @@ def test_a_zstd_payload_is_one_frame_and_nothing_after_it() -> None:
         with pytest.raises(CorruptObject):
             decompress("zstd", frame + extra, len(block))
     assert decompress("zstd", frame, len(block)) == block
+
+
+@pytest.mark.parametrize("secret", [None, b"s" * 32], ids=["plain", "mac"])
+@pytest.mark.parametrize("align", [1, 4096])
+def test_the_writer_tag_rides_in_the_padding(secret: bytes | None, align: int) -> None:
+    """The writer's id follows the key (and MAC) inside the padding: the payload offset covers
+    it, and a reader that knows nothing of it still reads the object."""
+    data = b"kv" * 100
+    key = mac_key(secret) if secret else None
+    tagged, payload = encode(KEY, NS, data, align=align, secret_key=key, writer=b"W" * 8)
+    untagged, _ = encode(KEY, NS, data, align=align, secret_key=key)
+    h = decode_header(tagged, KEY, NS)
+    assert h.writer == b"W" * 8 and decode_header(untagged, KEY, NS).writer is None
+    assert h.payload_offset == len(tagged) and h.payload_offset % align == 0
+    verify_payload(h, payload, key)
+    if align == 1:
+        assert len(tagged) == len(untagged) + 16
+    with pytest.raises(ValueError, match="writer must be 8 bytes"):
+        encode(KEY, NS, data, writer=b"short")
+
+
+def test_a_header_cut_before_the_writer_tag_has_no_writer() -> None:
+    header, _ = encode(KEY, NS, b"abc", writer=b"W" * 8)
+    assert decode_header(header[: HEADER_MIN + len(KEY)], KEY, NS).writer is None
+
+
+def test_only_provable_damage_is_removable() -> None:
+    """A reader may delete what is damaged whoever wrote it; what it merely cannot read
+    (another secret, namespace, format version or codec) may be a neighbour's."""
+    assert set(REASONS) == REMOVABLE | {"auth", "namespace", "version", "codec"}
+    assert not REMOVABLE & {"auth", "namespace", "version", "codec"}

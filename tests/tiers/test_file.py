@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tiering.testing import NAMESPACE, key, payload
 from tiering.testing.tier import MakeTier, TierConformance
 from tiering.tier import Tier
 from tiers.file import BlockFileTier, FileTier, SegmentFileTier
+from tiers.file.files import TMP_MAX_AGE
 
 
 class TestFileTier(TierConformance):
@@ -58,6 +60,8 @@ class TestFileTier(TierConformance):
 
 class TestSegmentFileTier(TierConformance):
     """The `segments` layout: blocks appended to segment files."""
+
+    one_writer = True
 
     @pytest.fixture(params=[True, False], ids=["direct", "buffered"])
     def make_tier(self, request: pytest.FixtureRequest, tmp_path: Path) -> MakeTier:
@@ -115,15 +119,21 @@ def test_restart_keeps_complete_blocks_and_drops_half_written_ones(tmp_path: Pat
             for i in range(5):
                 await tier.put(key(i), payload(50_000, i))
             path = path_of(tier, key(2))
-        # A crash mid-write leaves a temporary file; a torn file under a real name (written
-        # by something else) must not be served either.
-        (path.parent / f".{path.name}.999.0.tmp").write_bytes(b"half")
+        # A crash mid-write leaves a temporary file, removed once it is older than any write
+        # takes (a fresh one may be another process's write in flight, whatever its pid); a
+        # torn file under a real name (written by something else) must not be served either.
+        abandoned = path.parent / f".{path.name}.999.0.tmp"
+        abandoned.write_bytes(b"half")
+        old = time.time() - TMP_MAX_AGE - 60
+        os.utime(abandoned, (old, old))
+        fresh = path.parent / f".{path.name}.999.1.tmp"
+        fresh.write_bytes(b"being written")
         torn = path_of(tier, key(3))
         torn.write_bytes(torn.read_bytes()[:20_000])
         async with BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as again:
             assert (await again.stat()).objects == 4
             assert again.counters["corrupt.truncated"] == 1
-            assert not list(tmp_path.rglob("*.tmp"))
+            assert list(tmp_path.rglob("*.tmp")) == [fresh]
             for i in (0, 1, 2, 4):
                 assert await again.get_bytes(key(i), 50_000) == payload(50_000, i)
             assert await again.get_bytes(key(3), 50_000) is None

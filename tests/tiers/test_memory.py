@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from tests.tiers.memory_hooks import plant, stored
 from tiering.errors import ConfigError, MissingDependencyError, UnknownNameError
 from tiering.keys import BlockKey
 from tiering.registry import create_tier, get_tier_class, register_tier, tier_types
-from tiering.testing import NAMESPACE
+from tiering.testing import NAMESPACE, key
 from tiering.testing.tier import MakeTier, TierConformance
 from tiering.tier import Tier
 from tiers.memory import MemoryTier
@@ -78,3 +79,27 @@ class TestRegistry:
         register_tier("bad", "collections:OrderedDict")
         with pytest.raises(ConfigError, match="is not a Tier subclass"):
             get_tier_class("bad")
+
+
+def test_a_put_the_store_already_held_is_counted_as_a_duplicate() -> None:
+    """A backend that writes once answers False from `_write` when the key was there: the
+    put succeeds, and the base counts it under `duplicates` and `duplicate_bytes`, not
+    `bytes_written`."""
+
+    class WriteOnce(MemoryTier):
+        async def _write(self, key: BlockKey, parts: Any) -> bool | None:
+            if key in self._objects:
+                return False
+            return await super()._write(key, parts)
+
+    async def body() -> None:
+        async with WriteOnce(namespace=NAMESPACE) as tier:
+            await tier.put(key(1), b"x" * 100)
+            await tier.put(key(1), b"x" * 100)
+            await tier.put_many([(key(1), b"x" * 100), (key(2), b"y" * 50)])
+            assert tier.counters["puts"] == 4
+            assert tier.counters["duplicates"] == 2
+            assert tier.counters["duplicate_bytes"] == 200
+            assert tier.counters["bytes_written"] == 150
+
+    asyncio.run(body())

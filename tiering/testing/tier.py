@@ -46,7 +46,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from tiering.errors import CorruptObject, KeyFormatError, StateError, TierFull
-from tiering.format import MAX_BLOCK_BYTES
+from tiering.format import MAX_BLOCK_BYTES, REMOVABLE
 from tiering.keys import BlockKey
 from tiering.testing.crafted import (
     CRAFTED_BLOCK,
@@ -95,6 +95,9 @@ class TierConformance:
 
     large_object_bytes = LARGE_OBJECT
     """The size `raw_put_large` is asked for (a subclass with sparse files asks for more)."""
+    one_writer = False
+    """The store takes one writable tier at a time (the file tier's segment layout): tests of
+    two tiers on one store open the second read-only."""
 
     # -- round trips ----------------------------------------------------------------------------
 
@@ -206,17 +209,65 @@ class TierConformance:
 
     # -- verification -----------------------------------------------------------------------------
 
-    def test_corrupt_and_foreign_objects_are_misses_and_deleted(self, make_tier: MakeTier) -> None:
+    def test_corrupt_objects_are_misses_deleted_only_when_provably_damaged(
+        self, make_tier: MakeTier
+    ) -> None:
+        """Every refused object is a counted miss; a writable tier deletes it only when the
+        damage is provable (`REMOVABLE`: checksum, torn, lying lengths, not a kvtier object,
+        another key's), and leaves one of another namespace or format version in place: it
+        may be a neighbour's (another model, a newer kvtier in a rolling upgrade)."""
+
         async def body() -> None:
             async with make_tier() as tier:
                 data = payload(4096, 9)
                 for i, reason in enumerate(corrupt_variants(tier, key(1), data)):
                     k = key(100 + i)
-                    await self.raw_put(tier, k, corrupt_variants(tier, k, data)[reason])
+                    blob = corrupt_variants(tier, k, data)[reason]
+                    await self.raw_put(tier, k, blob)
                     assert await tier.get(k, bytearray(4096)) is False, reason
                     assert tier.counters[f"corrupt.{reason}"] == 1, reason
-                    assert await self.raw_get(tier, k) is None, f"{reason}: not deleted"
+                    left = await self.raw_get(tier, k)
+                    if reason in REMOVABLE:
+                        assert left is None, f"{reason}: not deleted"
+                    else:
+                        assert left is not None and bytes(left) == bytes(blob), f"{reason}: gone"
                 assert tier.counters["hits"] == 0
+
+        run(body())
+
+    def test_a_reader_with_another_secret_or_none_destroys_nothing(
+        self, make_tier: MakeTier
+    ) -> None:
+        """Engines of one namespace with different secrets, or one without a secret beside
+        one with, share a store (a secret rolled out engine by engine, a misconfigured
+        engine): each one's objects are misses to the other, counted, and stay, in both
+        directions, through `get` and `get_many`; the writer still finds every block."""
+
+        async def body() -> None:
+            async with make_tier() as probe:
+                if not (probe.persistent or probe.shared):
+                    pytest.skip(f"{probe.type_name}: two tier instances share no store")
+            blocks = [(key(i), payload(4096, i)) for i in range(20)]
+            for first, second in (
+                (SECRET, OTHER_SECRET),
+                (OTHER_SECRET, SECRET),
+                (None, SECRET),
+                (SECRET, None),
+            ):
+                async with make_tier(secret=first) as writer:
+                    for k, _ in blocks:
+                        await writer.delete(k)
+                    assert await writer.put_many(blocks) == [None] * 20
+                    async with make_tier(secret=second, read_only=self.one_writer) as reader:
+                        await reader.get(blocks[0][0], bytearray(4096))
+                        await reader.get_many([(k, bytearray(4096)) for k, _ in blocks[1:]])
+                    if second is not None:  # a reader without a secret ignores a MAC
+                        assert reader.counters["hits"] == 0, (first, second)
+                        assert reader.counters["corrupt.auth"] == 20, dict(reader.counters)
+                    for k, _ in blocks:
+                        assert await self.raw_get(writer, k) is not None, (first, second)
+                    found = await writer.get_many([(k, bytearray(4096)) for k, _ in blocks])
+                    assert found == [True] * 20, (first, second, found)
 
         run(body())
 
@@ -417,8 +468,31 @@ class TierConformance:
                 found = await tier.get_many([(key(i), bytearray(size)) for i in (2, 3, 9)])
                 assert found == [False, False, True], found
                 assert tier.counters["corrupt.auth"] == 3, dict(tier.counters)
-                for k in planted:
-                    assert await self.raw_get(tier, k) is None
+                for k, blob in planted.items():  # (another secret's: not provably damaged)
+                    left = await self.raw_get(tier, k)
+                    assert left is not None and bytes(left) == bytes(blob)
+
+        run(body())
+
+    def test_hits_on_another_writers_objects_are_counted(self, make_tier: MakeTier) -> None:
+        """Each tier instance tags what it writes; a hit on an object another instance wrote
+        (another engine, or this one before a restart) is counted, through `get` and
+        `get_many` alike, and a hit on its own objects is not."""
+
+        async def body() -> None:
+            async with make_tier() as probe:
+                if not (probe.persistent or probe.shared):
+                    pytest.skip(f"{probe.type_name}: two tier instances share no store")
+            size = CRAFTED_BLOCK
+            async with make_tier() as first:
+                await first.put_many([(key(i), payload(size, i)) for i in range(4)])
+                await first.get_many([(key(i), bytearray(size)) for i in range(4)])
+                assert first.counters["hits"] == 4 and first.counters["hits_other_writer"] == 0
+            async with make_tier(read_only=self.one_writer) as second:
+                assert await second.get(key(0), bytearray(size))
+                found = await second.get_many([(key(i), bytearray(size)) for i in range(1, 4)])
+                assert found == [True] * 3
+                assert second.counters["hits_other_writer"] == 4, dict(second.counters)
 
         run(body())
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from tiering.errors import ConfigError, CorruptObject, TierFull, TierTimeout
+from tiering.format import Header
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, fields_of, option
 from tiering.tier import Buffer, KeyLike, Tier, TierStat
@@ -33,15 +34,12 @@ from tiers.file.direct import (
 )
 from tiers.threads import IOThreads
 
-__all__ = ["LAYOUTS", "VERIFIED", "FileOptions", "FileTier"]
+__all__ = ["LAYOUTS", "FileOptions", "FileTier"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 LAYOUTS = ("files", "segments")
-VERIFIED = object()
-"""A batch read's answer for a block read into its view and checked in the pool thread
-(`Tier.verify_placed`): the loop only counts it."""
 _said_buffered: set[str] = set()
 
 
@@ -176,10 +174,16 @@ class FileTier(Tier):
 
     # -- start-up -------------------------------------------------------------------------------
 
-    def _damaged_at_start(self, where: str, reason: str, detail: str) -> None:
+    def _damaged_at_start(
+        self, where: str, reason: str, detail: str, removed: bool | None = None
+    ) -> None:
+        """Count and log a damaged object a start-up scan found; `removed`: whether the scan
+        removes it (default: a writable tier of a layout that removes damaged objects)."""
+        if removed is None:
+            removed = not self.read_only and self._removes_damaged
         self.counters[f"corrupt.{reason}"] += 1
-        self.damaged.append((where, reason, not self.read_only and self._removes_damaged))
-        verb = "leaving" if self.read_only else "removing"
+        self.damaged.append((where, reason, removed))
+        verb = "removing" if removed else "leaving"
         log.warning("tier %r: %s a damaged object at start, %s: %s", self.name, verb, where, detail)
 
     # -- primitives both layouts answer from the index -------------------------------------------
@@ -247,9 +251,9 @@ class FileTier(Tier):
             elif isinstance(answer, BaseException):
                 self.counters["errors"] += 1
                 results.append(answer)
-            elif answer is VERIFIED:
+            elif isinstance(answer, Header):  # read into its view and checked in the pool
                 touch(i)
-                results.append(self._hit(len(view)))
+                results.append(self._hit(len(view), answer))
             else:
                 if answer is not None:
                     touch(i)

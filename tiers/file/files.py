@@ -31,16 +31,20 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tiering.errors import CorruptObject, TierError, TierFull, TierUnavailable
-from tiering.format import check_object, decode_header, peek_lengths
+from tiering.format import REMOVABLE, check_object, decode_header, peek_lengths
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
-from tiers.file.base import VERIFIED, FileOptions, FileTier, log
+from tiers.file.base import FileOptions, FileTier, log
 from tiers.file.direct import BLOCK, KEPT_BUFFER, is_aligned, round_up, unlink
 
-__all__ = ["BlockFileTier", "FilesOptions"]
+__all__ = ["TMP_MAX_AGE", "BlockFileTier", "FilesOptions"]
 
 _SUFFIX = ".kv"
+TMP_MAX_AGE = 3600.0
+"""Seconds after which a start-up scan takes a temporary file for a write that never ended (a
+write lasts at most its tier's deadline). Its age, never its writer's pid, decides: a writer in
+another container has a pid that means nothing, or another process, in this pid namespace."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,9 +74,11 @@ class BlockFileTier(FileTier, layout="files"):
 
     def _rebuild_index(self) -> None:
         """Index every complete object under the namespace's directory. Objects that fail
-        their header check are not indexed: removed by a writable tier, left in place by a
-        read-only one, and listed in `damaged` either way (for `kvtier verify`). A temporary
-        file is removed only when its writer is gone (several processes may write here)."""
+        their header check are not indexed and are listed in `damaged` (for `kvtier verify`);
+        a writable tier removes those whose damage is provable (`tiering.format.REMOVABLE`)
+        and leaves another format version's or codec's (a newer kvtier beside this one). A
+        temporary file is removed only once it is older than `TMP_MAX_AGE`: several processes,
+        in other pid namespaces (containers) too, may be writing here."""
         found: list[tuple[float, BlockKey, int]] = []
         if not self.root.is_dir():
             return
@@ -81,7 +87,7 @@ class BlockFileTier(FileTier, layout="files"):
                 if not path.is_file():
                     continue
                 if path.name.endswith(".tmp"):
-                    if not self.read_only and _abandoned(path):
+                    if not self.read_only and _abandoned(path, time.time()):
                         path.unlink(missing_ok=True)  # a write that never finished
                     continue
                 if not path.name.endswith(_SUFFIX):
@@ -96,8 +102,9 @@ class BlockFileTier(FileTier, layout="files"):
                 check_object(header, _object_size(raw, st.st_size))
             except (CorruptObject, ValueError) as e:
                 reason = getattr(e, "reason", "key")
-                self._damaged_at_start(str(path.relative_to(self.base)), reason, str(e))
-                if not self.read_only:
+                removed = not self.read_only and reason in REMOVABLE
+                self._damaged_at_start(str(path.relative_to(self.base)), reason, str(e), removed)
+                if removed:
                     path.unlink(missing_ok=True)
                 continue
             except OSError as e:  # gone meanwhile (another writer), or unreadable: not indexed
@@ -189,15 +196,14 @@ class BlockFileTier(FileTier, layout="files"):
         for i, outcome in zip(todo, await self._in_groups(self._write_group, jobs), strict=True):
             if outcome is None:
                 self._add_to_index(encoded[i][0], sizes[i])
-                self.counters["puts"] += 1
-                self.counters["bytes_written"] += len(items[i][1])
+                self._count_put(None, len(items[i][1]))
             else:
                 self.counters["errors"] += 1
                 results[i] = outcome
         return results
 
     def _read_and_verify(self, jobs: list[tuple[Path, memoryview, BlockKey]]) -> list[Any]:
-        """Each block read into its view and checked there, in the pool (`VERIFIED`), each
+        """Each block read into its view and checked there, in the pool (its `Header`), each
         block as soon as it is in: the loop then only counts, and the checks of one group
         overlap the reads of the others."""
         out: list[Any] = []
@@ -205,8 +211,7 @@ class BlockFileTier(FileTier, layout="files"):
             try:
                 answer = self._read_file_into(path, view, self.object_limit(len(view)))
                 if answer is not None and answer[1]:
-                    self.verify_placed(block, answer[0], view)
-                    out.append(VERIFIED)
+                    out.append(self.verify_placed(block, answer[0], view))
                 else:
                     out.append(answer)
             except (TierError, CorruptObject) as e:
@@ -428,18 +433,9 @@ def _regular(path: Path) -> bool:
         return True
 
 
-def _abandoned(path: Path) -> bool:
-    """Whether a temporary file's writer is gone: its name carries the writer's pid
-    (`.<name>.<pid>.<n>.tmp`); one of another host, or of a reused pid, is taken as gone once
-    it is an hour old."""
+def _abandoned(path: Path, now: float) -> bool:
+    """Whether a temporary file is older than `TMP_MAX_AGE` (its write never ended)."""
     try:
-        pid = int(path.name.rsplit(".", 3)[-3])
-        os.kill(pid, 0)
-    except (ValueError, IndexError, ProcessLookupError):
-        return True
-    except PermissionError:  # alive, another user's
-        pass
-    try:
-        return time.time() - path.stat().st_mtime > 3600
+        return now - path.stat().st_mtime > TMP_MAX_AGE
     except FileNotFoundError:
         return False

@@ -354,8 +354,7 @@ class SegmentFileTier(FileTier, layout="segments"):
             block = encoded[i][0]
             if outcome is None:
                 await self._landed(block, place)
-                self.counters["puts"] += 1
-                self.counters["bytes_written"] += len(items[i][1])
+                self._count_put(None, len(items[i][1]))
             else:
                 self._ledger.abandon_put(block, place)
                 self.counters["errors"] += 1
