@@ -10,7 +10,9 @@ File layout (`<directory>/kvtier-<name>.region`, by default in /dev/shm):
     slot s  = [ worker 0 shard | worker 1 shard | ... | worker W-1 shard | pad to a page ]
     a shard = per KV tensor of that worker, in order: page_bytes x blocks_per_chunk bytes
 
-The header records the layout and the creator's pid. The file is created sparse (ftruncate; no
+The header records the layout, the creator's pid and a random token, which every process that
+maps the region reads (`PrimaryRegion.token`): two processes of one engine prove with it that
+they map the same file (`connectors.roles`). The file is created sparse (ftruncate; no
 page is touched until a copy writes it), removed by its creator at close, and a file left by a
 process that died is removed at the next `create` in the same directory.
 """
@@ -40,16 +42,24 @@ from tiering.errors import RegionError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEFAULT_DIRECTORY", "PAGE", "PrimaryRegion", "RegionLayout", "cleanup_stale"]
+__all__ = [
+    "DEFAULT_DIRECTORY",
+    "PAGE",
+    "TOKEN_BYTES",
+    "PrimaryRegion",
+    "RegionLayout",
+    "cleanup_stale",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DIRECTORY = Path("/dev/shm")
 PAGE = mmap.PAGESIZE
 _MAGIC = b"KVTIERRG"
-_VERSION = 1
-# magic, version, ready, creator pid, num_slots, shard_bytes, num_workers, slot_stride
-_HEADER = struct.Struct("<8sIIQQQQQ")
+_VERSION = 2
+# magic, version, ready, creator pid, num_slots, shard_bytes, num_workers, slot_stride, token
+_HEADER = struct.Struct("<8sIIQQQQQ16s")
+TOKEN_BYTES = 16
 _READY_OFFSET = 12
 _MADV_POPULATE_WRITE = 23  # Linux 5.14 and later
 _PREFAULT_CHUNK = 16 << 20
@@ -94,10 +104,15 @@ class PrimaryRegion:
     `close` unmaps (once no view is alive) and, in the creator, removes the file.
     """
 
-    def __init__(self, path: Path, layout: RegionLayout, fd: int, owner: bool) -> None:
+    def __init__(
+        self, path: Path, layout: RegionLayout, fd: int, owner: bool, token: bytes
+    ) -> None:
         self.path = path
         self.layout = layout
         self.owner = owner
+        self.token = token
+        """The random token its creator wrote in the header: the same in every process that
+        maps this file, and in no other region."""
         self._fd = fd
         self._mmap: mmap.mmap | None = mmap.mmap(fd, layout.file_size, mmap.MAP_SHARED)
         self._pinned_ptr: int | None = None
@@ -141,6 +156,7 @@ class PrimaryRegion:
             ) from None
         except OSError as e:
             raise RegionError(f"primary region {path}: cannot create: {e.strerror}") from e
+        token = os.urandom(TOKEN_BYTES)
         try:
             os.ftruncate(fd, size)
             header = _HEADER.pack(
@@ -152,10 +168,11 @@ class PrimaryRegion:
                 layout.shard_bytes,
                 layout.num_workers,
                 layout.slot_stride,
+                token,
             )
             os.pwrite(fd, header, 0)
             os.pwrite(fd, struct.pack("<I", 1), _READY_OFFSET)  # ready: joiners may map now
-            region = cls(path, layout, fd, owner=True)
+            region = cls(path, layout, fd, owner=True, token=token)
         except OSError as e:
             os.close(fd)
             path.unlink(missing_ok=True)
@@ -203,14 +220,14 @@ class PrimaryRegion:
             if time.monotonic() >= deadline:
                 raise RegionError(f"primary region {path}: not created within {timeout:g}s")
             time.sleep(0.01)
-        _, stored = found
+        _, stored, token = found
         if layout is not None and stored != layout:
             raise RegionError(f"primary region {path}: has layout {stored}, expected {layout}")
         try:
             fd = os.open(path, os.O_RDWR)
         except OSError as e:
             raise RegionError(f"primary region {path}: cannot open: {e.strerror}") from e
-        return cls(path, stored, fd, owner=False)
+        return cls(path, stored, fd, owner=False, token=token)
 
     def close(self) -> None:
         """Unregister, unmap and, in the creator, remove the file. Safe to call twice.
@@ -405,7 +422,7 @@ def cleanup_stale(directory: str | Path = DEFAULT_DIRECTORY) -> list[Path]:
     return removed
 
 
-def _read_header(path: Path) -> tuple[bool, RegionLayout] | None:
+def _read_header(path: Path) -> tuple[bool, RegionLayout, bytes] | None:
     try:
         with open(path, "rb") as f:
             raw = f.read(_HEADER.size)
@@ -415,10 +432,10 @@ def _read_header(path: Path) -> tuple[bool, RegionLayout] | None:
         raise RegionError(f"primary region {path}: cannot read: {e.strerror}") from e
     if len(raw) < _HEADER.size:
         return None  # being created
-    magic, version, ready, _pid, slots, shard, workers, _stride = _HEADER.unpack(raw)
+    magic, version, ready, _pid, slots, shard, workers, _stride, token = _HEADER.unpack(raw)
     if magic != _MAGIC or version != _VERSION:
         raise RegionError(f"primary region {path}: not a kvtier region of version {_VERSION}")
-    return bool(ready), RegionLayout(slots, shard, workers)
+    return bool(ready), RegionLayout(slots, shard, workers), token
 
 
 def _creator_pid(path: Path) -> int | None:

@@ -34,6 +34,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from connectors.roles import Roster
 from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
@@ -166,11 +167,14 @@ class KvtierManager(OffloadingManager):
         region: PrimaryRegion,
         metrics_server: MetricsServer | None = None,
         info: Sequence[Mapping[str, Any]] = ({},),
+        roster: Roster | None = None,
     ) -> None:
         """`metrics_server`: kvtier's own Prometheus endpoint, fed by the manager's `publish`
-        hook; closed at `shutdown`. `info`: the series of `config_info` (`config_info()`)."""
+        hook; closed at `shutdown`. `info`: the series of `config_info` (`config_info()`).
+        `roster`: the engine's roster this role joined (left at `shutdown`)."""
         self.manager = manager
         self.region = region
+        self.roster = roster
         self.metrics_server = metrics_server
         self.medium = Medium.CPU
         self.info = [dict(series) for series in info]
@@ -314,6 +318,8 @@ class KvtierManager(OffloadingManager):
             self.metrics_server.close()
         self.manager.shutdown()
         self.region.close()
+        if self.roster is not None:
+            self.roster.leave()
 
 
 def _empty_step() -> bool:

@@ -43,6 +43,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
 
+from connectors.roles import Roster
 from connectors.startup import (
     check_block_hashing,
     check_vllm_version,
@@ -136,10 +137,20 @@ class TieredOffloadingSpec(OffloadingSpec):
             self.namespace.canonical_json().decode(),
         )
 
-    def _region(self) -> PrimaryRegion:
-        return PrimaryRegion.open(
+    def _region(self, role: str) -> tuple[PrimaryRegion, Roster]:
+        """This role's mapping of the primary region, proved to be the one every other role
+        of the engine maps, under the same config (`connectors.roles`): otherwise a
+        `RegionError` stops the engine before anything reaches a tier."""
+        region = PrimaryRegion.open(
             self.config.engine_id, self.region_layout, self.kvtier.primary.directory
         )
+        roster = Roster(self.config.engine_id)
+        try:
+            roster.join(role, region, self.kvtier)
+        except BaseException:
+            region.close()
+            raise
+        return region, roster
 
     def get_manager(self) -> OffloadingManager:
         pool = PrimaryPool(
@@ -147,7 +158,7 @@ class TieredOffloadingSpec(OffloadingSpec):
             self.kvtier.primary.eviction,
             events=self.kv_events_config.enable_kv_cache_events,
         )
-        region = self._region()
+        region, roster = self._region("scheduler")
         if self.kvtier.primary.prefault:
             region.prefault()  # the tiers read into slots in this process
         slots = region.slots()
@@ -170,11 +181,11 @@ class TieredOffloadingSpec(OffloadingSpec):
             publish=None if server is None else server.publish,
         )
         info = config_info(self.kvtier, self.region_layout.num_slots, block_bytes)
-        return KvtierManager(manager, region, server, info)
+        return KvtierManager(manager, region, server, info, roster)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        region = self._region()
         rank = 0 if self.replicated_layout else self.config.parallel.rank
+        region, roster = self._region(f"worker rank {rank}")
         tensors, groups = engine_layout(kv_caches)
         shard = region.shard_tensor(rank)
         engine: CopyEngine
@@ -187,7 +198,7 @@ class TieredOffloadingSpec(OffloadingSpec):
             if self.kvtier.primary.prefault:
                 region.prefault(rank)  # (pinning maps every page, for CUDA)
             engine = CpuCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
-        return KvtierWorker(engine, region)
+        return KvtierWorker(engine, region, roster)
 
 
 def _engine_config() -> tuple[VllmConfig, str]:

@@ -10,6 +10,7 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
+from connectors.roles import Roster
 from tiers.copy import CopyEngine, EngineBlocks, GroupRef, KVTensor
 from tiers.region import PrimaryRegion
 
@@ -38,9 +39,13 @@ class KvtierWorker(OffloadingWorker):
     copy deserves (it is a bug, not a tier fault: tier faults never reach the worker).
     """
 
-    def __init__(self, engine: CopyEngine, region: PrimaryRegion) -> None:
+    def __init__(
+        self, engine: CopyEngine, region: PrimaryRegion, roster: Roster | None = None
+    ) -> None:
+        """`roster`: the engine's roster this role joined (left at `shutdown`)."""
         self.engine = engine
         self.region = region
+        self.roster = roster
 
     def submit_store(
         self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
@@ -77,3 +82,5 @@ class KvtierWorker(OffloadingWorker):
     def shutdown(self) -> None:
         self.engine.shutdown()
         self.region.close()
+        if self.roster is not None:
+            self.roster.leave()

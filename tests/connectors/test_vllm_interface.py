@@ -31,7 +31,7 @@ from kvtier.venv import ensure_vllm_tree, ensure_vllm_venv
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ("a", "canary", "b", "c", "idle", "warm")
+SCENARIOS = ("a", "canary", "b", "c", "idle", "warm", "drift")
 PREFIX_BLOCKS = 10
 """Engine blocks the 320-token prefix fills; the engine's cache keeps the first."""
 MAX_TOKENS = 8
@@ -246,3 +246,19 @@ def test_a_restarted_engine_finds_the_warm_started_prefix_in_the_primary(
     assert load["engine_blocks"] == again["block_ids"][:PREFIX_BLOCKS]
     assert found["mismatched_blocks"] == []
     assert_all_finished(found)
+
+
+def test_a_config_edited_between_the_roles_starts_stops_the_engine(harness: dict[str, Any]) -> None:
+    """drift: the config's `primary.directory` changed between the worker's start and the
+    scheduler's. The scheduler refuses to start with one line naming both regions, before its
+    tiers exist: the write-through file tier's directory is not even made, and no region file
+    is left behind."""
+    found = observed(harness, "drift")
+    refused = found["refused"]
+    assert refused is not None and "\n" not in refused
+    assert refused.startswith("RegionError: kvtier: engine ")
+    assert "worker rank 0 and scheduler map different primary regions" in refused
+    assert "shm-a/kvtier-" in refused and "shm-b/kvtier-" in refused
+    assert "primary.directory" in refused
+    assert found["tier_files"] is None
+    assert found["regions_left"] == []

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,17 @@ MODEL_CONFIG = model_config(LLAMA)
 class Engine:
     """vLLM's scheduler and connector roles over CPU KV cache tensors. Harness thread."""
 
-    def __init__(self, workdir: Path, extra: dict[str, Any], *, engine_blocks: int = 18) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        extra: dict[str, Any],
+        *,
+        engine_blocks: int = 18,
+        between_roles: Callable[[], None] | None = None,
+    ) -> None:
+        """`between_roles`: called once the worker role is built and before the scheduler
+        is (what can happen between two processes' starts: a config file edited). A
+        scheduler that cannot be built shuts the worker role down before the error goes on."""
         model = workdir / "model"
         model.mkdir(parents=True, exist_ok=True)
         (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
@@ -97,17 +107,23 @@ class Engine:
         with set_current_vllm_config(self.config):
             kv_cache_config, scheduler_kv_cache_config = self._plan(engine_blocks)
             self._start_worker(kv_cache_config)
+        if between_roles is not None:
+            between_roles()
         block_size, hash_block_size = resolve_kv_cache_block_sizes(
             scheduler_kv_cache_config, self.config
         )
-        self.scheduler = Scheduler(
-            vllm_config=self.config,
-            kv_cache_config=scheduler_kv_cache_config,
-            structured_output_manager=StructuredOutputManager(self.config),
-            block_size=block_size,
-            hash_block_size=hash_block_size,
-            log_stats=True,
-        )
+        try:
+            self.scheduler = Scheduler(
+                vllm_config=self.config,
+                kv_cache_config=scheduler_kv_cache_config,
+                structured_output_manager=StructuredOutputManager(self.config),
+                block_size=block_size,
+                hash_block_size=hash_block_size,
+                log_stats=True,
+            )
+        except BaseException:
+            ensure_kv_transfer_shutdown()
+            raise
         scheduler_role = self.scheduler.connector.connector_scheduler
         scheduler_role.manager = ManagerRecorder(scheduler_role.manager, self.events)
         hash_fn = get_hash_fn_by_name(self.config.cache_config.prefix_caching_hash_algo)

@@ -11,6 +11,7 @@ must come from kvtier.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -257,6 +258,42 @@ def scenario_warm(workdir: Path) -> dict[str, Any]:
         return observed(e) | {"blocks_warmed": warmed}
 
 
+def scenario_drift(workdir: Path) -> dict[str, Any]:
+    """drift: the kvtier config file is edited between the worker's start and the scheduler's
+    (its `primary.directory`; a write-through file tier stays as it was). Each role would map
+    a primary region of its own, and the scheduler would demote slots nobody wrote: the
+    scheduler must refuse to start, naming both regions, before its tiers are built."""
+    disk = workdir / "drift-disk"
+    tier = {"name": "disk", "type": "file", "path": str(disk), "write": "through", "min_free": 0}
+    config = workdir / "kvtier.yaml"
+
+    def write(directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        primary = {"capacity": 16 * SLOT_BYTES, "directory": str(directory)}
+        config.write_text(json.dumps({"primary": primary, "tiers": [tier]}))  # JSON is YAML
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    write(workdir / "shm-a")
+    extra = {"spec_name": "TieredOffloadingSpec", "spec_module_path": "connectors.vllm"}
+    refused = None
+    try:
+        started = Engine(
+            workdir, extra | {"config": str(config)}, between_roles=lambda: write(workdir / "shm-b")
+        )
+    except Exception as e:
+        refused = f"{type(e).__name__}: {e}"
+    else:
+        started.close()
+    return {
+        "vllm": vllm.__version__,
+        "refused": refused,
+        "tier_files": sorted(str(p.relative_to(disk)) for p in disk.rglob("*"))
+        if disk.exists()
+        else None,
+        "regions_left": sorted(p.name for p in workdir.glob("shm-*/kvtier-*.region")),
+    }
+
+
 def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -272,4 +309,5 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "c": scenario_c,
     "idle": scenario_idle,
     "warm": scenario_warm,
+    "drift": scenario_drift,
 }
