@@ -680,11 +680,11 @@ def test_the_segment_scan_verifies_at_most_the_files_size_a_chunk_at_a_time(
     root = tmp_path / NAMESPACE.hex()
     root.mkdir()
     with open(root / "00000000.kvs", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, claim + (64 << 10))  # holds its bytes: all checked
         for i in range(8):
             head = craft(key(i), b"", stored=claim, raw=claim, checksum_of=b"x", align=4096)
             f.seek(i * 4096)
             f.write(head[:4096])
-        f.truncate(claim + (64 << 10))
     tracemalloc.start()
     start = time.monotonic()
     try:
@@ -697,6 +697,42 @@ def test_the_segment_scan_verifies_at_most_the_files_size_a_chunk_at_a_time(
     assert peak < 16 << 20, peak
     assert [reason for _, reason, _ in tier.damaged] == ["checksum"]
     assert seconds < 10, seconds
+
+
+def test_a_sparse_segment_whose_holes_headers_claim_is_scanned_by_the_bytes_it_holds(
+    tmp_path: Path,
+) -> None:
+    """A 16 GiB sparse segment, the newest (whose payloads the scan checks), with a header at
+    each GiB claiming the GiB after it: a writable tier's start read every claim, the whole
+    apparent size (seconds per GiB); now it reads at most the bytes the file holds."""
+    import time
+
+    from tiering.testing import craft
+
+    gib = 1 << 30
+    root = tmp_path / NAMESPACE.hex()
+    root.mkdir()
+    segment = root / "00000000.kvs"
+    with open(segment, "wb") as f:
+        for i in range(16):
+            claim = gib - 4096
+            head = craft(key(i), b"", stored=claim, raw=claim, checksum_of=b"x", align=4096)
+            f.seek(i * gib)
+            f.write(head[:4096])
+        f.truncate(16 * gib)
+    held = segment.stat().st_blocks * 512
+    assert held < 1 << 20, f"{tmp_path} does not keep holes: the test needs a file system that does"
+
+    def read_so_far() -> int:  # bytes this process's read system calls returned
+        with open("/proc/self/io") as io:
+            return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+    before, start = read_so_far(), time.monotonic()
+    tier = SegmentFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0)
+    read, seconds = read_so_far() - before, time.monotonic() - start
+    asyncio.run(tier.close())
+    assert read < 4 << 20, read
+    assert seconds < 5, seconds
 
 
 def test_an_object_outside_its_keys_directory_is_not_indexed(tmp_path: Path) -> None:
