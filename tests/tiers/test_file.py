@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,58 @@ def test_segments_restart_keeps_blocks_skips_holes_and_drops_torn_ones(tmp_path:
             assert again.counters["corrupt.checksum"] == 1
 
     asyncio.run(body())
+
+
+def test_the_start_logs_what_it_does_with_a_damaged_object(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged object found at start by a writable tier: the files layout removes it; the
+    segment layout keeps the record as dead space beside a live one (it said "removing"), and
+    removes it with its segment when nothing else in it is live. The log says which."""
+
+    def damage(path: Path, at: int) -> None:
+        with open(path, "r+b") as f:
+            f.seek(at)
+            f.write(b"\xff" * 8)
+
+    async def restart(make: Callable[[], Tier]) -> str:
+        caplog.clear()
+        async with make() as tier:
+            assert len(tier.damaged) == 1
+            logged = caplog.text
+        assert logged.count("a damaged object at start") == 1, logged
+        return logged
+
+    async def body() -> None:
+        async with segments(tmp_path / "kept") as tier:
+            await tier.put(key(1), payload(8192, 1))
+            await tier.put(key(2), payload(8192, 2))
+            kept = location(tier, key(1))
+        async with segments(tmp_path / "dropped") as tier:
+            await tier.put(key(1), payload(8192, 1))
+            dropped = location(tier, key(1))
+        async with BlockFileTier(namespace=NAMESPACE, path=tmp_path / "f", min_free=0) as tier:
+            await tier.put(key(1), payload(8192, 1))
+            path = path_of(tier, key(1))
+        assert kept and dropped
+        damage(kept[0], kept[1] + 5000)
+        damage(dropped[0], dropped[1] + 5000)
+        damage(path, 0)  # its header: the files layout checks headers at start
+        before = kept[0].read_bytes()
+
+        assert "leaving a damaged object" in await restart(lambda: segments(tmp_path / "kept"))
+        assert kept[0].read_bytes() == before
+        logged = await restart(lambda: segments(tmp_path / "dropped"))
+        assert "removing a damaged object" in logged
+        assert not dropped[0].exists()
+        logged = await restart(
+            lambda: BlockFileTier(namespace=NAMESPACE, path=tmp_path / "f", min_free=0)
+        )
+        assert "removing a damaged object" in logged
+        assert not path.exists()
+
+    with caplog.at_level("WARNING", logger="tiers.file.base"):
+        asyncio.run(body())
 
 
 def test_segments_evict_the_least_recently_used_segment_whole(tmp_path: Path) -> None:

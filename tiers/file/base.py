@@ -92,8 +92,6 @@ class FileTier(Tier):
     _layouts: ClassVar[dict[str, type[FileTier]]] = {}
     _objects: ClassVar[str] = ""
     """Where a namespace directory's objects are (relative glob)."""
-    _removes_damaged: ClassVar[bool] = True
-    """A writable tier's start-up scan removes the damaged objects it finds."""
 
     _index: dict[BlockKey, Any]
     """Every key the tier holds (set by the layout)."""
@@ -176,10 +174,12 @@ class FileTier(Tier):
 
     # -- start-up -------------------------------------------------------------------------------
 
-    def _damaged_at_start(self, where: str, reason: str, detail: str) -> None:
+    def _damaged_at_start(self, where: str, reason: str, detail: str, *, removed: bool) -> None:
+        """A damaged object the start-up scan found at `where`, counted, listed in `damaged`
+        and logged with what happens to it: `removed` (by the caller) or left in place."""
         self.counters[f"corrupt.{reason}"] += 1
-        self.damaged.append((where, reason, not self.read_only and self._removes_damaged))
-        verb = "leaving" if self.read_only else "removing"
+        self.damaged.append((where, reason, removed))
+        verb = "removing" if removed else "leaving"
         log.warning("tier %r: %s a damaged object at start, %s: %s", self.name, verb, where, detail)
 
     # -- primitives both layouts answer from the index -------------------------------------------

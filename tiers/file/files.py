@@ -96,7 +96,8 @@ class BlockFileTier(FileTier, layout="files"):
                 check_object(header, _object_size(raw, st.st_size))
             except (CorruptObject, ValueError) as e:
                 reason = getattr(e, "reason", "key")
-                self._damaged_at_start(str(path.relative_to(self.base)), reason, str(e))
+                where = str(path.relative_to(self.base))
+                self._damaged_at_start(where, reason, str(e), removed=not self.read_only)
                 if not self.read_only:
                     path.unlink(missing_ok=True)
                 continue
