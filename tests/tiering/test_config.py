@@ -388,6 +388,19 @@ def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path: Path) ->
     assert [t.name for t in load_config(merged).tiers] == ["a", "b"]
 
 
+def test_a_warm_start_larger_than_the_primary_capacity_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "warm.yaml"
+    path.write_text("primary: {capacity: 1GiB, warm_start: 1025MiB}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: primary.warm_start: 1025MiB is more than primary.capacity (1GiB); a warm "
+        "start fills at most the primary"
+    )
+    path.write_text("primary: {capacity: 1GiB, warm_start: 1GiB}\n")
+    assert load_config(path).primary.warm_start == 1 << 30
+
+
 def test_files_that_are_not_yaml_text_are_one_line_errors(tmp_path: Path) -> None:
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"primary: {capacity: 1GiB}\n# \xff\xfe\n")
