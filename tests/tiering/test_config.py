@@ -401,6 +401,15 @@ def test_a_warm_start_larger_than_the_primary_capacity_is_refused(tmp_path: Path
     assert load_config(path).primary.warm_start == 1 << 30
 
 
+def test_a_tier_options_own_checks_run_at_load() -> None:
+    """What a tier's options record checks of its values (`__post_init__`) failed only when
+    the tier was built, at the engine's start; `kvtier validate` said valid."""
+    segments = {"name": "s", "type": "file", "layout": "segments", "path": "/x"}
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.segment_size: at least 4KiB, got 1024$"):
+        parse_config({"tiers": [segments | {"segment_size": "1KiB"}]})
+    assert parse_config({"tiers": [segments | {"segment_size": "4KiB"}]}).tiers[0].name == "s"
+
+
 def test_files_that_are_not_yaml_text_are_one_line_errors(tmp_path: Path) -> None:
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"primary: {capacity: 1GiB}\n# \xff\xfe\n")
