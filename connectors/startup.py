@@ -13,6 +13,7 @@ from tiering.config import Config, load_config, parse_config
 from tiering.errors import ConfigError
 from tiering.keys import Layout
 from tiering.registry import get_tier_class
+from tiering.units import parse_size
 
 __all__ = [
     "SUPPORTED_VLLM",
@@ -21,6 +22,7 @@ __all__ = [
     "check_vllm_version",
     "lasting_tiers",
     "namespace_layout",
+    "primary_capacity",
     "read_config",
 ]
 
@@ -78,6 +80,23 @@ def read_config(extra: Mapping[str, Any]) -> Config:
         except ConfigError as e:
             raise ConfigError(f"kv_connector_extra_config.kvtier: {e}") from None
     return parse_config({})
+
+
+def primary_capacity(config: Config, extra: Mapping[str, Any]) -> int:
+    """The primary's capacity in bytes: `primary.capacity`, else vLLM's `cpu_bytes_to_use`
+    from `kv_connector_extra_config` (`extra`), which `primary.warm_start` must not exceed
+    either (the loader checks it against `primary.capacity`)."""
+    capacity = config.primary.capacity
+    if capacity is not None:
+        return capacity
+    if "cpu_bytes_to_use" not in extra:
+        raise ConfigError(
+            "kvtier needs a primary capacity: set primary.capacity in the kvtier config "
+            "or cpu_bytes_to_use in kv_connector_extra_config"
+        )
+    capacity = parse_size(extra["cpu_bytes_to_use"], "cpu_bytes_to_use")
+    config.primary.check_warm_start(capacity, "cpu_bytes_to_use")
+    return capacity
 
 
 def lasting_tiers(config: Config) -> list[str]:

@@ -173,8 +173,10 @@ async def tier_rates(
 
 
 def raw_disk(directory: Path, size: int, count: int, jobs: int) -> tuple[float, float, str]:
-    """Write then read `count` blocks of `size` with O_DIRECT, `jobs` streams at once, in a
-    directory of its own made inside `directory` (removed afterwards)."""
+    """Write then read `count` blocks of `size` with O_DIRECT, `jobs` streams at once (at most
+    one per block: fio refuses a stream of less than a block), in a directory of its own made
+    inside `directory` (removed afterwards)."""
+    jobs = max(1, min(jobs, count))
     scratch = Path(tempfile.mkdtemp(prefix="kvtier-baseline-", dir=directory))
     fio = shutil.which("fio")
     try:

@@ -11,7 +11,9 @@ these with a `yaml.YAMLError` that carries the line and column, before anything 
 - nesting is at most `MAX_DEPTH` levels, counted through aliases;
 - the document expands to at most `MAX_NODES` nodes, an alias counting as often as it is used
   (a recursive alias is refused);
-- a scalar that its constructor cannot turn into a value is a marked error.
+- a scalar that its constructor cannot turn into a value is a marked error;
+- a mapping names each key once (PyYAML keeps the last of two, so a second `tiers:` would
+  drop the first without a word); a merge (`<<`) may still be overridden.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from typing import Any
 import yaml
 from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_NODES", "load"]
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 64
 MAX_NODES = 100_000
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -52,6 +55,23 @@ class _BoundedLoader(yaml.SafeLoader):
             return node
         finally:
             self._depth -= 1
+
+    def compose_mapping_node(self, anchor: Any) -> MappingNode:  # typeshed: a dict; a name
+        node = super().compose_mapping_node(anchor)
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE:
+                continue  # a config's keys are scalars (scalars are all hashable)
+            key = self.construct_object(key_node)  # `a` and "a" are one key, as in the dict
+            if key in first:
+                raise ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {_short(key)} (first at line {first[key]})",
+                    key_node.start_mark,
+                )
+            first[key] = key_node.start_mark.line + 1
+        return node
 
     def compose_document(self) -> Node | None:
         node = super().compose_document()

@@ -39,6 +39,7 @@ from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
+from tiering.units import format_duration
 from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
 
 __all__ = ["RedisOptions", "RedisTier"]
@@ -95,7 +96,9 @@ class RedisOptions(TierOptions):
         option(None, help="The password to AUTH with (null: the URL's, or none); use `${ENV_VAR}`.")
     )
     ttl: float | None = option(
-        None, kind="duration", help="Blocks expire this long after they are written (null: never)."
+        None,
+        kind="duration",
+        help="Blocks expire this long after they are written, in whole milliseconds (null: never).",
     )
     cluster: bool = option(False, help="Talk to a Redis Cluster through any of its nodes.")
     tls_ca_file: str | None = option(None, help="CA bundle for TLS (makes the URL `rediss://`).")
@@ -114,6 +117,19 @@ class RedisOptions(TierOptions):
         True,
         help="Move blocks through kvtier's own RESP client on plain TCP (false: redis-py only).",
     )
+
+    def __post_init__(self) -> None:
+        if self.ttl is not None and _milliseconds(self.ttl) is None:
+            raise ConfigError(
+                f"ttl: a whole number of milliseconds (Redis expires keys by the millisecond), "
+                f"got {format_duration(self.ttl)}"
+            )
+
+
+def _milliseconds(seconds: float) -> int | None:
+    """`seconds` in whole milliseconds (at least 1), or None where it is not that."""
+    ms = round(seconds * 1000)
+    return ms if ms >= 1 and abs(seconds * 1000 - ms) < 1e-3 else None  # (float error: < 1 µs)
 
 
 class RedisTier(Tier):
@@ -135,8 +151,9 @@ class RedisTier(Tier):
         **options: Any,
     ) -> None:
         """`url` as redis-py reads it (`rediss://` for TLS); `ttl` (seconds or a duration such
-        as `1h`) expires blocks; `cluster` talks to a Redis Cluster through any of its nodes;
-        `fast_path: false` moves blocks through redis-py too (plain TCP only has the other)."""
+        as `1h`, in whole milliseconds) expires blocks (SET's PX); `cluster` talks to a Redis
+        Cluster through any of its nodes; `fast_path: false` moves blocks through redis-py too
+        (plain TCP only has the other)."""
         super().__init__(namespace=namespace, secret=secret, name=name, **options)
         settings = self.options
         url, username, password = settings.url, settings.username, settings.password
@@ -299,7 +316,7 @@ class RedisTier(Tier):
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
         with self._errors("SET"):
             if self._fast is not None:
-                request = set_command(self._name(key), parts, self._ex())
+                request = set_command(self._name(key), parts, self._px())
 
                 async def put(conn: RespConnection) -> None:
                     await conn.send(request)
@@ -307,7 +324,7 @@ class RedisTier(Tier):
 
                 await self._fast.run(put)
                 return
-            await self._client.set(self._name(key), b"".join(parts), ex=self._ex())
+            await self._client.set(self._name(key), b"".join(parts), px=self._px())
 
     async def _delete(self, key: BlockKey) -> bool:
         with self._errors("DEL"):
@@ -360,8 +377,9 @@ class RedisTier(Tier):
         with contextlib.suppress(Exception):
             await self._client.aclose()
 
-    def _ex(self) -> int | None:
-        return None if self.ttl is None else max(1, round(self.ttl))
+    def _px(self) -> int | None:
+        """The expiry of a SET, in milliseconds (None: none)."""
+        return None if self.ttl is None else _milliseconds(self.ttl)
 
     # -- pipelined batches ------------------------------------------------------------------------
 
@@ -433,7 +451,7 @@ class RedisTier(Tier):
             with self._errors("SET (pipelined)"):
                 pipe = self._client.pipeline(transaction=False)
                 for block, parts in encoded:
-                    pipe.set(self._name(block), b"".join(parts), ex=self._ex())
+                    pipe.set(self._name(block), b"".join(parts), px=self._px())
                 await pipe.execute()
 
         try:
@@ -539,10 +557,10 @@ class RedisTier(Tier):
     ) -> list[None | BaseException]:
         assert self._fast is not None
         fast = self._fast
-        ex = self._ex()
+        px = self._px()
         parts: list[Buffer] = []
         for block, value in encoded:
-            parts += set_command(self._name(block), value, ex)
+            parts += set_command(self._name(block), value, px)
 
         async def exchange(conn: RespConnection) -> list[None | BaseException]:
             await conn.send(parts)

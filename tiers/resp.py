@@ -112,16 +112,17 @@ def command(*args: bytes | str | int) -> bytes:
     return b"".join(out)
 
 
-def set_command(name: bytes, value_parts: Sequence[Buffer], ex: int | None) -> list[Buffer]:
-    """SET name value [EX ex], the value given in parts (sent by one `sendmsg`, not joined)."""
+def set_command(name: bytes, value_parts: Sequence[Buffer], px: int | None) -> list[Buffer]:
+    """SET name value [PX px] (milliseconds), the value given in parts (sent by one `sendmsg`,
+    not joined)."""
     size = sum(len(p) for p in value_parts)
     head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (
-        3 if ex is None else 5,
+        3 if px is None else 5,
         len(name),
         name,
         size,
     )
-    tail = b"\r\n" if ex is None else b"\r\n$2\r\nEX\r\n$%d\r\n%d\r\n" % (len(str(ex)), ex)
+    tail = b"\r\n" if px is None else b"\r\n$2\r\nPX\r\n$%d\r\n%d\r\n" % (len(str(px)), px)
     return [head, *value_parts, tail]
 
 

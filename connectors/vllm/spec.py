@@ -49,6 +49,7 @@ from connectors.startup import (
     check_vllm_version,
     lasting_tiers,
     namespace_layout,
+    primary_capacity,
     read_config,
 )
 from connectors.vllm.manager import (
@@ -64,7 +65,6 @@ from tiering.manager import TieringOffloadingManager, build_tiers
 from tiering.metrics import MetricsServer
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
-from tiering.units import parse_size
 from tiers.copy import CopyEngine, CpuCopyEngine
 from tiers.region import PrimaryRegion, RegionLayout
 
@@ -108,14 +108,7 @@ class TieredOffloadingSpec(OffloadingSpec):
         shard_bytes = config.worker_kv_bytes_per_block * self.blocks_per_chunk
         workers = 1 if self.replicated_layout else config.parallel.world_size
         stride = RegionLayout(1, shard_bytes, workers).slot_stride
-        capacity = self.kvtier.primary.capacity
-        if capacity is None:
-            if "cpu_bytes_to_use" not in self.extra_config:
-                raise ConfigError(
-                    "kvtier needs a primary capacity: set primary.capacity in the kvtier config "
-                    "or cpu_bytes_to_use in kv_connector_extra_config"
-                )
-            capacity = parse_size(self.extra_config["cpu_bytes_to_use"], "cpu_bytes_to_use")
+        capacity = primary_capacity(self.kvtier, self.extra_config)
         num_slots = capacity // stride
         if num_slots < 1:
             raise ConfigError(

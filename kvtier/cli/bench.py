@@ -33,7 +33,8 @@ def add_parsers(commands: Any) -> None:
         "--sizes",
         type=argtypes.sizes(MAX_BLOCK_BYTES),
         default="64KiB,256KiB,2MiB",
-        help="block sizes, comma-separated (default 64KiB,256KiB,2MiB)",
+        help="block sizes, comma-separated (default 64KiB,256KiB,2MiB); the bench holds up to "
+        "8 + --clients blocks of a size in memory at once",
     )
     p.add_argument("--count", type=argtypes.count(1, 100_000), default=64, help="blocks per size")
     p.add_argument("--clients", type=argtypes.count(1, 256), default=8, help="calls in flight")

@@ -15,6 +15,7 @@ from connectors.startup import (
     check_vllm_version,
     lasting_tiers,
     namespace_layout,
+    primary_capacity,
     read_config,
 )
 from tests.connectors.test_identity import write_model
@@ -73,6 +74,31 @@ def test_config_inline_and_default() -> None:
 def test_config_errors(extra: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         read_config(extra)
+
+
+def test_a_warm_start_larger_than_the_primary_is_refused_naming_both() -> None:
+    """`primary.warm_start` over the primary's capacity was accepted (a warm start fills free
+    slots only, so it stopped short without a word): refused against `primary.capacity` at
+    load, and against vLLM's `cpu_bytes_to_use` when that gives the capacity."""
+    inline = {"kvtier": {"primary": {"capacity": "1GiB", "warm_start": "2GiB"}}}
+    with pytest.raises(ConfigError) as error:
+        read_config(inline)
+    assert str(error.value) == (
+        "kv_connector_extra_config.kvtier: primary.warm_start: 2GiB is more than "
+        "primary.capacity (1GiB); a warm start fills at most the primary"
+    )
+    config = read_config({"kvtier": {"primary": {"warm_start": "2GiB"}}})
+    with pytest.raises(ConfigError) as error:
+        primary_capacity(config, {"cpu_bytes_to_use": 1 << 30})
+    assert str(error.value) == (
+        "primary.warm_start: 2GiB is more than cpu_bytes_to_use (1GiB); a warm start fills "
+        "at most the primary"
+    )
+    assert primary_capacity(config, {"cpu_bytes_to_use": "2GiB"}) == 2 << 30
+    exact = read_config({"kvtier": {"primary": {"capacity": "1GiB", "warm_start": "1GiB"}}})
+    assert primary_capacity(exact, {"cpu_bytes_to_use": 1}) == 1 << 30  # the YAML's wins
+    with pytest.raises(ConfigError, match="needs a primary capacity"):
+        primary_capacity(config, {})
 
 
 def offloading_config(**changes: object) -> SimpleNamespace:

@@ -6,6 +6,7 @@ removes it, also when it fails; a user's `baseline` directory, `key:*` keys and
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -126,6 +127,40 @@ def test_a_file_tier_too_small_for_the_bench_fails_in_one_line_and_leaves_nothin
     assert code == 1 and "gets of 16384-byte blocks hit" in out and "capacity" in out, out
     assert "internal error" not in out
     assert list(root.iterdir()) == []
+
+
+def test_blocks_of_256_mib_and_more_are_benched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Any size --sizes accepts runs: from 256 MiB on, making the bench's blocks ended the
+    command in `internal error: OverflowError` (Python's `randbytes` draws at most 2**31 bits)."""
+    config = tmp_path / "tiers.yaml"
+    config.write_text("version: 1\ntiers:\n  - {name: m, type: memory, capacity: 1GiB}\n")
+    args = ["--sizes", "256MiB", "--count", "1", "--clients", "1", "--json"]
+    code = main(["bench", "--config", str(config), "--tier", "m", *args])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    (row,) = json.loads(out.out)
+    assert row["block_bytes"] == 256 << 20 and row["put_gib_s"] > 0 and row["get_gib_s"] > 0
+
+
+def test_a_file_bench_with_fewer_blocks_than_clients_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--count below --clients: the raw baseline ran fio with streams of less than a block,
+    which fio refuses (`internal error: CalledProcessError`); now one stream per block."""
+    root = tmp_path / "nvme"
+    root.mkdir()
+    config = tmp_path / "tiers.yaml"
+    config.write_text(
+        f'version: 1\ntiers:\n  - {{name: nvme, type: file, path: "{root}", min_free: 0}}\n'
+    )
+    args = ["--sizes", "64KiB", "--count", "2", "--clients", "8", "--json"]
+    code = main(["bench", "--config", str(config), "--tier", "nvme", *args])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    (row,) = json.loads(out.out)
+    assert row["raw_write_gib_s"] > 0 and row["raw_read_gib_s"] > 0, row
 
 
 # -- redis ---------------------------------------------------------------------------------------

@@ -356,6 +356,60 @@ def test_yaml_that_would_cost_minutes_or_recurse_is_refused_fast(tmp_path: Path)
         assert time.perf_counter() - start < 1.0, name
 
 
+def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys: a second `tiers:` dropped the first tiers
+    without a word. At any depth, in block or flow style, `a` and "a" alike; a merge (`<<`)
+    may still be overridden."""
+    cases = {
+        "tiers": (
+            "tiers:\n  - {name: a, type: memory}\nprimary: {capacity: 1GiB}\n"
+            "tiers:\n  - {name: b, type: memory}\n",
+            r":4:1: not valid YAML: duplicate key 'tiers' \(first at line 1\)$",
+        ),
+        "flow": (
+            "primary: {capacity: 1GiB, capacity: 2GiB}\n",
+            r":1:27: not valid YAML: duplicate key 'capacity' \(first at line 1\)$",
+        ),
+        "quoted": (
+            "tiers:\n  - name: a\n    type: memory\n    'name': b\n",
+            r":4:5: not valid YAML: duplicate key 'name' \(first at line 2\)$",
+        ),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            load_config(path)
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(
+        "tiers:\n  - &base {name: a, type: memory, capacity: 1GiB}\n"
+        "  - {<<: *base, name: b, capacity: 2GiB}\n"
+    )
+    assert [t.name for t in load_config(merged).tiers] == ["a", "b"]
+
+
+def test_a_warm_start_larger_than_the_primary_capacity_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "warm.yaml"
+    path.write_text("primary: {capacity: 1GiB, warm_start: 1025MiB}\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: primary.warm_start: 1025MiB is more than primary.capacity (1GiB); a warm "
+        "start fills at most the primary"
+    )
+    path.write_text("primary: {capacity: 1GiB, warm_start: 1GiB}\n")
+    assert load_config(path).primary.warm_start == 1 << 30
+
+
+def test_a_tier_options_own_checks_run_at_load() -> None:
+    """What a tier's options record checks of its values (`__post_init__`) failed only when
+    the tier was built, at the engine's start; `kvtier validate` said valid."""
+    segments = {"name": "s", "type": "file", "layout": "segments", "path": "/x"}
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.segment_size: at least 4KiB, got 1024$"):
+        parse_config({"tiers": [segments | {"segment_size": "1KiB"}]})
+    assert parse_config({"tiers": [segments | {"segment_size": "4KiB"}]}).tiers[0].name == "s"
+
+
 def test_files_that_are_not_yaml_text_are_one_line_errors(tmp_path: Path) -> None:
     binary = tmp_path / "binary.yaml"
     binary.write_bytes(b"primary: {capacity: 1GiB}\n# \xff\xfe\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,58 @@ def test_segments_restart_keeps_blocks_skips_holes_and_drops_torn_ones(tmp_path:
             assert again.counters["corrupt.checksum"] == 1
 
     asyncio.run(body())
+
+
+def test_the_start_logs_what_it_does_with_a_damaged_object(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A damaged object found at start by a writable tier: the files layout removes it; the
+    segment layout keeps the record as dead space beside a live one (it said "removing"), and
+    removes it with its segment when nothing else in it is live. The log says which."""
+
+    def damage(path: Path, at: int) -> None:
+        with open(path, "r+b") as f:
+            f.seek(at)
+            f.write(b"\xff" * 8)
+
+    async def restart(make: Callable[[], Tier]) -> str:
+        caplog.clear()
+        async with make() as tier:
+            assert len(tier.damaged) == 1
+            logged = caplog.text
+        assert logged.count("a damaged object at start") == 1, logged
+        return logged
+
+    async def body() -> None:
+        async with segments(tmp_path / "kept") as tier:
+            await tier.put(key(1), payload(8192, 1))
+            await tier.put(key(2), payload(8192, 2))
+            kept = location(tier, key(1))
+        async with segments(tmp_path / "dropped") as tier:
+            await tier.put(key(1), payload(8192, 1))
+            dropped = location(tier, key(1))
+        async with BlockFileTier(namespace=NAMESPACE, path=tmp_path / "f", min_free=0) as tier:
+            await tier.put(key(1), payload(8192, 1))
+            path = path_of(tier, key(1))
+        assert kept and dropped
+        damage(kept[0], kept[1] + 5000)
+        damage(dropped[0], dropped[1] + 5000)
+        damage(path, 0)  # its header: the files layout checks headers at start
+        before = kept[0].read_bytes()
+
+        assert "leaving a damaged object" in await restart(lambda: segments(tmp_path / "kept"))
+        assert kept[0].read_bytes() == before
+        logged = await restart(lambda: segments(tmp_path / "dropped"))
+        assert "removing a damaged object" in logged
+        assert not dropped[0].exists()
+        logged = await restart(
+            lambda: BlockFileTier(namespace=NAMESPACE, path=tmp_path / "f", min_free=0)
+        )
+        assert "removing a damaged object" in logged
+        assert not path.exists()
+
+    with caplog.at_level("WARNING", logger="tiers.file.base"):
+        asyncio.run(body())
 
 
 def test_segments_evict_the_least_recently_used_segment_whole(tmp_path: Path) -> None:
@@ -690,11 +743,11 @@ def test_the_segment_scan_verifies_at_most_the_files_size_a_chunk_at_a_time(
     root = tmp_path / NAMESPACE.hex()
     root.mkdir()
     with open(root / "00000000.kvs", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, claim + (64 << 10))  # holds its bytes: all checked
         for i in range(8):
             head = craft(key(i), b"", stored=claim, raw=claim, checksum_of=b"x", align=4096)
             f.seek(i * 4096)
             f.write(head[:4096])
-        f.truncate(claim + (64 << 10))
     tracemalloc.start()
     start = time.monotonic()
     try:
@@ -707,6 +760,42 @@ def test_the_segment_scan_verifies_at_most_the_files_size_a_chunk_at_a_time(
     assert peak < 16 << 20, peak
     assert [reason for _, reason, _ in tier.damaged] == ["checksum"]
     assert seconds < 10, seconds
+
+
+def test_a_sparse_segment_whose_holes_headers_claim_is_scanned_by_the_bytes_it_holds(
+    tmp_path: Path,
+) -> None:
+    """A 16 GiB sparse segment, the newest (whose payloads the scan checks), with a header at
+    each GiB claiming the GiB after it: a writable tier's start read every claim, the whole
+    apparent size (seconds per GiB); now it reads at most the bytes the file holds."""
+    import time
+
+    from tiering.testing import craft
+
+    gib = 1 << 30
+    root = tmp_path / NAMESPACE.hex()
+    root.mkdir()
+    segment = root / "00000000.kvs"
+    with open(segment, "wb") as f:
+        for i in range(16):
+            claim = gib - 4096
+            head = craft(key(i), b"", stored=claim, raw=claim, checksum_of=b"x", align=4096)
+            f.seek(i * gib)
+            f.write(head[:4096])
+        f.truncate(16 * gib)
+    held = segment.stat().st_blocks * 512
+    assert held < 1 << 20, f"{tmp_path} does not keep holes: the test needs a file system that does"
+
+    def read_so_far() -> int:  # bytes this process's read system calls returned
+        with open("/proc/self/io") as io:
+            return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+    before, start = read_so_far(), time.monotonic()
+    tier = SegmentFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0)
+    read, seconds = read_so_far() - before, time.monotonic() - start
+    asyncio.run(tier.close())
+    assert read < 4 << 20, read
+    assert seconds < 5, seconds
 
 
 def test_an_object_outside_its_keys_directory_is_not_indexed(tmp_path: Path) -> None:

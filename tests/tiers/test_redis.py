@@ -17,7 +17,8 @@ import redis
 
 from kvtier.baselines import tier_rates
 from kvtier.servers import RedisClusterServers, RedisServer
-from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
+from tiering.config import parse_config
+from tiering.errors import ConfigError, CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.runtime import fault_of
 from tiering.testing import NAMESPACE, craft, key, payload
@@ -157,6 +158,53 @@ def test_ttl_expires_blocks(redis_server: RedisServer) -> None:
             assert await tier.contains([key(1)]) == [False]
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("path", ["fast", "redis-py", "cluster"])
+def test_a_ttl_of_milliseconds_is_kept_to_the_millisecond(
+    path: str, request: pytest.FixtureRequest
+) -> None:
+    """`ttl: 250ms` was sent as `EX 1` (rounded up to whole seconds, silently): now `PX 250`,
+    on every path a SET takes (kvtier's RESP client and redis-py, one block and a pipelined
+    batch, a Redis Cluster), and the blocks are gone after it."""
+    options: dict[str, Any] = {"ttl": "250ms"}
+    server: RedisServer | RedisClusterServers
+    if path == "cluster":
+        server = request.getfixturevalue("redis_cluster")
+        raw: Any = redis.RedisCluster(host="127.0.0.1", port=server.nodes[0].port)
+        options["cluster"] = True
+    else:
+        server = request.getfixturevalue("redis_server")
+        raw = redis.Redis(host="127.0.0.1", port=server.port)
+        options["fast_path"] = path == "fast"
+    raw.flushall()
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=server.url, **options) as tier:
+            assert (tier._fast is not None) == (path == "fast")
+            await tier.put(key(0), payload(8192, 0))
+            await tier.put_many([(key(i), payload(8192, i)) for i in (1, 2, 3)])
+            for i in range(4):
+                assert 0 < raw.pttl(name(key(i))) <= 250, i
+            await asyncio.sleep(0.5)
+            assert await tier.contains([key(i) for i in range(4)]) == [False] * 4
+
+    try:
+        asyncio.run(body())
+    finally:
+        raw.close()
+
+
+def test_a_ttl_that_is_not_whole_milliseconds_is_refused() -> None:
+    """Redis expires keys by the millisecond: a finer ttl would be rounded, so it is refused."""
+    for ttl in ("0.5ms", "1.5ms", 0.0001):
+        with pytest.raises(ConfigError, match=r"^ttl: a whole number of milliseconds"):
+            RedisTier(namespace=NAMESPACE, ttl=ttl)
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.ttl: a whole number of milliseconds"):
+        parse_config({"tiers": [{"name": "r", "type": "redis", "ttl": "0.5ms"}]})
+    tier = RedisTier(namespace=NAMESPACE, ttl=0.007)  # 7.000000000000001 ms: float error
+    assert tier._px() == 7
+    asyncio.run(tier.close())
 
 
 def test_keys_are_prefixed_by_namespace(redis_server: RedisServer) -> None:

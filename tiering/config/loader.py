@@ -167,7 +167,8 @@ def _tiers(value: object) -> tuple[TierConfig, ...]:
 
 def _tier_options(type_name: str, options: dict[Any, Any], where: str) -> dict[str, Any]:
     """A tier's own options as given, each read by the field its class declares for it."""
-    fields = option_fields(tier_class(type_name, options, where))
+    cls = tier_class(type_name, options, where)
+    fields = option_fields(cls)
     for name in required(fields):
         if name not in options:
             raise ConfigError(f"{where}.{name}: missing (a {type_name} tier needs it)")
@@ -183,6 +184,10 @@ def _tier_options(type_name: str, options: dict[Any, Any], where: str) -> dict[s
                 f"{', '.join(sorted(set(fields) | TIER_KEYS))}"
             )
         read |= read_fields({key: value}, fields, f"{where}.")
+    try:  # the record's own checks of its values together (`__post_init__`), at load too
+        cls.Options(**read)
+    except ConfigError as e:
+        raise ConfigError(f"{where}.{e}") from None
     return read
 
 

@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from tiering.errors import ConfigError
 from tiering.options import option
+from tiering.units import format_size
 
 __all__ = [
     "MIN_SECRET_BYTES",
@@ -97,6 +99,21 @@ class PrimaryConfig:
         "free slots only, beside the engine's own promotions, so that a restarted engine's "
         "returning prompts hit the primary (0: none; at most the primary's capacity).",
     )
+
+    def __post_init__(self) -> None:
+        if self.capacity is not None:
+            self.check_warm_start(self.capacity, "primary.capacity")
+
+    def check_warm_start(self, capacity: int, named: str) -> None:
+        """ConfigError when `warm_start` asks for more than the primary's `capacity` (which
+        the setting `named` gives; vLLM's `cpu_bytes_to_use` where `capacity` is null): a warm
+        start fills free slots only, so it would stop short of what it was given without a
+        word."""
+        if self.warm_start > capacity:
+            raise ConfigError(
+                f"primary.warm_start: {format_size(self.warm_start)} is more than {named} "
+                f"({format_size(capacity)}); a warm start fills at most the primary"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,8 +90,6 @@ class FileTier(Tier):
     _layouts: ClassVar[dict[str, type[FileTier]]] = {}
     _objects: ClassVar[str] = ""
     """Where a namespace directory's objects are (relative glob)."""
-    _removes_damaged: ClassVar[bool] = True
-    """A writable tier's start-up scan removes the damaged objects it finds."""
 
     _index: dict[BlockKey, Any]
     """Every key the tier holds (set by the layout)."""
@@ -174,13 +172,9 @@ class FileTier(Tier):
 
     # -- start-up -------------------------------------------------------------------------------
 
-    def _damaged_at_start(
-        self, where: str, reason: str, detail: str, removed: bool | None = None
-    ) -> None:
-        """Count and log a damaged object a start-up scan found; `removed`: whether the scan
-        removes it (default: a writable tier of a layout that removes damaged objects)."""
-        if removed is None:
-            removed = not self.read_only and self._removes_damaged
+    def _damaged_at_start(self, where: str, reason: str, detail: str, *, removed: bool) -> None:
+        """A damaged object the start-up scan found at `where`, counted, listed in `damaged`
+        and logged with what happens to it: `removed` (by the caller) or left in place."""
         self.counters[f"corrupt.{reason}"] += 1
         self.damaged.append((where, reason, removed))
         verb = "removing" if removed else "leaving"

@@ -103,7 +103,8 @@ class BlockFileTier(FileTier, layout="files"):
             except (CorruptObject, ValueError) as e:
                 reason = getattr(e, "reason", "key")
                 removed = not self.read_only and reason in REMOVABLE
-                self._damaged_at_start(str(path.relative_to(self.base)), reason, str(e), removed)
+                where = str(path.relative_to(self.base))
+                self._damaged_at_start(where, reason, str(e), removed=removed)
                 if removed:
                     path.unlink(missing_ok=True)
                 continue

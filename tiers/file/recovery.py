@@ -5,8 +5,9 @@ header parses, the scan steps 4 KiB and looks again, so a hole left by a crash c
 never later blocks. Holes and a preallocated zero tail are skipped without reading them where
 the file system can say where data is (`SEEK_DATA`). The caller asks for payloads to be
 verified too in the segments a crash can have left half-written (the two newest), a chunk at a
-time and at most the file's size in all. Of two copies of a key, the later one wins, as in the
-index before the restart; a tombstone keeps a deleted block deleted.
+time and at most the bytes the file holds on disk in all (its allocated blocks: a sparse file's
+holes, whatever its headers claim they hold, cost no reads). Of two copies of a key, the later
+one wins, as in the index before the restart; a tombstone keeps a deleted block deleted.
 """
 
 from __future__ import annotations
@@ -39,14 +40,17 @@ def scan_segment(
     damaged: Callable[[int, str, str], None],
 ) -> None:
     """Place the objects of one segment file in `ledger`, in file order. With `verify`,
-    payloads are checked too, a chunk at a time and at most the file's size in all (headers
-    that claim the whole file, one after another, cost one pass, not one each); what is left
-    unchecked is checked by the reads, as every read is. `damaged(offset, reason, detail)` for
-    each header that names a key but fails its checks. OSError when the file cannot be read."""
+    payloads are checked too, a chunk at a time and at most the bytes the file holds in all:
+    its size, or its allocated blocks where fewer (headers that claim the whole file, one after
+    another, cost one pass, not one each; headers in the data of a sparse file that claim its
+    holes cost nothing). What is left unchecked is checked by the reads, as every read is.
+    `damaged(offset, reason, detail)` for each header that names a key but fails its checks.
+    OSError when the file cannot be read."""
     with open(segment.path, "rb", buffering=0) as f:
         fd = f.fileno()
-        end = os.fstat(fd).st_size
-        budget = end if verify else 0
+        st = os.fstat(fd)
+        end = st.st_size
+        budget = min(end, st.st_blocks * 512) if verify else 0  # st_blocks: 512-byte units
         ledger.count_found(segment, end)
         offset = 0
         while offset + HEADER_MIN <= end:

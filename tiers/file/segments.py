@@ -84,7 +84,6 @@ class SegmentFileTier(FileTier, layout="segments"):
     Options: ClassVar[type[TierOptions]] = SegmentOptions
     options: SegmentOptions
     _objects = "*" + SUFFIX
-    _removes_damaged = False  # a damaged record is dead space until its segment goes
 
     def __init__(self, **options: Any) -> None:
         """`options`: those of `SegmentOptions`, as `FileTier` says."""
@@ -134,26 +133,33 @@ class SegmentFileTier(FileTier, layout="segments"):
             name = path.name
             if name.endswith(SUFFIX) and name[: -len(SUFFIX)].isdigit():
                 if not path.is_file():  # a FIFO in its place would block the scan for ever
-                    self._damaged_at_start(str(path.relative_to(self.base)), "magic", "not a file")
+                    where = str(path.relative_to(self.base))
+                    self._damaged_at_start(where, "magic", "not a file", removed=False)
                     continue
                 found.append((int(path.name[: -len(SUFFIX)]), path))
         found.sort()
         newest = {seq for seq, _ in found[-2:]}
         for seq, path in found:
             segment = self._ledger.add_found(seq, path)
+            damaged: list[tuple[int, str, str]] = []
 
-            def damaged(offset: int, reason: str, detail: str, segment: Segment = segment) -> None:
-                where = f"{segment.path.relative_to(self.base)} at {offset}"
-                self._damaged_at_start(where, reason, detail)
+            def note(offset: int, reason: str, detail: str, into: list[Any] = damaged) -> None:
+                into.append((offset, reason, detail))
 
             try:
                 scan_segment(
-                    segment, self._ledger, self.namespace, verify=seq in newest, damaged=damaged
+                    segment, self._ledger, self.namespace, verify=seq in newest, damaged=note
                 )
             except OSError as e:
                 log.warning("tier %r: cannot read segment %s at start: %s", self.name, path, e)
-            if not segment.keys and not self.read_only:
+            # A damaged record is dead space, left until its segment goes: at once, with the
+            # segment, when nothing in it is live.
+            dropped = not segment.keys and not self.read_only
+            if dropped:
                 self._ledger.drop(segment)
+            for offset, reason, detail in damaged:
+                where = f"{path.relative_to(self.base)} at {offset}"
+                self._damaged_at_start(where, reason, detail, removed=dropped)
         if self._index:
             log.info(
                 "tier %r: %d blocks (%d bytes in %d segments) found in %s",
