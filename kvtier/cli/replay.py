@@ -63,8 +63,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--block-bytes",
         type=argtypes.count(1, MAX_BLOCK_BYTES),
-        default=4096,
-        help="with --config: bytes of each synthesized block (default 4096)",
+        help="with --config: bytes of each synthesized block (default 4096; with --engines, "
+        f"{FLEET_BLOCK_BYTES}: hit rates do not depend on it, and N primaries stay small)",
     )
     parser.add_argument(
         "--requests", type=argtypes.count(1, 10**9), help="replay only the first N requests"
@@ -93,9 +93,12 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.engines is not None:
-        args.route = args.route or "sticky"
-        args.seed = args.seed or 0
+    fleet = args.engines is not None
+    if args.block_bytes is None:
+        args.block_bytes = FLEET_BLOCK_BYTES if fleet else 4096
+    if fleet:
+        args.route = "sticky" if args.route is None else args.route
+        args.seed = 0 if args.seed is None else args.seed
         return run_fleet(args, _physical_memory())
     if args.route is not None or args.seed is not None:
         raise ConfigError("--route and --seed need --engines N")
@@ -242,6 +245,9 @@ def run_tiered(args: argparse.Namespace) -> int:
         )
     return 0
 
+
+FLEET_BLOCK_BYTES = 64
+"""Bytes of each synthesized block of a fleet replay unless `--block-bytes` says."""
 
 MAX_CAPACITY = 10_000_000
 """Blocks a replayed primary may have (a list entry each; far more than a trace holds)."""

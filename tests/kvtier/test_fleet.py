@@ -308,9 +308,11 @@ class TestCommandLine:
 
     def test_json(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         args = self.args(tmp_path, "--engines", "2", "--seed", "4", "--json")
+        del args[args.index("--block-bytes") : args.index("--block-bytes") + 2]
         assert main(args) == 0
         (result,) = json.loads(capsys.readouterr().out)["results"]
         assert (result["engines"], result["route"], result["seed"]) == (2, "sticky", 4)
+        assert result["block_bytes"] == 64  # a fleet's default: its primaries stay small
         fleet = result["fleet"]
         assert [e["engine"] for e in result["per_engine"]] == [0, 1]
         assert fleet["hit_tokens"] == sum(e["hit_tokens"] for e in result["per_engine"]) > 0
