@@ -21,7 +21,9 @@ in the same fleet step, each on its engine, so none of them finds what another o
 same block. An engine given several of them takes them one after another. The managers' clock
 is the arrival time (their TTLs and ages run in trace time; a promotion takes none), and after
 each step the runtime of every engine that stepped is let finish, one engine after another: the
-figures do not depend on the machine's speed.
+figures do not depend on the machine's speed, as long as every tier call ends within its
+deadline (`promotion.deadline` and `faults.timeout` stay real time: give a loaded machine or a
+slow store room, as the tests and bench/fleet_replay.py do).
 
 Measured over the second half of the requests (by index in the trace, as `kvtier.replay`): hit
 tokens, found in the engine's own primary or promoted from the shared tier, and of the latter

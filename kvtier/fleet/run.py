@@ -47,8 +47,8 @@ class Fleet:
     A store whose tiers keep an index of their own (a `files` directory: each instance knows
     what it wrote and what it found at its start) is looked at through a fresh read-only
     instance (its start-up scan sees the whole store), and whether it holds a block is its
-    last writer's index's answer (no engine removes what another wrote: each evicts only what
-    its own index knows)."""
+    last writer's index's answer (each engine evicts only what its own index knows; one that
+    rewrote the block and evicted it since is not seen)."""
 
     def __init__(
         self, config: Config, engines: int, capacity: int, block_bytes: int, stand_in: bool

@@ -40,8 +40,8 @@ def config(tier: dict[str, Any] | None = None, **sections: Any) -> Config:
     return parse_config(
         {
             "primary": {"eviction": "lru"},
-            "promotion": {"gate": "always"},
-            "faults": {"timeout": "10s"},
+            "promotion": {"gate": "always", "deadline": "10s"},  # deadlines are real time:
+            "faults": {"timeout": "10s"},  # room on a loaded machine
             "tiers": [shared],
             **sections,
         }
