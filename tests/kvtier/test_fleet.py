@@ -395,9 +395,9 @@ class TestCommandLine:
 
 @pytest.mark.slow
 def test_256_engines_over_the_shipped_trace(requests: tuple[TraceRequest, ...]) -> None:
-    """The largest fleet over the whole trace (about 80 s on a 2-core machine, under 300 MB):
-    every engine serves requests, nearly every hit on the shared tier is another engine's block,
-    and the shared tier stays within its capacity."""
+    """The largest fleet over the whole trace (minutes: marked slow): every engine serves
+    requests, nearly every hit on the shared tier is another engine's block, and the shared
+    tier stays within its capacity."""
     capacity = 4 << 20
     result = replay_fleet(requests, config({"capacity": capacity}), 256, 512, "random", 0, BLOCK)
     assert all(row.requests > 0 for row in result.per_engine)
