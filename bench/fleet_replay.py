@@ -20,6 +20,7 @@ not change from run to run; the seconds do.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import hashlib
 import json
@@ -37,8 +38,8 @@ from kvtier.fleet import replay_fleet  # noqa: E402
 from kvtier.replay import REPLAY_NAMESPACE  # noqa: E402
 from kvtier.trace import load_trace  # noqa: E402
 from tiering.config import parse_config  # noqa: E402
-from tiering.format import encode  # noqa: E402
 from tiering.keys import make_key  # noqa: E402
+from tiers.memory import MemoryTier  # noqa: E402
 
 SHARED_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 SHIPPED_TRACE = ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz"
@@ -149,11 +150,15 @@ def main() -> int:
 
 
 def object_bytes(block_bytes: int) -> int:
-    """Bytes one stored block takes in a memory tier (header and payload, as `Tier.put`
-    encodes it with the default codec and checksum, no secret)."""
-    key = make_key(hashlib.sha256(b"size").digest())
-    header, payload = encode(key, REPLAY_NAMESPACE, bytes(block_bytes))
-    return len(header) + len(payload)
+    """Bytes one stored block takes in a memory tier (its header, then the block), as a tier
+    writes it."""
+
+    async def put() -> int:
+        async with MemoryTier(namespace=REPLAY_NAMESPACE) as tier:
+            await tier.put(make_key(hashlib.sha256(b"size").digest()), bytes(block_bytes))
+            return (await tier.stat()).bytes_used
+
+    return asyncio.run(put())
 
 
 def _one(job: tuple[Any, ...]) -> dict[str, Any]:

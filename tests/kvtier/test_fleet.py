@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections import defaultdict
@@ -23,16 +24,30 @@ from kvtier.fleet import (
     session_of,
 )
 from kvtier.fleet.run import arrivals
-from kvtier.replay import replay_tiered
+from kvtier.replay import REPLAY_NAMESPACE, replay_tiered
 from kvtier.servers import RedisServer, free_port
 from kvtier.trace import TraceRequest, load_trace
 from tiering.config import Config, parse_config
 from tiering.errors import ConfigError
+from tiering.keys import make_key
+from tiers.memory import MemoryTier
 
 BLOCK = 64
 """Bytes of each synthesized block: the primaries stay small."""
-OBJECT = 166
-"""Bytes a memory tier holds per block of `BLOCK` bytes (a 102-byte header, then the block)."""
+
+
+def object_bytes(block_bytes: int = BLOCK) -> int:
+    """Bytes a memory tier holds for one block (its header, then the block)."""
+
+    async def put() -> int:
+        async with MemoryTier(namespace=REPLAY_NAMESPACE) as tier:
+            await tier.put(make_key(bytes(32)), bytes(block_bytes))
+            return (await tier.stat()).bytes_used
+
+    return asyncio.run(put())
+
+
+OBJECT = object_bytes()
 
 
 def config(tier: dict[str, Any] | None = None, **sections: Any) -> Config:
@@ -243,10 +258,10 @@ def test_a_store_that_fails_is_misses_and_a_line(requests: tuple[TraceRequest, .
 
 
 def test_no_engine_outlives_the_replay(requests: tuple[TraceRequest, ...]) -> None:
-    before = threading.active_count()
     result = replay_fleet(requests[:60], config(), 16, 256, "random", 0, BLOCK)
     assert len(result.per_engine) == 16
-    assert threading.active_count() == before  # each engine's runtime thread has ended
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("kvtier-engine-")]
+    assert alive == []  # each engine's runtime thread has ended
 
 
 @pytest.mark.parametrize(
