@@ -15,17 +15,28 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from kvtier.trace import BLOCK_TOKENS, TraceRequest, trace_keys
-from tiering.config import Config
+from tiering.config import Config, TierConfig
+from tiering.keys import BlockKey
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.stepping import StepDriver
+from tiering.tier import Tier
 
-__all__ = ["ReplayResult", "TieredReplayResult", "replay", "replay_tiered"]
+__all__ = [
+    "REPLAY_NAMESPACE",
+    "Admitted",
+    "ReplayEngine",
+    "ReplayResult",
+    "TieredReplayResult",
+    "replay",
+    "replay_tiered",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,66 +162,31 @@ def replay_tiered(
     Same semantics as `replay`, with the manager's asynchrony: a lookup that answers RETRY or
     PENDING is asked again after an engine step, and after each request the runtime is let
     finish its work (ample time between requests: no demotion is dropped for lack of it).
+    Every step pauses for the model's (`model_step`).
     """
-    from tiering.manager import TieringOffloadingManager, build_tiers
-    from tiering.runtime import Runtime
-
-    memory = np.zeros((capacity, block_bytes), dtype=np.uint8)
-    runtime = Runtime(config.faults.breaker)
-    manager = TieringOffloadingManager(
-        PrimaryPool(capacity, config.primary.eviction),
-        build_tiers(config, _REPLAY_NAMESPACE),
-        lambda slot: memoryview(memory[slot]),
-        config=config,
-        runtime=runtime,
-        block_tokens=BLOCK_TOKENS,
-    )
-    driver = StepDriver(manager, fill=lambda key, slot: memory.__setitem__(slot, key[0]))
+    engine = ReplayEngine(config, capacity, block_bytes, model=model_step())
     measured_from = len(requests) // 2
     hit_tokens = total_tokens = refs = deferrals = 0
     tier_tokens: dict[str, int] = {cfg.name: 0 for cfg in config.tiers}
-    model = np.zeros(ENGINE_SWEEP_BYTES, dtype=np.uint8)
-
-    def step() -> None:
-        """One engine step: the manager submits what the step queued, the model runs (it
-        streams `ENGINE_SWEEP_BYTES` through the caches and takes `ENGINE_STEP` seconds, in
-        every configuration), and the runtime is let finish before the next step (ample time
-        between steps)."""
-        driver.end_step()
-        np.add(model, 1, out=model)
-        time.sleep(ENGINE_STEP)
-        driver.wait_idle(math.inf, ENGINE_STEP)
-
     try:
         for index, (request, keys) in enumerate(zip(requests, trace_keys(requests), strict=True)):
-            # vLLM's scan (tiering.stepping): a deferred request is looked up again, whole,
-            # at the next step; one never settled uses its leading hits.
-            scan = driver.admit(keys, max_scans=MAX_DEFERRALS, between=step)
-            if not scan.settled:
-                deferrals += 1
-            n_hit = scan.hits
-            promoted: dict[int, str] = {}  # position in the request -> tier
-            for i, key in enumerate(keys[:n_hit]):
-                if key in scan.waited:
-                    promoted[i] = manager.where(key) or config.tiers[0].name
-                    slot = manager.pool.slot(key)
-                    assert memory[slot, 0] == key[0], "a promoted block holds other bytes"
-            driver.serve(keys, n_hit)
-            step()
+            admitted = engine.admit(keys)
+            deferrals += not admitted.settled
+            engine.serve(keys, admitted)
+            engine.step()
             refs += len(keys)
             if index >= measured_from:
                 tokens = request.block_tokens()
-                hit_tokens += sum(tokens[:n_hit])
+                hit_tokens += sum(tokens[: admitted.hits])
                 total_tokens += sum(tokens)
-                for i, tier in promoted.items():
+                for i, tier in admitted.promoted.items():
                     tier_tokens[tier] += tokens[i]
             if progress is not None and index % 256 == 255:
                 progress(index + 1)
-        manager.on_schedule_end()  # collect the last step's results (not measured)
-        stats = manager.stats()
+        stats = engine.finish()
         stats["replay"] = {"unsettled_requests": deferrals}
     finally:
-        manager.shutdown()
+        engine.close()
     return TieredReplayResult(
         capacity,
         block_bytes,
@@ -218,11 +194,118 @@ def replay_tiered(
         total_tokens,
         tier_tokens,
         refs,
-        driver.spent,
+        engine.driver.spent,
         stats,
-        driver.seconds,
-        driver.blocks,
+        engine.driver.seconds,
+        engine.driver.blocks,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Any thread (a frozen value): a request as its engine admitted it."""
+
+    hits: int
+    """Leading blocks usable (in the primary, or promoted into it for this request)."""
+    promoted: dict[int, str]
+    """Position in the request -> the tier each promoted block of the hits came from."""
+    settled: bool
+    """False: still deferred after `MAX_DEFERRALS` steps (its leading hits were used)."""
+
+
+class ReplayEngine:
+    """The replay's thread (it plays the engine's scheduler): one engine of a tiered replay, a
+    `TieringOffloadingManager` over `capacity` synthesized primary blocks of `block_bytes`, its
+    runtime and a `StepDriver`.
+
+    `tiers` replaces the tiers `config` would build (a fleet hands each engine its view of one
+    shared tier); `model` runs in every step, after the manager's end of step (the model's
+    forward pass; None: none, the runtime is only let finish); `clock` is the manager's; `name`
+    the runtime thread's.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        capacity: int,
+        block_bytes: int,
+        *,
+        tiers: Sequence[tuple[TierConfig, Tier]] | None = None,
+        model: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "kvtier-runtime",
+    ) -> None:
+        from tiering.manager import TieringOffloadingManager, build_tiers
+        from tiering.runtime import Runtime
+
+        self.config = config
+        self.memory = np.zeros((capacity, block_bytes), dtype=np.uint8)
+        memory = self.memory
+        self.manager = TieringOffloadingManager(
+            PrimaryPool(capacity, config.primary.eviction),
+            build_tiers(config, REPLAY_NAMESPACE) if tiers is None else tiers,
+            lambda slot: memoryview(memory[slot]),
+            config=config,
+            runtime=Runtime(config.faults.breaker, name),
+            block_tokens=BLOCK_TOKENS,
+            clock=clock,
+        )
+        self.driver = StepDriver(
+            self.manager, fill=lambda key, slot: memory.__setitem__(slot, key[0])
+        )
+        self.model = model
+
+    def step(self) -> None:
+        """One engine step: the manager submits what the step queued, the model runs, and the
+        runtime is let finish before the next step (ample time between steps)."""
+        self.driver.end_step()
+        if self.model is not None:
+            self.model()
+        self.driver.wait_idle(math.inf, ENGINE_STEP)
+
+    def admit(self, keys: Sequence[BlockKey]) -> Admitted:
+        """vLLM's scan (tiering.stepping): a deferred request is looked up again, whole, at the
+        next step; one never settled uses its leading hits."""
+        scan = self.driver.admit(keys, max_scans=MAX_DEFERRALS, between=self.step)
+        return self.admitted(keys, scan.hits, scan.waited, scan.settled)
+
+    def admitted(
+        self, keys: Sequence[BlockKey], hits: int, waited: AbstractSet[BlockKey], settled: bool
+    ) -> Admitted:
+        """A request whose scans found `hits` leading hits, after waiting on `waited` keys:
+        each promoted hit (one it waited on) is checked to hold its key's bytes."""
+        manager, promoted = self.manager, {}
+        for i, key in enumerate(keys[:hits]):
+            if key in waited:
+                promoted[i] = manager.where(key) or self.config.tiers[0].name
+                slot = manager.pool.slot(key)
+                assert self.memory[slot, 0] == key[0], "a promoted block holds other bytes"
+        return Admitted(hits, promoted, settled)
+
+    def serve(self, keys: Sequence[BlockKey], admitted: Admitted) -> None:
+        """Load the admitted hits, store the rest (the caller steps)."""
+        self.driver.serve(keys, admitted.hits)
+
+    def finish(self) -> dict[str, Any]:
+        """Collect the last step's results (not measured); the manager's stats."""
+        self.manager.on_schedule_end()
+        return self.manager.stats()
+
+    def close(self, flush: float | None = None) -> None:
+        """Shut the manager down (`flush`: as `TieringOffloadingManager.shutdown`)."""
+        self.manager.shutdown(flush=flush)
+
+
+def model_step() -> Callable[[], None]:
+    """The model's step of a replay that measures time: it streams `ENGINE_SWEEP_BYTES`
+    through the caches and takes `ENGINE_STEP` seconds, in every configuration."""
+    model = np.zeros(ENGINE_SWEEP_BYTES, dtype=np.uint8)
+
+    def step() -> None:
+        np.add(model, 1, out=model)
+        time.sleep(ENGINE_STEP)
+
+    return step
 
 
 ENGINE_STEP = 0.0002
@@ -238,4 +321,5 @@ to the tiers."""
 MAX_DEFERRALS = 32
 """Steps a request may be deferred in a tiered replay before its leading hits are used."""
 
-_REPLAY_NAMESPACE = bytes(range(100, 116))
+REPLAY_NAMESPACE = bytes(range(100, 116))
+"""The namespace of every replayed block."""

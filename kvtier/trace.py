@@ -2,9 +2,10 @@
 each request.
 
 One JSON object per line: `input_length` (tokens) and `hash_ids` (prefix block ids,
-`BLOCK_TOKENS` tokens per block; equal ids mean a reusable prefix), plus `timestamp` and
-`output_length`, which the replay does not need. `kvtier.replay` replays them; bench/ reads them
-for its workloads.
+`BLOCK_TOKENS` tokens per block; equal ids mean a reusable prefix), optionally `timestamp` (the
+arrival, milliseconds since the trace's start: a fleet replay admits requests that arrive
+together in the same step), plus `output_length`, which no replay needs. `kvtier.replay` and
+`kvtier.fleet` replay them; bench/ reads them for its workloads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tiering.keys import BlockKey, make_key
 
 __all__ = [
     "BLOCK_TOKENS",
+    "MAX_TIMESTAMP_MS",
     "MAX_TRACE_BYTES",
     "REFERENCE_HIT_RATES",
     "Trace",
@@ -34,6 +36,9 @@ MAX_TRACE_BYTES = 1 << 30
 """The largest trace read (uncompressed): the shipped one is 3 MiB."""
 BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry in the Mooncake traces."""
+MAX_TIMESTAMP_MS = 10**15
+"""The latest arrival a trace line may give (about 30,000 years: a bound, so that a crafted
+number is an error rather than an infinity or a float that no longer tells milliseconds apart)."""
 
 REFERENCE_HIT_RATES: dict[str, dict[str, dict[int, float]]] = {
     # The Mooncake FAST'25 conversation trace (bench/traces/README.md, "Reference figures"),
@@ -53,6 +58,9 @@ class TraceRequest:
 
     hash_ids: tuple[int, ...]
     input_length: int
+    timestamp: float | None = None
+    """Arrival in seconds since the trace's start (the line's milliseconds / 1000); None when
+    the line has none."""
 
     def block_tokens(self) -> list[int]:
         """Tokens carried by each block: `min(512, input_length - 512*i)`, at least 1."""
@@ -120,15 +128,26 @@ def _parse_line(line: str, path: Path, lineno: int) -> TraceRequest:
         )
     ids = obj["hash_ids"]
     if not isinstance(ids, list) or not all(
-        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 64 for i in ids
     ):
-        raise TraceError(f"{where}: hash_ids must be a list of non-negative integers")
-    return TraceRequest(tuple(ids), length)
+        raise TraceError(f"{where}: hash_ids must be a list of non-negative integers below 2**64")
+    stamp = obj.get("timestamp")
+    if stamp is not None and (
+        isinstance(stamp, bool)
+        or not isinstance(stamp, int | float)
+        or not 0 <= stamp <= MAX_TIMESTAMP_MS
+    ):
+        raise TraceError(
+            f"{where}: timestamp must be milliseconds from 0 to {MAX_TIMESTAMP_MS:,}, "
+            f"got {repr(stamp)[:40]}"
+        )
+    return TraceRequest(tuple(ids), length, None if stamp is None else stamp / 1000)
 
 
 def trace_keys(requests: Sequence[TraceRequest]) -> list[list[BlockKey]]:
     """The block keys of each request, shaped like vLLM's: a 32-byte SHA-256 per distinct hash
-    id (vLLM's default block hash is 32 bytes), KV group 0."""
+    id (of its 8 bytes: `load_trace` takes ids below 2**64; vLLM's default block hash is 32
+    bytes), KV group 0."""
     cache: dict[int, BlockKey] = {}
     out = []
     for request in requests:

@@ -1,4 +1,6 @@
-"""`kvtier replay`: a request trace through the real primary pool, hit rate per policy."""
+"""`kvtier replay`: a request trace through the real primary pool, hit rate per policy; with
+`--config`, through the tiering manager and tiers; with `--engines`, through a fleet
+(`kvtier.cli.fleet`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from typing import Any
 
 from kvtier.cli import args as argtypes
 from kvtier.cli.common import JSON
+from kvtier.cli.fleet import run_fleet
 from kvtier.cli.progress import Progress
+from kvtier.fleet import MAX_ENGINES, MAX_SERVER_ENGINES, ROUTES
 from kvtier.replay import ReplayResult, replay, replay_tiered
 from kvtier.trace import load_trace
 from tiering.config import load_config
@@ -59,16 +63,45 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--block-bytes",
         type=argtypes.count(1, MAX_BLOCK_BYTES),
-        default=4096,
-        help="with --config: bytes of each synthesized block (default 4096)",
+        help="with --config: bytes of each synthesized block (default 4096; with --engines, "
+        f"{FLEET_BLOCK_BYTES}: hit rates do not depend on it, and N primaries stay small)",
     )
     parser.add_argument(
         "--requests", type=argtypes.count(1, 10**9), help="replay only the first N requests"
+    )
+    parser.add_argument(
+        "--engines",
+        type=argtypes.count(1, MAX_ENGINES),
+        metavar="N",
+        help="with --config: replay through N engines, each with its own primary of --capacity "
+        "blocks, over the config's one tier, shared (a memory tier stands in for a shared "
+        f"store up to {MAX_ENGINES} engines; a real one, Redis or a directory, up to "
+        f"{MAX_SERVER_ENGINES})",
+    )
+    parser.add_argument(
+        "--route",
+        choices=ROUTES,
+        help="with --engines: 'sticky' sends each session (a request's first two blocks) to one "
+        "engine, 'random' picks an engine per request (default: sticky)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=argtypes.count(0, 2**63 - 1),
+        help="with --engines: the seed of the routing (default 0)",
     )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    fleet = args.engines is not None
+    if args.block_bytes is None:
+        args.block_bytes = FLEET_BLOCK_BYTES if fleet else 4096
+    if fleet:
+        args.route = "sticky" if args.route is None else args.route
+        args.seed = 0 if args.seed is None else args.seed
+        return run_fleet(args, _physical_memory())
+    if args.route is not None or args.seed is not None:
+        raise ConfigError("--route and --seed need --engines N")
     if args.config is not None:
         return run_tiered(args)
     for name in args.policy:
@@ -212,6 +245,9 @@ def run_tiered(args: argparse.Namespace) -> int:
         )
     return 0
 
+
+FLEET_BLOCK_BYTES = 64
+"""Bytes of each synthesized block of a fleet replay unless `--block-bytes` says."""
 
 MAX_CAPACITY = 10_000_000
 """Blocks a replayed primary may have (a list entry each; far more than a trace holds)."""

@@ -215,6 +215,9 @@ OPTIONS = [
     "--policy",
     "--block-bytes",
     "--requests",
+    "--engines",
+    "--route",
+    "--seed",
     "--move",
     "--dry-run",
     "--verify",
@@ -321,6 +324,8 @@ def test_reported_inputs_in_a_real_process(case: str, tmp_path: Path) -> None:
         ["replay", "TRACE", "--capacity", "1e20"],
         ["replay", "TRACE", "--capacity", "100000000000000000000"],
         ["replay", "TRACE", "--capacity", "10", "--config", "CONFIG", "--block-bytes", "2GiB"],
+        ["replay", "TRACE", "--capacity", "10", "--config", "CONFIG", "--engines", "300"],
+        ["replay", "TRACE", "--capacity", "10", "--engines", "2", "--route", "sticky,random"],
         ["demo", "--conversations", "0"],
     ],
 )

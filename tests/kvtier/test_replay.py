@@ -103,6 +103,10 @@ def test_block_tokens() -> None:
         ('{"input_length": -1, "hash_ids": [1]}', "input_length must be a non-negative integer"),
         ('{"input_length": 5, "hash_ids": [1, "x"]}', "hash_ids must be a list of non-negative"),
         ('{"input_length": 5, "hash_ids": 7}', "hash_ids must be a list"),
+        (
+            '{"input_length": 5, "hash_ids": [18446744073709551616]}',
+            "hash_ids must be a list of non-negative integers below 2",
+        ),
     ],
 )
 def test_malformed_line_names_the_line(tmp_path: Path, line: str, message: str) -> None:
@@ -110,6 +114,22 @@ def test_malformed_line_names_the_line(tmp_path: Path, line: str, message: str) 
     path.write_text('{"input_length": 5, "hash_ids": [1]}\n\n' + line + "\n")
     with pytest.raises(TraceError, match=re.escape(f"{path}:3: ") + message):
         load_trace(path)
+
+
+def test_trace_timestamps(tmp_path: Path) -> None:
+    """Milliseconds in the file, seconds in the request (a fleet replay's arrivals); a line may
+    have none; anything but a number from 0 to `MAX_TIMESTAMP_MS` is a one-line error."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"timestamp": 3000, "input_length": 5, "hash_ids": [1]}\n'
+        '{"input_length": 5, "hash_ids": [1]}\n'
+        '{"timestamp": 1.5, "input_length": 5, "hash_ids": [1]}\n'
+    )
+    assert [r.timestamp for r in load_trace(path).requests] == [3.0, None, 0.0015]
+    for bad in ('"soon"', "-1", "true", "1e400", "[1]"):
+        path.write_text(f'{{"timestamp": {bad}, "input_length": 5, "hash_ids": [1]}}\n')
+        with pytest.raises(TraceError, match=":1: timestamp must be milliseconds from 0 to "):
+            load_trace(path)
 
 
 def test_unreadable_traces(tmp_path: Path) -> None:

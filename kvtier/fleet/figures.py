@@ -1,0 +1,189 @@
+"""What a fleet replay measured: each engine's figures, the fleet's, and the shared store's."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["COUNTED", "EngineFigures", "FleetResult"]
+
+COUNTED = (
+    "requests",
+    "measured_requests",
+    "hit_tokens",
+    "total_tokens",
+    "shared_hit_tokens",
+    "cross_hit_tokens",
+    "shared_hit_blocks",
+    "cross_hit_blocks",
+    "unsettled_requests",
+)
+"""The counts a replay keeps per engine (`EngineFigures.of`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFigures:
+    """Any thread (a frozen value): one engine's share of a fleet replay, or the fleet's sum
+    (`engine` -1). Tokens and hit blocks are over the measured half (the second half of the
+    requests, by their index in the trace); writes over the whole replay."""
+
+    engine: int
+    requests: int
+    measured_requests: int
+    hit_tokens: int
+    """From the engine's own primary or promoted from the shared tier."""
+    total_tokens: int
+    shared_hit_tokens: int
+    """Of `hit_tokens`, those of blocks promoted from the shared tier."""
+    cross_hit_tokens: int
+    """Of `shared_hit_tokens`, those of blocks another engine stored."""
+    shared_hit_blocks: int
+    cross_hit_blocks: int
+    writes: int
+    """Blocks written to the shared tier."""
+    duplicate_writes: int
+    """Of `writes`, blocks the shared tier held from another engine already."""
+    duplicate_bytes: int
+    unsettled_requests: int
+    """Requests still deferred after the most steps a replay allows (their leading hits were
+    used)."""
+    tier: Mapping[str, Any] = field(default_factory=dict)
+    """The manager's figures of the shared tier (lookups, promotions, demotions, skipped
+    demotions, ...); empty for the fleet's sum."""
+
+    @classmethod
+    def of(
+        cls,
+        engine: int,
+        counts: Mapping[str, int],
+        writes: int,
+        duplicates: int,
+        duplicate_bytes: int,
+        tier: Mapping[str, Any] | None = None,
+    ) -> EngineFigures:
+        return cls(
+            engine=engine,
+            requests=counts.get("requests", 0),
+            measured_requests=counts.get("measured_requests", 0),
+            hit_tokens=counts.get("hit_tokens", 0),
+            total_tokens=counts.get("total_tokens", 0),
+            shared_hit_tokens=counts.get("shared_hit_tokens", 0),
+            cross_hit_tokens=counts.get("cross_hit_tokens", 0),
+            shared_hit_blocks=counts.get("shared_hit_blocks", 0),
+            cross_hit_blocks=counts.get("cross_hit_blocks", 0),
+            writes=writes,
+            duplicate_writes=duplicates,
+            duplicate_bytes=duplicate_bytes,
+            unsettled_requests=counts.get("unsettled_requests", 0),
+            tier=dict(tier or {}),
+        )
+
+    @classmethod
+    def total(cls, rows: list[EngineFigures]) -> EngineFigures:
+        """The fleet's sum of `rows`."""
+        counts: Counter[str] = Counter()
+        for row in rows:
+            counts.update({name: getattr(row, name) for name in COUNTED})
+        return cls.of(
+            -1,
+            counts,
+            sum(r.writes for r in rows),
+            sum(r.duplicate_writes for r in rows),
+            sum(r.duplicate_bytes for r in rows),
+        )
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    @property
+    def primary_hit_rate(self) -> float:
+        """Hit tokens found in the engine's own primary, over all tokens."""
+        own = self.hit_tokens - self.shared_hit_tokens
+        return own / self.total_tokens if self.total_tokens else 0.0
+
+    @property
+    def shared_hit_rate(self) -> float:
+        """Hit tokens promoted from the shared tier, over all tokens."""
+        return self.shared_hit_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    @property
+    def cross_share(self) -> float:
+        """Of the hit tokens promoted from the shared tier, the share another engine stored."""
+        return self.cross_hit_tokens / self.shared_hit_tokens if self.shared_hit_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain numbers, the rates included (for `--json`)."""
+        out = asdict(self)
+        out["tier"] = dict(self.tier)
+        if not out["tier"]:
+            del out["tier"]
+        for rate in ("hit_rate", "primary_hit_rate", "shared_hit_rate", "cross_share"):
+            out[rate] = getattr(self, rate)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class FleetResult:
+    """Any thread (a frozen value): the outcome of a fleet replay."""
+
+    engines: int
+    route: str
+    seed: int
+    capacity: int
+    """Primary blocks of each engine."""
+    block_bytes: int
+    requests: int
+    tier: str
+    """The shared tier's name and type, as `name (type)`."""
+    per_engine: tuple[EngineFigures, ...]
+    fleet: EngineFigures
+    store_objects: int | None
+    store_bytes: int | None
+    """What the shared store holds once the requests are done (before the engines stop); None
+    when it could not say (`store_error`)."""
+    store_peak_bytes: int
+    """The most it held at any look (every `STORE_SAMPLE` requests, and at the end)."""
+    store_capacity: int | None
+    """The shared tier's `capacity` (None: unbounded)."""
+    store_counters: Mapping[str, int]
+    """The store's own events (the memory tier's evictions), over its instances."""
+    store_error: str | None
+    """Why the store could not say what it holds at the end (None: it did)."""
+    seconds: float
+
+    @property
+    def hit_rate(self) -> float:
+        return self.fleet.hit_rate
+
+    @property
+    def breakers_opened(self) -> int:
+        """Engines whose breaker of the shared tier opened (their jobs refused for a while:
+        misses)."""
+        return sum(1 for row in self.per_engine if row.tier.get("breaker_opened"))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain numbers (for `--json`)."""
+        return {
+            "engines": self.engines,
+            "route": self.route,
+            "seed": self.seed,
+            "capacity_blocks": self.capacity,
+            "block_bytes": self.block_bytes,
+            "requests": self.requests,
+            "shared_tier": {
+                "tier": self.tier,
+                "objects": self.store_objects,
+                "bytes_used": self.store_bytes,
+                "peak_bytes": self.store_peak_bytes,
+                "capacity": self.store_capacity,
+                "counters": dict(self.store_counters),
+                "error": self.store_error,
+            },
+            "fleet": self.fleet.as_dict(),
+            "per_engine": [row.as_dict() for row in self.per_engine],
+            "breakers_opened": self.breakers_opened,
+            "seconds": round(self.seconds, 3),
+        }
