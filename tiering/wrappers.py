@@ -14,7 +14,7 @@ from typing import Any
 
 from tiering.errors import TierUnavailable
 from tiering.keys import BlockKey
-from tiering.tier import Buffer, Tier, TierStat
+from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 
 __all__ = ["FaultyTier", "ForwardingTier"]
 
@@ -61,8 +61,8 @@ class ForwardingTier(Tier):
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
         return await self.inner._read_head(key, n)
 
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
-        await self.inner._write(key, parts)
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
+        return await self.inner._write(key, parts)
 
     async def _delete(self, key: BlockKey) -> bool:
         return await self.inner._delete(key)
@@ -76,6 +76,12 @@ class ForwardingTier(Tier):
     async def _list(self) -> AsyncIterator[BlockKey]:
         async for key in self.inner._list():
             yield key
+
+    async def _namespaces(self) -> list[bytes]:
+        return await self.inner._namespaces()
+
+    async def _usage(self) -> list[NamespaceUsage]:
+        return await self.inner._usage()
 
     async def _close(self) -> None:
         await self.inner.close()
@@ -134,10 +140,11 @@ class FaultyTier(ForwardingTier):
             return bytes(damaged)
         return blob
 
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
         await self._before("write")
-        if not self._roll("drop", self.drop):
-            await super()._write(key, parts)
+        if self._roll("drop", self.drop):
+            return None
+        return await super()._write(key, parts)
 
     async def _delete(self, key: BlockKey) -> bool:
         await self._before("delete")

@@ -127,3 +127,25 @@ def test_a_wrapped_tier_keeps_its_medium() -> None:
     inner = MemoryTier(namespace=NAMESPACE, name="m")
     assert inner.medium == "memory"
     assert FaultyTier(inner).medium == "memory"  # its hits are the host's, not a remote's
+
+
+def test_a_wrapper_passes_on_what_the_store_said_of_a_write() -> None:
+    """A write-once backend's False (the store held the key: nothing written) reaches the
+    base through the wrapper, so a wrapped tier counts its duplicates; its usage is its
+    store's."""
+
+    class WriteOnce(MemoryTier):
+        async def _write(self, key: BlockKey, parts: Any) -> bool | None:
+            if key in self._objects:
+                return False
+            return await super()._write(key, parts)
+
+    async def body() -> None:
+        async with FaultyTier(WriteOnce(namespace=NAMESPACE)) as tier:
+            await tier.put(key(1), payload(100))
+            await tier.put(key(1), payload(100))
+            assert tier.counters["duplicates"] == 1
+            (usage,) = await tier.usage()
+            assert usage.objects == 1
+
+    asyncio.run(body())
