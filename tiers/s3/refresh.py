@@ -184,8 +184,10 @@ class Refresher:
     async def _run(self) -> None:
         relist_at = time.monotonic() + PACK_RELIST
         failing = False
+        tick = time.monotonic()
         while True:
-            await asyncio.sleep(self.period)
+            tick = max(tick + self.period, time.monotonic())  # a period from start to start
+            await asyncio.sleep(tick - time.monotonic())
             try:
                 if time.monotonic() >= relist_at and not self._relist.running:
                     relist_at = time.monotonic() + PACK_RELIST
