@@ -198,3 +198,40 @@ def test_a_bucket_flooded_with_planted_packs_while_refreshing_costs_each_one_rea
             assert await reader.get_bytes(key(2), 1000) == payload(1000, 2)
 
     asyncio.run(body())
+
+
+def test_a_server_that_ignores_conditional_puts_gets_no_write_beyond_capacity(
+    s3_server: SeaweedS3, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind a client that drops `If-None-Match` and `If-Match` before signing (what a server
+    that ignores them amounts to), no lease can elect one sweeper: the probe finds it out, the
+    tier with `capacity` refuses every write from then on with one error naming what to do,
+    and still serves reads."""
+    from tiering.errors import TierError
+
+    prefix = f"nocond-{uuid.uuid4().hex[:8]}/"
+
+    def unconditional(request: Any, **_: Any) -> None:
+        for header in ("If-None-Match", "If-Match"):
+            if header in request.headers:
+                del request.headers[header]
+
+    async def body() -> None:
+        async with s3_tier(s3_server, prefix) as plain:
+            await plain.put(key(1), payload(1000, 1))
+        async with s3_tier(s3_server, prefix, capacity=1 << 20) as tier:
+            tier._bucket._client.meta.events.register("before-sign.s3.*", unconditional)
+            await tier.put(key(2), payload(1000, 2))  # starts the sweeper, which probes
+            deadline = time.monotonic() + 10
+            while tier._sweeper is not None and tier._sweeper.refusal is None:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            with pytest.raises(TierError, match=r"capacity 1MiB cannot be enforced.*lifecycle"):
+                await tier.put(key(3), payload(1000, 3))
+            assert await tier.get_bytes(key(1), 1000) == payload(1000, 1)
+            assert await tier.contains([key(3)]) == [False]
+
+    with caplog.at_level("ERROR", logger="tiers.s3"):
+        asyncio.run(body())
+    refusals = [r for r in caplog.records if "cannot be enforced" in r.getMessage()]
+    assert len(refusals) == 1 and "\n" not in refusals[0].getMessage()

@@ -187,7 +187,7 @@ def test_what_one_engine_stores_another_finds_within_the_stated_bound(fleet: Fle
 def test_a_writer_killed_loses_only_the_blocks_of_the_last_pack_after(
     fleet: Fleet, s3_server: SeaweedS3
 ) -> None:
-    """kill -9 of an engine writing packs that never fill (64 blocks each, one block every
+    """kill -9 of an engine writing packs that never fill (256 blocks each, one block every
     0.1 s): every block whose put returned more than `pack_after` (2 s, the default) and a
     write before the kill is in the bucket, in a pack a fresh tier reads."""
     import asyncio
@@ -196,7 +196,7 @@ def test_a_writer_killed_loses_only_the_blocks_of_the_last_pack_after(
     from tiers.s3 import S3Tier
 
     writer = fleet.add(
-        "writer", mode="write", keys=[0, 1000], interval=0.1, options={"blocks_per_object": 64}
+        "writer", mode="write", keys=[0, 1000], interval=0.1, options={"blocks_per_object": 256}
     )
     fleet.start()
     time.sleep(6.5)
@@ -215,7 +215,7 @@ def test_a_writer_killed_loses_only_the_blocks_of_the_last_pack_after(
             endpoint_url=s3_server.endpoint,
             access_key=s3_server.ACCESS_KEY,
             secret_key=s3_server.SECRET_KEY,
-            blocks_per_object=64,
+            blocks_per_object=256,
             read_only=True,
         ) as reader:
             return [i for i in old if await reader.get_bytes(key(i), 4096) == payload(4096, i)]

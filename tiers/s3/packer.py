@@ -52,8 +52,8 @@ class Packer:
     ) -> None:
         """`after`: `pack_after`, the longest a held block waits for its pack to be written;
         `writes`: packs written at once; `limit`: blocks held in memory before puts wait;
-        `ready`: what to await before the first pack (a listing of the bucket, which tells the
-        server's clock)."""
+        `ready`: what to await before the first pack (a request whose answer tells the server's
+        clock)."""
         self.packs = packs
         self.bucket = bucket
         self.tier = tier
@@ -115,11 +115,14 @@ class Packer:
     # -- the task -----------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        pause = RETRY_MIN
         while not self.bucket.clock_known:
             try:
                 await self.ready()
-            except TierError:
-                await asyncio.sleep(RETRY_MAX)  # the listing logged why
+            except TierError as e:
+                log.warning("tier %r: no answer from the server (%s)", self.tier, e)
+                await asyncio.sleep(pause)
+                pause = min(RETRY_MAX, 2 * pause)
         while True:
             self._wake.clear()  # before looking: a hold from now on wakes the wait below
             wait: float | None = self._retry_at - time.monotonic()

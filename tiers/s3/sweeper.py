@@ -8,8 +8,8 @@ wrote there, in every namespace (block objects `<32 hex>/<ab>/<key hex>` and pac
 deletes the oldest (by LastModified, the server's clock; ties by name) until it is not. A pack
 is counted and removed whole. Namespaces no engine writes any more are the oldest and go first.
 A pass keeps only the `SWEEP_BATCH` oldest objects it lists in memory; when deleting them all
-is not enough, the next pass follows at once. Before each delete request it checks that it
-still holds the lease, which its own requests keep.
+is not enough, the next pass follows at once. It renews the lease as due between the pages of
+its listing, and checks that it still holds it before each delete request.
 
 The bound: the prefix holds at most `capacity` plus what was written since the listing of the
 sweeper's last pass began (at most `sweep_interval` and a pass ago), and while a dead holder's
@@ -123,6 +123,8 @@ class Sweeper:
         used = 0
         token: str | None = None
         while True:
+            if not await self.lease.keep():  # renewed as due: a long listing keeps it
+                return False
             page, token = await self.bucket.list_page(self.prefix, token, SWEEP_PAGE)
             for name, size, modified in page:
                 if not sweepable(name[len(self.prefix) :]):

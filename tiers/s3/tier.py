@@ -164,7 +164,7 @@ class S3Tier(Tier):
             after=settings.pack_after,
             writes=writes,
             limit=(writes + 2) * self.blocks_per_object,
-            ready=self._refresher.load,
+            ready=self._clock,
         )
         self._sweeper = None
         if self.capacity is not None and not self.read_only:
@@ -184,6 +184,10 @@ class S3Tier(Tier):
                 counters=self.counters,
                 swept=self._packs.drop,
             )
+
+    async def _clock(self) -> None:
+        """Learn the server's clock (which names packs): one listing of one name."""
+        await self._bucket.list_page(self._packs.prefix, None, 1)
 
     def _name(self, key: BlockKey) -> str:
         text = key.hex()
