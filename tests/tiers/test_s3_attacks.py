@@ -235,3 +235,45 @@ def test_a_server_that_ignores_conditional_puts_gets_no_write_beyond_capacity(
         asyncio.run(body())
     refusals = [r for r in caplog.records if "cannot be enforced" in r.getMessage()]
     assert len(refusals) == 1 and "\n" not in refusals[0].getMessage()
+
+
+@pytest.mark.parametrize("blocks_per_object", [1, 4])
+def test_write_once_keeps_what_the_bucket_holds_and_replaces_only_proven_damage(
+    s3_server: SeaweedS3, blocks_per_object: int
+) -> None:
+    """With `write_once` (the default), a second put of a block the bucket holds writes
+    nothing and is counted a duplicate; a neighbour's object this tier cannot authenticate
+    (another secret) is neither replaced nor removed; an object whose damage the reader proves
+    (a bad checksum) is removed at the read, and the next put writes the block again."""
+    from tiering.testing import SECRET
+
+    prefix = f"once-{uuid.uuid4().hex[:8]}/"
+    client: Any = s3_server.client()
+    options = {"blocks_per_object": blocks_per_object}
+
+    async def body() -> None:
+        async with s3_tier(s3_server, prefix, **options) as tier:
+            await tier.put(key(1), payload(5000, 1))
+            await tier.put(key(1), payload(5000, 1))
+            assert tier.counters["duplicates"] == 1 and tier.counters["duplicate_bytes"] == 5000
+        async with s3_tier(s3_server, prefix, secret=SECRET, **options) as other:
+            assert await other.get_bytes(key(1), 5000) is None  # corrupt.auth: left in place
+            await other.put(key(1), payload(5000, 1))
+            assert other.counters["duplicates"] == 1 and other.counters["corrupt.auth"] == 1
+        async with s3_tier(s3_server, prefix, **options) as tier:
+            assert await tier.get_bytes(key(1), 5000) == payload(5000, 1)
+        # A damaged single object (a flipped payload byte under a valid header).
+        name = f"{prefix}{NAMESPACE.hex()}/{key(2).hex()[:2]}/{key(2).hex()}"
+        async with s3_tier(s3_server, prefix, write_once=False) as single:
+            await single.put(key(2), payload(5000, 2))
+        stored = bytearray(client.get_object(Bucket=s3_server.bucket, Key=name)["Body"].read())
+        stored[-1] ^= 0xFF
+        client.put_object(Bucket=s3_server.bucket, Key=name, Body=bytes(stored))
+        async with s3_tier(s3_server, prefix) as tier:
+            assert await tier.get_bytes(key(2), 5000) is None
+            assert tier.counters["corrupt.checksum"] == 1
+            await tier.put(key(2), payload(5000, 2))
+            assert tier.counters["duplicates"] == 0
+            assert await tier.get_bytes(key(2), 5000) == payload(5000, 2)
+
+    asyncio.run(body())
