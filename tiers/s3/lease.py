@@ -1,6 +1,5 @@
-"""The sweeper's lease on a bucket prefix (`Lease`), elected by the store's own conditional
-writes; called from the sweeper's task on the runtime's event loop (its requests in the tier's
-thread pool).
+"""The sweeper's lease on a bucket prefix (`Lease`, runtime's event loop: the sweeper's task;
+its requests in the tier's thread pool), elected by the store's own conditional writes.
 
 The lease is one object, `<prefix>kvtier-lease`. An engine takes it by creating it
 (`If-None-Match: *`), keeps it by rewriting it over its own version (`If-Match: <etag>`) every

@@ -1,4 +1,5 @@
-"""Packs: several blocks in one S3 object, and the S3 tier's index of them (`Packs`).
+"""Packs: several blocks in one S3 object, and the S3 tier's index of them (`Packs`, on the
+runtime's event loop; its maps under a lock, readable from any thread).
 
 The index says which pack holds each block (`where`); a hit reads only its byte range (ranged
 GET). It is filled from the bucket's packs' own indexes (`read_listed`: the listings are
