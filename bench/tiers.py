@@ -350,7 +350,7 @@ def bench_s3(directory: Path, clients: int, repeat: int) -> list[dict[str, Any]]
                 tier = S3Tier(
                     namespace=NAMESPACE,
                     bucket=server.bucket,
-                    prefix=f"bench{rep}/",
+                    prefix=f"bench{rep}-{size}/",  # write_once: no size reuses another's keys
                     endpoint_url=server.endpoint,
                     access_key=server.ACCESS_KEY,
                     secret_key=server.SECRET_KEY,

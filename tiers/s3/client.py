@@ -5,10 +5,19 @@ One boto3 client (thread-safe) serves the pool; retries use botocore's standard 
 above `multipart_threshold` go up in parts. A missing object is None (or False), never an
 error; an object larger than the reader can use is refused from the response's headers before
 its body is read (`CorruptObject("length")`).
+
+Conditional writes (`If-None-Match: *`, `If-Match: <etag>`) answer whether they wrote: a put
+the server refused for its condition (412, or AWS's 409 for a concurrent conditional write) is
+None or False, not an error. The server's clock is estimated from the `Date` header of its
+answers (`server_time`), so that times engines compare (pack names, the lease) are the
+store's, not each host's.
 """
 
 from __future__ import annotations
 
+import email.utils
+import logging
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,11 +34,20 @@ from botocore.exceptions import (
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiers.threads import IOThreads
 
-__all__ = ["Bucket"]
+__all__ = ["Bucket", "Listed"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
+_CONDITION_FAILED = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+_UNSUPPORTED = ("NotImplemented", "501")
+DELETE_BATCH = 1000
+"""Names one `DeleteObjects` request removes (S3's largest)."""
+
+Listed = tuple[str, int, float]
+"""An object of a listing: (name, size, last modified: Unix seconds of the server's clock)."""
 
 
 class Bucket:
@@ -74,6 +92,10 @@ class Bucket:
             ),
         )
         self._pool = IOThreads(concurrency, f"kvtier-{tier}")
+        self.conditional = True
+        """Whether single-object puts may carry `If-None-Match: *` (False once the server
+        answered that it does not implement it: puts are plain ones from then on)."""
+        self._offset: float | None = None
 
     def shutdown(self) -> None:
         """Stop the pool's threads, after the calls already queued."""
@@ -98,18 +120,52 @@ class Bucket:
         """Whether object `name` exists."""
         return await self._run(self._head, name)
 
-    async def put(self, name: str, blob: bytes) -> None:
-        await self._run(self._put, name, blob)
+    async def put(self, name: str, blob: bytes, once: bool = False) -> bool:
+        """Write object `name`; with `once`, only where none exists (`If-None-Match: *`):
+        False when one did and nothing was written (a server that ignores the header
+        overwrites, one that rejects it gets a plain put)."""
+        return await self._run(self._put, name, blob, once)
+
+    async def put_if_absent(self, name: str, blob: bytes) -> str | None:
+        """Create object `name` (a single small put) unless one exists: its ETag, or None."""
+        return await self._run(self._put_conditional, name, blob, {"IfNoneMatch": "*"})
+
+    async def put_if_match(self, name: str, blob: bytes, etag: str) -> str | None:
+        """Replace object `name` if it is still the version `etag`: the new ETag, or None."""
+        return await self._run(self._put_conditional, name, blob, {"IfMatch": etag})
+
+    async def head_meta(self, name: str) -> tuple[str, float, float] | None:
+        """(ETag, last modified, the server's time of the answer), both times the server's
+        own (Unix seconds, as precise as its headers: a second); None when absent."""
+        return await self._run(self._head_meta, name)
+
+    async def delete_if_match(self, name: str, etag: str) -> bool:
+        """Delete object `name` if it is still the version `etag`: whether it was."""
+        return await self._run(self._delete_if_match, name, etag)
+
+    async def delete_names(self, names: list[str]) -> int:
+        """Delete `names` (at most `DELETE_BATCH`) in one request: how many failed."""
+        return await self._run(self._delete_names, names)
 
     async def delete(self, name: str) -> None:
         await self._run(self._delete, name)
 
     async def list_page(
-        self, prefix: str, token: str | None, size: int
-    ) -> tuple[list[tuple[str, int]], str | None]:
-        """One page of (name, size) under `prefix` (`size` at most) and the token of the
-        next (None after the last)."""
-        return await self._run(self._list_page, prefix, token, size)
+        self, prefix: str, token: str | None, size: int, after: str | None = None
+    ) -> tuple[list[Listed], str | None]:
+        """One page of (name, size, modified) under `prefix` (`size` at most; only names
+        sorting after `after`, when given) and the token of the next (None after the last)."""
+        return await self._run(self._list_page, prefix, token, size, after)
+
+    def server_time(self) -> float:
+        """The server's clock now (Unix seconds), as its last answers' `Date` headers tell
+        (to about a second); this host's clock before any answer."""
+        return time.time() + (self._offset or 0.0)
+
+    @property
+    def clock_known(self) -> bool:
+        """Whether `server_time` has been set from an answer of the server."""
+        return self._offset is not None
 
     async def list_objects(self, prefix: str) -> list[tuple[str, int]]:
         """(name, size) of every object under `prefix`."""
@@ -203,9 +259,39 @@ class Bucket:
             raise
         return True
 
-    def _put(self, name: str, blob: bytes) -> None:
+    def _clock(self, response: Any) -> None:
+        """Set the server's clock from an answer's `Date` (a second's precision: its middle)."""
+        try:
+            date = response["ResponseMetadata"]["HTTPHeaders"]["date"]
+            self._offset = email.utils.parsedate_to_datetime(date).timestamp() + 0.5 - time.time()
+        except (KeyError, TypeError, ValueError, IndexError):
+            return
+
+    def _put(self, name: str, blob: bytes, once: bool) -> bool:
+        condition = {"IfNoneMatch": "*"} if once and self.conditional else {}
+        try:
+            self._put_object(name, blob, condition)
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if condition and code in _CONDITION_FAILED:
+                return False
+            if not (condition and code in _UNSUPPORTED):
+                raise
+            self.conditional = False
+            log.warning(
+                "tier %r: %s does not implement conditional puts (%s); puts overwrite",
+                self.tier,
+                self.endpoint_url or "S3",
+                code,
+            )
+            self._put_object(name, blob, {})
+        return True
+
+    def _put_object(self, name: str, blob: bytes, condition: dict[str, str]) -> None:
         if len(blob) <= self.multipart_threshold:
-            self._client.put_object(Bucket=self.bucket, Key=name, Body=blob)
+            self._clock(
+                self._client.put_object(Bucket=self.bucket, Key=name, Body=blob, **condition)
+            )
             return
         upload = self._client.create_multipart_upload(Bucket=self.bucket, Key=name)["UploadId"]
         try:
@@ -221,23 +307,77 @@ class Bucket:
                 )["ETag"]
                 parts.append({"ETag": etag, "PartNumber": number})
             self._client.complete_multipart_upload(
-                Bucket=self.bucket, Key=name, UploadId=upload, MultipartUpload={"Parts": parts}
+                Bucket=self.bucket,
+                Key=name,
+                UploadId=upload,
+                MultipartUpload={"Parts": parts},
+                **condition,
             )
         except Exception:
             self._client.abort_multipart_upload(Bucket=self.bucket, Key=name, UploadId=upload)
             raise
 
+    def _put_conditional(self, name: str, blob: bytes, condition: dict[str, str]) -> str | None:
+        try:
+            response = self._client.put_object(Bucket=self.bucket, Key=name, Body=blob, **condition)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code", "") in _CONDITION_FAILED:
+                return None
+            raise
+        self._clock(response)
+        return str(response.get("ETag", "")) or None
+
+    def _head_meta(self, name: str) -> tuple[str, float, float] | None:
+        try:
+            response = self._client.head_object(Bucket=self.bucket, Key=name)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _MISSING:
+                return None
+            raise
+        self._clock(response)
+        modified = response.get("LastModified")
+        now = self.server_time()
+        return (
+            str(response.get("ETag", "")),
+            now if modified is None else modified.timestamp(),
+            now,
+        )
+
+    def _delete_if_match(self, name: str, etag: str) -> bool:
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=name, IfMatch=etag)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code", "") in (*_CONDITION_FAILED, *_MISSING):
+                return False
+            raise
+        return True
+
     def _delete(self, name: str) -> None:
         self._client.delete_object(Bucket=self.bucket, Key=name)
 
+    def _delete_names(self, names: list[str]) -> int:
+        if not names:
+            return 0
+        response = self._client.delete_objects(
+            Bucket=self.bucket,
+            Delete={"Objects": [{"Key": n} for n in names[:DELETE_BATCH]], "Quiet": True},
+        )
+        return len(response.get("Errors", []) or [])
+
     def _list_page(
-        self, prefix: str, token: str | None, size: int
-    ) -> tuple[list[tuple[str, int]], str | None]:
+        self, prefix: str, token: str | None, size: int, after: str | None
+    ) -> tuple[list[Listed], str | None]:
         options = {"ContinuationToken": token} if token else {}
+        if after is not None:
+            options["StartAfter"] = after
         page = self._client.list_objects_v2(
             Bucket=self.bucket, Prefix=prefix, MaxKeys=size, **options
         )
-        found = [(item["Key"], int(item["Size"])) for item in page.get("Contents", [])]
+        self._clock(page)
+        found = [
+            (item["Key"], int(item["Size"]), item["LastModified"].timestamp())
+            for item in page.get("Contents", [])
+        ]
         more = page.get("NextContinuationToken") if page.get("IsTruncated") else None
         return found, more
 

@@ -2,9 +2,12 @@
 
 Object names: `<prefix><namespace hex>/<ab>/<key hex>` — spread over 256 prefixes by the key's
 first byte, since S3 scales request rates per prefix. The calls to the bucket (boto3 in a
-bounded thread pool) are `tiers.s3.client`'s. With `blocks_per_object` > 1, puts are gathered
-and written `blocks_per_object` at a time as one pack (`tiers.s3.packs`: the pack format and the
-tier's index of packs, rebuilt from the bucket at start).
+bounded thread pool) are `tiers.s3.client`'s; single objects are written once where the server
+honours `If-None-Match: *` (`write_once`). With `blocks_per_object` > 1, puts are gathered into
+packs (`tiers.s3.packs`: the tier's index of packs; `tiers.s3.packformat`: the format), written
+by `tiers.s3.packer` within `pack_after`, and the index is kept live by `tiers.s3.refresh`
+(other engines' packs are found within `pack_refresh`). With `capacity`, `tiers.s3.sweeper`
+keeps the prefix within it, one engine at a time by `tiers.s3.lease`.
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tiering.errors import CorruptObject
+from tiering.errors import CorruptObject, TierError
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
 from tiers.s3.client import Bucket
-from tiers.s3.packs import MAX_PACK_ENTRIES, Packs
+from tiers.s3.lease import Lease
+from tiers.s3.packer import Packer
+from tiers.s3.packformat import MAX_PACK_ENTRIES
+from tiers.s3.packs import Packs
+from tiers.s3.refresh import Refresher
+from tiers.s3.sweeper import Sweeper
 
 __all__ = ["S3Options", "S3Tier"]
 
@@ -52,6 +60,29 @@ class S3Options(TierOptions):
         low=1,
         high=MAX_PACK_ENTRIES,
         help="Blocks gathered into one object (a pack) before it is written; 1: no packs.",
+    )
+    pack_after: float = option(
+        2.0,
+        kind="duration",
+        help="The longest a block waits in memory for its pack: a partial pack is written then "
+        "(what a crash can lose).",
+    )
+    pack_refresh: float = option(
+        1.0,
+        kind="duration",
+        help="How often the index of packs lists the packs other engines wrote since (the "
+        "longest they stay unseen).",
+    )
+    write_once: bool = option(
+        True,
+        help="Write a block only where the bucket has none (If-None-Match: *, packs the index "
+        "knows): engines sharing the bucket write each block once.",
+    )
+    sweep_interval: float = option(
+        10.0,
+        kind="duration",
+        help="With `capacity`: how often the prefix's one sweeper (elected by a lease object) "
+        "deletes its oldest objects beyond capacity.",
     )
     multipart_threshold: int = option(
         64 << 20, kind="size", help="Objects larger than this go up in parts."
@@ -107,9 +138,56 @@ class S3Tier(Tier):
             read_timeout=settings.read_timeout,
             concurrency=self.concurrency,
         )
+        self.write_once = settings.write_once
         self._packs = Packs(
-            self._bucket, self._base, self.name, self.counters, self.blocks_per_object
+            self._bucket,
+            self._base,
+            self.name,
+            self.counters,
+            self.blocks_per_object,
+            self.writer,
         )
+        self._refresher = Refresher(
+            self._bucket,
+            self._packs,
+            tier=self.name,
+            counters=self.counters,
+            period=settings.pack_refresh,
+            enabled=self.blocks_per_object > 1,
+        )
+        writes = max(1, self.concurrency // 2)
+        self._packer = Packer(
+            self._packs,
+            self._bucket,
+            tier=self.name,
+            counters=self.counters,
+            after=settings.pack_after,
+            writes=writes,
+            limit=(writes + 2) * self.blocks_per_object,
+            ready=self._clock,
+        )
+        self._sweeper = None
+        if self.capacity is not None and not self.read_only:
+            self._sweeper = Sweeper(
+                self._bucket,
+                self.prefix,
+                tier=self.name,
+                capacity=self.capacity,
+                interval=settings.sweep_interval,
+                lease=Lease(
+                    self._bucket,
+                    self.prefix,
+                    tier=self.name,
+                    writer=self.writer,
+                    counters=self.counters,
+                ),
+                counters=self.counters,
+                swept=self._packs.drop,
+            )
+
+    async def _clock(self) -> None:
+        """Learn the server's clock (which names packs): one listing of one name."""
+        await self._bucket.list_page(self._packs.prefix, None, 1)
 
     def _name(self, key: BlockKey) -> str:
         text = key.hex()
@@ -118,7 +196,7 @@ class S3Tier(Tier):
     # -- primitives -----------------------------------------------------------------------------
 
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
-        await self._packs.load()
+        await self._refresher.load()
         pending, packed = self._packs.where(key)
         if pending is not None:
             return pending
@@ -131,10 +209,11 @@ class S3Tier(Tier):
             blob = await self._bucket.get_range(pack, offset, length)
             if blob is not None:
                 return blob
+            self._packs.drop({pack})  # gone from the bucket (swept), or its range is not there
         return await self._bucket.get(self._name(key), limit)
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
-        await self._packs.load()
+        await self._refresher.load()
         pending, packed = self._packs.where(key)
         if pending is not None:
             return pending[:n], len(pending)
@@ -143,21 +222,25 @@ class S3Tier(Tier):
             head = await self._bucket.get_range(pack, offset, min(n, length))
             if head is not None:
                 return head, length
+            self._packs.drop({pack})
         return await self._bucket.get_head(self._name(key), n)
 
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
-        blob = b"".join(parts)
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
+        if self._sweeper is not None:
+            if self._sweeper.refusal is not None:
+                raise TierError(self._sweeper.refusal)
+            self._sweeper.start()
         if self.blocks_per_object == 1:
-            await self._bucket.put(self._name(key), blob)
-            return
+            return await self._bucket.put(self._name(key), b"".join(parts), once=self.write_once)
+        if self.write_once and self._packs.known([key])[0]:
+            return False  # packed already (by any engine the index has listed), or held
         # No wait for the packs to load: a block packed before the load ends keeps its new
         # place (the load never overrides a key it finds packed), and puts are not held up.
-        batch = self._packs.hold(key, blob)
-        if batch is not None:
-            await self._packs.write(batch)
+        await self._packer.hold(key, b"".join(parts))
+        return None
 
     async def _delete(self, key: BlockKey) -> bool:
-        await self._packs.load()
+        await self._refresher.load()
         forgotten, empty_pack = self._packs.forget(key)
         if empty_pack is not None:
             await self._bucket.delete(empty_pack)
@@ -167,7 +250,7 @@ class S3Tier(Tier):
         return existed or forgotten
 
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
-        await self._packs.load()
+        await self._refresher.load()
         known = self._packs.known(list(keys))
         heads = await asyncio.gather(
             *(
@@ -180,7 +263,7 @@ class S3Tier(Tier):
         return [found or next(answers) for found in known]
 
     async def _list(self) -> AsyncIterator[BlockKey]:
-        await self._packs.load()
+        await self._refresher.load()
         seen = self._packs.keys()
         for key in seen:
             yield key
@@ -190,7 +273,7 @@ class S3Tier(Tier):
                 yield found
 
     async def _entries(self) -> AsyncIterator[ObjectInfo]:
-        await self._packs.load()
+        await self._refresher.load()
         pending, packed = self._packs.sizes()
         for key, size in pending.items():
             yield ObjectInfo(key, size)
@@ -221,7 +304,7 @@ class S3Tier(Tier):
         return sorted(found)
 
     async def _stat(self) -> TierStat:
-        await self._packs.load()
+        await self._refresher.load()
         objects = await self._bucket.list_objects(self._base)
         singles = [(n, size) for n, size in objects if "/packs/" not in n]
         pending, packed = self._packs.sizes()
@@ -232,18 +315,17 @@ class S3Tier(Tier):
         )
 
     async def _close(self) -> None:
-        await self._packs.stop_loading()
         try:
-            batch = self._packs.take_pending()
-            if batch:
-                await self._packs.write(batch)
+            await self._refresher.stop()
+            await self._packer.close()
+            if self._sweeper is not None:
+                await self._sweeper.stop()
         finally:
             self._bucket.shutdown()
 
     # -- beyond the contract -------------------------------------------------------------------
 
     async def refresh_packs(self) -> None:
-        """Load the packs other processes wrote since this tier loaded the bucket's packs
-        (`tiers.s3.packs.Packs.refresh`): a reader sharing the bucket with writers calls it to
-        see their new blocks."""
-        await self._packs.refresh()
+        """List every pack in the bucket now (`tiers.s3.refresh.Refresher.full`): what the
+        background refreshes do within `pack_refresh`, for a caller that cannot wait."""
+        await self._refresher.full()

@@ -1,0 +1,105 @@
+"""One engine's S3 tier in a process of its own, for tests/tiers/test_s3_fleet.py (a worker
+process, its own event loop): `python -m tests.tiers.s3_fleet_worker '<json>'`.
+
+It builds the tier, makes one call (the pack index loads), writes `ready` to its log, waits for
+the `go` file, then does its `mode`:
+
+- `write`: puts blocks `keys` (`key(i)`, `payload(size, i)`), `interval` seconds apart, logging
+  `put i t` after each put returns (t: this host's Unix time); then keeps running `linger`
+  seconds (its background tasks go on: pack writes, refreshes, the sweeper).
+- `watch`: asks `contains` for `keys` every `poll` seconds, logging `seen i t` the first time
+  each is found, until all are or `linger` seconds pass.
+
+All along it rewrites its `status` file (its counters, writer id and pid) every 0.2 s, and at
+the end closes the tier and writes `done` to its log. Options for a test: `lease_ttl` (the
+lease's `LEASE_TTL`), `clock_skew` (seconds added to this process's `time.time`: a host whose clock
+is off; boto3's signatures, from `datetime`, are not moved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+WALL = time.time
+"""The test host's clock, for the log (`clock_skew` moves `time.time` of this process)."""
+
+
+def main(spec: dict[str, Any]) -> None:
+    if spec.get("lease_ttl"):
+        import tiers.s3.lease
+        import tiers.s3.sweeper
+
+        tiers.s3.lease.LEASE_TTL = spec["lease_ttl"]
+        tiers.s3.sweeper.LEASE_TTL = spec["lease_ttl"]
+    if spec.get("clock_skew"):
+        skew = float(spec["clock_skew"])
+        time.time = lambda: WALL() + skew
+    asyncio.run(run(spec))
+
+
+async def run(spec: dict[str, Any]) -> None:
+    from tiering.testing import NAMESPACE, key, payload
+    from tiers.s3 import S3Tier
+
+    log = open(spec["log"], "a", buffering=1)  # noqa: SIM115 - lives as long as the worker
+    tier = S3Tier(
+        namespace=NAMESPACE,
+        bucket=spec["bucket"],
+        prefix=spec["prefix"],
+        endpoint_url=spec["endpoint"],
+        access_key=spec["access_key"],
+        secret_key=spec["secret_key"],
+        **spec.get("options", {}),
+    )
+    status = Path(spec["status"])
+
+    def report() -> None:
+        state = {"pid": os.getpid(), "writer": tier.writer.hex(), "counters": dict(tier.counters)}
+        status.with_suffix(".tmp").write_text(json.dumps(state))
+        status.with_suffix(".tmp").replace(status)
+
+    async def reporting() -> None:
+        while True:
+            report()
+            await asyncio.sleep(0.2)
+
+    reporter = asyncio.ensure_future(reporting())
+    await tier.contains([key(10**6)])
+    print("ready", WALL(), file=log)
+    go = Path(spec["go"])
+    while not go.exists():
+        await asyncio.sleep(0.01)
+    start, stop = spec["keys"]
+    size = spec.get("size", 4096)
+    if spec["mode"] == "write":
+        for i in range(start, stop):
+            await tier.put(key(i), payload(size, i))
+            print("put", i, WALL(), file=log)
+            await asyncio.sleep(spec.get("interval", 0.0))
+        await asyncio.sleep(spec.get("linger", 0.0))
+    else:
+        missing = set(range(start, stop))
+        deadline = time.monotonic() + spec.get("linger", 30.0)
+        while missing and time.monotonic() < deadline:
+            order = sorted(missing)
+            found = await tier.contains([key(i) for i in order])
+            now = WALL()
+            for i, there in zip(order, found, strict=True):
+                if there:
+                    print("seen", i, now, file=log)
+                    missing.discard(i)
+            await asyncio.sleep(spec.get("poll", 0.02))
+    reporter.cancel()
+    await tier.close()
+    report()
+    print("done", WALL(), file=log)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
