@@ -126,7 +126,10 @@ class Field:
         if kind == "size":
             return parse_size(value, where, 0 if self.zero else 1)
         if kind == "duration":
-            return parse_duration(value, where, allow_zero=self.zero)
+            seconds = parse_duration(value, where, allow_zero=self.zero)
+            if self.low and 0 < seconds < self.low:
+                raise ConfigError(f"{where}: at least {self.low:g}s, got {short_repr(value)}")
+            return seconds
         if kind == "flag":
             if not isinstance(value, bool):
                 raise ConfigError(f"{where}: expected true or false, got {short_repr(value)}")
@@ -190,6 +193,8 @@ class Field:
             text = f"integer {int(self.low)}..{int(self.high):,}"
         elif self.kind in ("size", "duration"):
             text = self.kind + (" (0 allowed)" if self.zero else "")
+            if self.kind == "duration" and self.low:
+                text += f", at least {self.low:g}s"
         elif self.kind == "number":
             text = "number > 0" if self.low == 0 else "number"
         else:

@@ -214,6 +214,10 @@ class Tier(ABC):
     """The tier enforces `capacity` itself by evicting least recently used objects."""
     align: ClassVar[int] = 1
     """Payload offset alignment in stored objects (a file tier with O_DIRECT uses 4096)."""
+    writes_once: bool = False
+    """This tier's puts leave an object already stored for the key in place (`_write` answers
+    False): set by a backend, per instance, where its store allows it (Redis `SET NX`, an S3
+    conditional put, an exclusive create)."""
     indexed: ClassVar[bool] = False
     """The tier keeps an in-process index of every object it holds (it is its store's only
     writer), so `knows` answers without I/O and the tiering manager needs no existence checks."""

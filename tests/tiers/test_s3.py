@@ -85,15 +85,19 @@ class S3Hooks(TierConformance):
         return data
 
 
-# The suite's contract is a store whose put replaces (`test_overwrite`, the dict model):
-# `write_once` leaves the first object in place, so these run without it; its own tests are in
-# test_s3_fleet.py.
-
-
 class TestS3Tier(S3Hooks):
     @pytest.fixture
     def make_tier(self, s3_server: SeaweedS3) -> MakeTier:
         make = self.hooked(s3_server, f"t-{uuid.uuid4().hex[:8]}/")
+        return make
+
+
+class TestS3TierThatReplaces(S3Hooks):
+    """Single objects without `write_once`: a put replaces."""
+
+    @pytest.fixture
+    def make_tier(self, s3_server: SeaweedS3) -> MakeTier:
+        make = self.hooked(s3_server, f"r-{uuid.uuid4().hex[:8]}/")
         return lambda **options: make(write_once=False, **options)
 
 
@@ -101,7 +105,7 @@ class TestPackedS3Tier(S3Hooks):
     @pytest.fixture
     def make_tier(self, s3_server: SeaweedS3) -> MakeTier:
         make = self.hooked(s3_server, f"p-{uuid.uuid4().hex[:8]}/")
-        return lambda **options: make(blocks_per_object=4, write_once=False, **options)
+        return lambda **options: make(blocks_per_object=4, **options)
 
 
 def test_multipart_upload_of_a_large_block(s3_server: SeaweedS3) -> None:

@@ -57,13 +57,22 @@ class TierStateMachine(RuleBasedStateMachine):
     def put(self, k: BlockKey, block: tuple[int, int]) -> None:
         data = payload(*block)
         self.run(self.tier.put(k, data))
-        self.model[k] = data
+        self._stored(k, data)
 
     @rule(items=st.lists(st.tuples(keys, blocks), max_size=4, unique_by=lambda item: item[0]))
     def put_many(self, items: list[tuple[BlockKey, tuple[int, int]]]) -> None:
         batch = [(k, payload(*block)) for k, block in items]
         assert self.run(self.tier.put_many(batch)) == [None] * len(batch)
-        self.model.update(batch)
+        for k, data in batch:
+            self._stored(k, data)
+
+    def _stored(self, k: BlockKey, data: bytes) -> None:
+        """What the model holds after a put: the new block, or the first one where the tier
+        `writes_once`."""
+        if self.tier.writes_once:
+            self.model.setdefault(k, data)
+        else:
+            self.model[k] = data
 
     @rule(k=keys)
     def get(self, k: BlockKey) -> None:

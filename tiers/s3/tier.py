@@ -64,12 +64,14 @@ class S3Options(TierOptions):
     pack_after: float = option(
         2.0,
         kind="duration",
+        low=0.01,
         help="The longest a block waits in memory for its pack: a partial pack is written then "
         "(what a crash can lose).",
     )
     pack_refresh: float = option(
         1.0,
         kind="duration",
+        low=0.05,
         help="How often the index of packs lists the packs other engines wrote since (the "
         "longest they stay unseen).",
     )
@@ -81,6 +83,7 @@ class S3Options(TierOptions):
     sweep_interval: float = option(
         10.0,
         kind="duration",
+        low=0.1,
         help="With `capacity`: how often the prefix's one sweeper (elected by a lease object) "
         "deletes its oldest objects beyond capacity.",
     )
@@ -138,7 +141,7 @@ class S3Tier(Tier):
             read_timeout=settings.read_timeout,
             concurrency=self.concurrency,
         )
-        self.write_once = settings.write_once
+        self.writes_once = settings.write_once
         self._packs = Packs(
             self._bucket,
             self._base,
@@ -231,8 +234,8 @@ class S3Tier(Tier):
                 raise TierError(self._sweeper.refusal)
             self._sweeper.start()
         if self.blocks_per_object == 1:
-            return await self._bucket.put(self._name(key), b"".join(parts), once=self.write_once)
-        if self.write_once and self._packs.known([key])[0]:
+            return await self._bucket.put(self._name(key), b"".join(parts), once=self.writes_once)
+        if self.writes_once and self._packs.known([key])[0]:
             return False  # packed already (by any engine the index has listed), or held
         # No wait for the packs to load: a block packed before the load ends keeps its new
         # place (the load never overrides a key it finds packed), and puts are not held up.
