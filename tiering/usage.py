@@ -10,16 +10,26 @@ store can plant names of as many namespaces as they like, so the tally keeps at 
 from __future__ import annotations
 
 import logging
+from typing import Protocol, runtime_checkable
 
 from tiering.keys import NAMESPACE_BYTES
 from tiering.tier import NamespaceUsage
 
-__all__ = ["MAX_NAMESPACES", "UsageTally", "namespace_of"]
+__all__ = ["MAX_NAMESPACES", "KeepsUsageMarks", "UsageTally", "namespace_of"]
 
 log = logging.getLogger(__name__)
 
 MAX_NAMESPACES = 65_536
 """Namespaces one usage listing keeps (~150 bytes each)."""
+
+
+@runtime_checkable
+class KeepsUsageMarks(Protocol):
+    """Optional, for a tier that keeps a record of its own per namespace for its usage (the
+    Redis tier's last-write marker; runtime thread, like every tier call): an operator's purge
+    of a whole namespace drops it too."""
+
+    async def drop_usage_marks(self) -> None: ...
 
 
 def namespace_of(text: str | bytes) -> bytes | None:

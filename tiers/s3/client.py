@@ -111,6 +111,12 @@ class Bucket:
         next (None after the last)."""
         return await self._run(self._list_page, prefix, token, size)
 
+    async def list_page_meta(
+        self, prefix: str, token: str | None, size: int
+    ) -> tuple[list[tuple[str, int, float]], str | None]:
+        """`list_page` with each object's time of writing (LastModified, as Unix time)."""
+        return await self._run(self._list_page_meta, prefix, token, size)
+
     async def list_objects(self, prefix: str) -> list[tuple[str, int]]:
         """(name, size) of every object under `prefix`."""
         found = await self._run(self._list_objects_meta, prefix)
@@ -238,6 +244,20 @@ class Bucket:
             Bucket=self.bucket, Prefix=prefix, MaxKeys=size, **options
         )
         found = [(item["Key"], int(item["Size"])) for item in page.get("Contents", [])]
+        more = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        return found, more
+
+    def _list_page_meta(
+        self, prefix: str, token: str | None, size: int
+    ) -> tuple[list[tuple[str, int, float]], str | None]:
+        options = {"ContinuationToken": token} if token else {}
+        page = self._client.list_objects_v2(
+            Bucket=self.bucket, Prefix=prefix, MaxKeys=size, **options
+        )
+        found = [
+            (item["Key"], int(item["Size"]), item["LastModified"].timestamp())
+            for item in page.get("Contents", [])
+        ]
         more = page.get("NextContinuationToken") if page.get("IsTruncated") else None
         return found, more
 

@@ -17,9 +17,10 @@ from typing import Any
 from tiering.errors import CorruptObject
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
-from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
+from tiering.tier import Buffer, NamespaceUsage, ObjectInfo, Tier, TierStat
 from tiers.s3.client import Bucket
 from tiers.s3.packs import MAX_PACK_ENTRIES, Packs
+from tiers.s3.usage import BucketUsage
 
 __all__ = ["S3Options", "S3Tier"]
 
@@ -110,6 +111,7 @@ class S3Tier(Tier):
         self._packs = Packs(
             self._bucket, self._base, self.name, self.counters, self.blocks_per_object
         )
+        self._usage_scan = BucketUsage(self._bucket, self.prefix)
 
     def _name(self, key: BlockKey) -> str:
         text = key.hex()
@@ -230,6 +232,12 @@ class S3Tier(Tier):
             sum(packed.values()) + sum(pending.values()) + sum(s for _, s in singles),
             self.capacity,
         )
+
+    async def _usage(self) -> list[NamespaceUsage]:
+        """Every namespace under `prefix` in the bucket, whoever wrote it (`tiers.s3.usage`;
+        blocks still waiting for a pack in this process are not in the bucket yet)."""
+        tally = await self._usage_scan.scan()
+        return tally.result(self.name)
 
     async def _close(self) -> None:
         await self._packs.stop_loading()
