@@ -144,9 +144,7 @@ def _parse(name: bytes) -> tuple[bytes, bool] | None:
     return namespace, True
 
 
-async def _tally_page(
-    client: Any, page: list[bytes], tally: UsageTally, sizes: str
-) -> str:
+async def _tally_page(client: Any, page: list[bytes], tally: UsageTally, sizes: str) -> str:
     """One pipeline for a page of names; the size command that worked (STRLEN once MEMORY
     USAGE is refused)."""
     parsed = [(name, _parse(name)) for name in page]

@@ -25,8 +25,8 @@ import os
 import stat
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from tiering.errors import TierUnavailable
 from tiering.keys import key_from_hex
@@ -40,6 +40,7 @@ __all__ = ["FileUsage"]
 OBJECT_SUFFIX = ".kv"
 MAX_COUNTED_SEGMENTS = 1 << 20
 """Segment files whose record counts are kept between scans (~200 bytes each)."""
+
 
 class FileUsage:
     """One file tier's usage scans (runtime thread; its methods with `_in_pool` in the tier's
@@ -172,9 +173,7 @@ def _hex_dirs(directory: Path, stop: threading.Event) -> list[Path]:
     return found
 
 
-def _tally_objects(
-    namespace: bytes, first: Path, tally: UsageTally, stop: threading.Event
-) -> None:
+def _tally_objects(namespace: bytes, first: Path, tally: UsageTally, stop: threading.Event) -> None:
     """In the pool: every regular file named like an object under a first-level fan-out
     directory (`ab/*/`) of a namespace."""
     for second in _hex_dirs(first, stop):
