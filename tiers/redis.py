@@ -372,6 +372,7 @@ class RedisTier(Tier):
 
     async def drop_usage_marks(self) -> None:
         """Delete this namespace's marker (`tiering.usage.KeepsUsageMarks`: it was purged)."""
+        await self._marker.close()
         with self._errors("DEL"):
             await self._client.delete(marker_name(self.namespace))
 

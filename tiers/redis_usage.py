@@ -100,7 +100,8 @@ class WriteMarker:
             log.debug("redis marker %s not written: %s", self._name.decode(), e)
 
     async def close(self) -> None:
-        """Let the SET in flight end (within its deadline)."""
+        """Let the SET in flight end (within its deadline): before the tier closes, and
+        before the marker is deleted (a SET landing after the DEL would bring it back)."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             with contextlib.suppress(Exception):
