@@ -14,7 +14,7 @@ from typing import Any
 
 from tiering.errors import TierUnavailable
 from tiering.keys import BlockKey
-from tiering.tier import Buffer, Tier, TierStat
+from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 
 __all__ = ["FaultyTier", "ForwardingTier"]
 
@@ -72,6 +72,9 @@ class ForwardingTier(Tier):
 
     async def _stat(self) -> TierStat:
         return await self.inner._stat()
+
+    async def _usage(self) -> list[NamespaceUsage]:
+        return await self.inner._usage()
 
     async def _list(self) -> AsyncIterator[BlockKey]:
         async for key in self.inner._list():

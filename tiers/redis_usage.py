@@ -1,6 +1,5 @@
-"""The Redis tier's store-wide usage, and the marker that says when a namespace was last written.
-
-Runtime thread (the event loop), like the tier (`tiers.redis.RedisTier._usage`, `_count_put`).
+"""The Redis tier's store-wide usage, and the marker that says when a namespace was last
+written: on the runtime's loop, like the tier (`tiers.redis.RedisTier._usage`, `_count_put`).
 
 - **Names.** `kvtier:<namespace hex>:<key hex>` is a block; `kvtier:<namespace hex>` (no third
   part, so no block listing, `kvtier:<namespace hex>:*`, can take it for a block) is the

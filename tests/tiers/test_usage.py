@@ -151,3 +151,17 @@ def test_a_tally_keeps_a_bounded_number_of_namespaces() -> None:
         tally.add(bytes([i]) * 16, 100, float(i))
     tally.written(bytes([9]) * 16, 5.0)  # beyond the bound: not kept either
     assert [u.namespace[0] for u in tally.result("t")] == [0, 1, 2] and tally.dropped == 7
+
+
+def test_a_wrapped_tier_lists_its_store(tmp_path: Path) -> None:
+    """`FaultyTier` (any `ForwardingTier`) lists what the tier it wraps lists."""
+    from tiering.wrappers import FaultyTier
+
+    async def go() -> dict[str, tuple[int, int]]:
+        async with BlockFileTier(namespace=NS, path=tmp_path, min_free=0) as tier:
+            await tier.put_many([(k(i), bytes(SIZE)) for i in range(2)])
+        inner = BlockFileTier(namespace=PROBE, path=tmp_path, min_free=0, read_only=True)
+        async with FaultyTier(inner) as wrapped:
+            return summary(await wrapped.usage(timeout=10))
+
+    assert asyncio.run(go()) == {NS.hex(): (2, 2 * 8192)}

@@ -1,8 +1,9 @@
-"""The file tier's store-wide usage: what every namespace directory under its path holds.
+"""The file tier's store-wide usage, driven from the runtime's loop and scanned in the tier's
+pool threads: what every namespace directory under its path holds.
 
-Runtime thread (the event loop) drives, the tier's pool threads scan, one directory per call:
-a namespace's fan-out directory (`files` layout) or its segment files (`segments` layout), so a
-deadline cancels the scan between two calls and a pool thread is never taken for long.
+One directory per pool call: a first-level fan-out directory of a namespace (`files` layout) or
+a namespace's segment files (`segments` layout), so a deadline ends the scan between two calls
+(a call in flight stops at its next entry) and a pool thread is never taken for long.
 
 - `files`: every `<namespace hex>/<ab>/<cd>/<key hex>.kv` regular file: one object, its size,
   its modification time (temporary files, and anything not named as kvtier names objects, are

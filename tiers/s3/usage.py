@@ -1,8 +1,8 @@
-"""The S3 tier's store-wide usage: every namespace under the tier's prefix in the bucket.
+"""The S3 tier's store-wide usage, driven from the runtime's loop, the bucket's calls in the
+tier's thread pool (`tiers.s3.client.Bucket`): every namespace under the tier's prefix.
 
-Runtime thread (the event loop) drives; the bucket's calls run in the tier's thread pool
-(`tiers.s3.client.Bucket`). The prefix is listed a page (`PAGE` names) at a time, so memory
-stays bounded whatever the bucket holds:
+The prefix is listed a page (`PAGE` names) at a time, so memory stays bounded whatever the
+bucket holds:
 
 - `<prefix><namespace hex>/<ab>/<key hex>` is one block object;
 - `<prefix><namespace hex>/packs/<id>` is a pack: its bytes are the object's, its objects the
