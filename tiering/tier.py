@@ -388,9 +388,16 @@ class Tier(ABC):
         namespace, from `_stat`, without a write time. Override where the store can tell
         (listings with sizes and times).
 
+        The implementation must: list only namespaces that hold objects, each object once
+        (`objects` counts block objects: a pack's blocks, a segment's records); keep its memory
+        bounded whatever the store holds (stream the listing; `tiering.usage.UsageTally`
+        bounds the namespaces); be cancellable (a deadline), leaving no thread of its working
+        on past it for long.
         The implementation may: take time proportional to the store's objects (it is for
         operators and the usage metrics, never the data path)."""
         stat = await self._stat()
+        if not stat.objects:
+            return []
         return [NamespaceUsage(self.namespace, stat.objects, stat.bytes_used)]
 
     async def _close(self) -> None:  # noqa: B027 - optional: most tiers hold something to release
@@ -625,10 +632,19 @@ class Tier(ABC):
         """What the tier holds (`TierStat`); may list the store: for operators and metrics."""
         return await self._call(self._stat())
 
-    async def usage(self) -> list[NamespaceUsage]:
+    async def usage(self, timeout: float | None = None) -> list[NamespaceUsage]:
         """What every namespace holds in the tier's store, store-wide (`_usage`): for
-        operators and metrics; may list the store."""
-        return await self._call(self._usage())
+        operators and metrics; it lists the store. The tier's `timeout` (sized for one
+        block's call) does not bound it: `timeout` does (None: only each request's own), and
+        past it the call raises `TierTimeout`. A failure is not counted among the tier's
+        `errors`: it is no call of the data path."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._usage()
+        except TimeoutError as e:
+            if isinstance(e, TierError):
+                raise
+            raise TierTimeout(f"tier {self.name!r}: usage not listed within {timeout:g}s") from e
 
     async def close(self) -> None:
         """Release what the tier holds (`_close`), once; later calls do nothing."""

@@ -73,15 +73,15 @@ class ForwardingTier(Tier):
     async def _stat(self) -> TierStat:
         return await self.inner._stat()
 
+    async def _usage(self) -> list[NamespaceUsage]:
+        return await self.inner._usage()
+
     async def _list(self) -> AsyncIterator[BlockKey]:
         async for key in self.inner._list():
             yield key
 
     async def _namespaces(self) -> list[bytes]:
         return await self.inner._namespaces()
-
-    async def _usage(self) -> list[NamespaceUsage]:
-        return await self.inner._usage()
 
     async def _close(self) -> None:
         await self.inner.close()

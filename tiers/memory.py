@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
-from tiering.tier import Buffer, Tier, TierStat
+from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 
 __all__ = ["MemoryTier"]
 
@@ -37,6 +38,7 @@ class MemoryTier(Tier):
         super().__init__(namespace=namespace, secret=secret, name=name, **options)
         self._objects: OrderedDict[BlockKey, bytes] = OrderedDict()
         self._bytes = 0
+        self._last_write: float | None = None
 
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         blob = self._objects.get(key)
@@ -61,6 +63,7 @@ class MemoryTier(Tier):
                 self.counters["evictions"] += 1
         self._objects[key] = blob
         self._bytes += len(blob)
+        self._last_write = time.time()
 
     async def _delete(self, key: BlockKey) -> bool:
         return self._delete_now(key)
@@ -76,6 +79,12 @@ class MemoryTier(Tier):
 
     async def _stat(self) -> TierStat:
         return TierStat(len(self._objects), self._bytes, self.capacity)
+
+    async def _usage(self) -> list[NamespaceUsage]:
+        """Its dict is its whole store: this namespace alone."""
+        if not self._objects:
+            return []
+        return [NamespaceUsage(self.namespace, len(self._objects), self._bytes, self._last_write)]
 
     async def _list(self) -> AsyncIterator[BlockKey]:
         for key in list(self._objects):

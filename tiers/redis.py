@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -38,8 +39,9 @@ from tiering.errors import ConfigError, CorruptObject, TierError, TierTimeout, T
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.secrets import redact_text, redact_url, url_secrets
-from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
+from tiering.tier import Buffer, KeyLike, NamespaceUsage, Tier, TierStat, as_key
 from tiering.units import format_duration
+from tiers.redis_usage import WriteMarker, marker_name, scan_usage
 from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
 
 __all__ = ["RedisOptions", "RedisTier"]
@@ -193,6 +195,13 @@ class RedisTier(Tier):
                 self._client = aioredis.Redis.from_url(url, **kwargs)
         except ValueError as e:
             raise ConfigError(self._scrub(f"tier {self.name!r}: url {self.url!r}: {e}")) from None
+        self._marker = WriteMarker(
+            self._client,
+            self.namespace,
+            ttl=self.ttl,
+            timeout=self.timeout,
+            counters=self.counters,
+        )
         self._fast: RespPool | None = None
         if (
             settings.fast_path
@@ -371,7 +380,25 @@ class RedisTier(Tier):
                     raise size
         return TierStat(len(names), used, self.capacity)
 
+    async def _usage(self) -> list[NamespaceUsage]:
+        """Every namespace under `kvtier:` on the server, every master of a Cluster
+        (`tiers.redis_usage`: sizes by MEMORY USAGE, the last write from each namespace's
+        marker)."""
+        tally = await scan_usage(self._client, self._errors, time.time())
+        return tally.result(self.name)
+
+    async def drop_usage_marks(self) -> None:
+        """Delete this namespace's marker (`tiering.usage.KeepsUsageMarks`: it was purged)."""
+        await self._marker.close()
+        with self._errors("DEL"):
+            await self._client.delete(marker_name(self.namespace))
+
+    def _count_put(self, written: bool | None, size: int) -> None:
+        super()._count_put(written, size)
+        self._marker.wrote()  # a duplicate too: an engine still uses the namespace
+
     async def _close(self) -> None:
+        await self._marker.close()
         if self._fast is not None:
             self._fast.close()
         with contextlib.suppress(Exception):

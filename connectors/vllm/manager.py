@@ -39,6 +39,7 @@ from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
 from tiering.manager.stats import MANAGER_COUNTERS, TIER_COUNTERS
+from tiering.manager.usage import USAGE_GAUGES
 from tiering.metrics import MetricsServer
 from tiering.primary import LookupResult as KvtierLookup
 from tiers.region import PrimaryRegion
@@ -126,6 +127,10 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
         definitions[metric] = OffloadingCounterMetadata(documentation=MANAGER_COUNTERS[name])
     for name, doc in TIER_COUNTERS.items():
         definitions[f"vllm:kvtier_tier_{name}"] = OffloadingCounterMetadata(
+            documentation=doc, labelnames=("tier",)
+        )
+    for name, doc in USAGE_GAUGES.items():  # (set once the tier's usage has been polled)
+        definitions[f"vllm:kvtier_tier_{name}"] = OffloadingGaugeMetadata(
             documentation=doc, labelnames=("tier",)
         )
     return definitions
@@ -299,6 +304,10 @@ class KvtierManager(OffloadingManager):
             for name in TIER_COUNTERS:
                 self._delta(stats, f"vllm:kvtier_tier_{name}", (tier,), figures.get(name, 0))
             stats.set_gauge(BREAKER, float(figures["breaker"] != "closed"), labelvalues=(tier,))
+            for name in USAGE_GAUGES:
+                if name in figures:
+                    value = float(figures[name])
+                    stats.set_gauge(f"vllm:kvtier_tier_{name}", value, labelvalues=(tier,))
             for seconds in figures["latencies"]:
                 stats.observe_histogram(LATENCY, seconds, labelvalues=(tier,))
         return stats

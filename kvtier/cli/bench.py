@@ -12,7 +12,7 @@ from typing import Any
 
 from kvtier.cli import args as argtypes
 from kvtier.cli.common import TIER, add_command, emit, make_tier, table, tier_config
-from kvtier.operations import purge
+from kvtier.operations import purge_namespace
 from tiering.config import TierConfig, load_config
 from tiering.errors import ConfigError, KvtierError
 from tiering.format import MAX_BLOCK_BYTES
@@ -66,7 +66,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     )
                 finally:
                     try:
-                        await purge(tier)
+                        await purge_namespace(tier)  # its blocks, and a marker of its own
                     except KvtierError as e:  # say what is left; an error in flight stays
                         print(
                             f"kvtier bench: could not remove its blocks (namespace "

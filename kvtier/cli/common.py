@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +29,8 @@ __all__ = [
     "add_command",
     "confirm",
     "emit",
+    "format_age",
+    "format_time",
     "make_tier",
     "redact",
     "resolve_namespace",
@@ -137,6 +140,24 @@ def emit(args: argparse.Namespace, data: Any, lines: list[str]) -> int:
     else:
         print("\n".join(lines))
     return 0
+
+
+def format_time(when: float | None) -> str:
+    """A Unix time as local date and time, `-` for unknown."""
+    return "-" if when is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+
+
+def format_age(seconds: float | None) -> str:
+    """A duration in its two largest units (`3d 4h`, `5m 10s`), `-` for unknown."""
+    if seconds is None:
+        return "-"
+    left = max(0, int(seconds))
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if left >= size or (unit == "s" and not parts):
+            parts.append(f"{left // size}{unit}")
+            left %= size
+    return " ".join(parts[:2])
 
 
 def table(rows: Sequence[tuple[str, ...]]) -> list[str]:

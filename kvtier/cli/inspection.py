@@ -16,6 +16,8 @@ from kvtier.cli.common import (
     TIER,
     add_command,
     emit,
+    format_age,
+    format_time,
     make_tier,
     resolve_namespace,
     table,
@@ -26,14 +28,17 @@ from tiering.config import load_config
 from tiering.errors import CorruptObject, TierError, TierUnavailable
 from tiering.format import check_object
 from tiering.keys import BlockKey
-from tiering.tier import Tier, as_key
+from tiering.tier import NamespaceUsage, Tier, as_key
 
 __all__ = ["add_parsers", "header_fields", "run_inspect", "run_ls", "run_stats"]
 
 
 def add_parsers(commands: Any) -> None:
     p = add_command(
-        commands, "stats", "objects, bytes, capacity and namespaces per tier", run_stats
+        commands,
+        "stats",
+        "every namespace of each tier's store (objects, bytes, last write), totals, capacity",
+        run_stats,
     )
     p.add_argument("--tier", help="one tier, by its name in the config (default: all)")
     p = add_command(
@@ -53,56 +58,75 @@ def add_parsers(commands: Any) -> None:
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    """Every namespace each tier's store holds, whoever wrote it (`Tier.usage`), with the
+    store's totals and the tier's capacity. JSON: one row per tier and namespace (a tier
+    holding none: one row, namespace null), each with the store's totals beside."""
     config = load_config(args.config)
     chosen = [tier_config(config, args.tier)] if args.tier else list(config.tiers)
+    now = time.time()
 
     async def gather() -> list[dict[str, Any]]:
         rows = []
         for cfg in chosen:
             async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
-                namespaces = await probe.namespaces()
-            for namespace in namespaces:
-                async with make_tier(config, cfg, namespace, read_only=True) as tier:
-                    stat = await tier.stat()
+                usage = await probe.usage()
+            store: dict[str, Any] = {
+                "tier": cfg.name,
+                "type": cfg.type,
+                "capacity": cfg.capacity,
+                "store_objects": sum(u.objects for u in usage),
+                "store_bytes": sum(u.bytes_used for u in usage),
+            }
+            listed: list[NamespaceUsage | None] = [*usage] or [None]
+            for u in listed:
                 rows.append(
-                    {
-                        "tier": cfg.name,
-                        "type": cfg.type,
-                        "namespace": namespace.hex(),
-                        "objects": stat.objects,
-                        "bytes": stat.bytes_used,
-                        "capacity": stat.capacity,
-                    }
-                )
-            if not namespaces:
-                rows.append(
-                    {
-                        "tier": cfg.name,
-                        "type": cfg.type,
-                        "namespace": None,
-                        "objects": 0,
-                        "bytes": 0,
-                        "capacity": cfg.capacity,
+                    store
+                    | {
+                        "namespace": None if u is None else u.namespace.hex(),
+                        "objects": 0 if u is None else u.objects,
+                        "bytes": 0 if u is None else u.bytes_used,
+                        "last_write": None if u is None else u.last_write,
+                        "idle_seconds": None
+                        if u is None or u.last_write is None
+                        else max(0.0, now - u.last_write),
                     }
                 )
         return rows
 
     rows = asyncio.run(gather())
-    lines = table(
-        [("tier", "type", "namespace", "objects", "bytes", "capacity")]
-        + [
-            (
-                r["tier"],
-                r["type"],
-                r["namespace"] or "-",
-                f"{r['objects']:,}",
-                f"{r['bytes']:,}",
-                f"{r['capacity']:,}" if r["capacity"] else "-",
+    lines: list[tuple[str, ...]] = [
+        ("tier", "type", "namespace", "objects", "bytes", "last write", "idle", "capacity")
+    ]
+    for r in rows:
+        if r["namespace"] is not None:
+            lines.append(
+                (
+                    r["tier"],
+                    r["type"],
+                    r["namespace"],
+                    f"{r['objects']:,}",
+                    f"{r['bytes']:,}",
+                    format_time(r["last_write"]),
+                    format_age(r["idle_seconds"]),
+                    "",
+                )
             )
-            for r in rows
-        ]
-    )
-    return emit(args, rows, lines)
+    for tier in dict.fromkeys(r["tier"] for r in rows):
+        r = next(r for r in rows if r["tier"] == tier)
+        capacity = r["capacity"]
+        lines.append(
+            (
+                tier,
+                r["type"],
+                "(store total)",
+                f"{r['store_objects']:,}",
+                f"{r['store_bytes']:,}",
+                "",
+                "",
+                f"{capacity:,}" if capacity else "-",
+            )
+        )
+    return emit(args, rows, table(lines))
 
 
 async def header_fields(tier: Tier, key: BlockKey) -> dict[str, Any]:
@@ -161,9 +185,7 @@ def run_ls(args: argparse.Namespace) -> int:
                     str(r.get("stored_bytes", "?")),
                     r.get("codec", r.get("problem", "?")),
                     r.get("checksum", ""),
-                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["written"]))
-                    if r["written"]
-                    else "-",
+                    format_time(r["written"]),
                 )
                 for r in rows
             ]

@@ -7,23 +7,36 @@ import argparse
 import asyncio
 import dataclasses
 import sys
+import time
 from typing import Any
 
 from kvtier.cli import args as argtypes
 from kvtier.cli.common import (
     NAMESPACE,
+    PLACEHOLDER,
     TIER,
     add_command,
     confirm,
     emit,
+    format_age,
+    format_time,
     make_tier,
     resolve_namespace,
+    table,
     tier_config,
 )
 from kvtier.cli.progress import Progress
-from kvtier.operations import default_journal, migrate, purge, verify
-from tiering.config import load_config
-from tiering.errors import ConfigError
+from kvtier.operations import (
+    default_journal,
+    idle_plan,
+    migrate,
+    purge,
+    purge_namespace,
+    verify,
+)
+from tiering.config import Config, TierConfig, load_config
+from tiering.errors import ConfigError, KvtierError
+from tiering.tier import NamespaceUsage
 from tiering.units import parse_duration
 
 __all__ = ["add_parsers", "run_migrate", "run_purge", "run_verify"]
@@ -74,12 +87,22 @@ def add_parsers(commands: Any) -> None:
     p = add_command(
         commands,
         "purge",
-        "delete a namespace's blocks, or old ones",
+        "delete a namespace's blocks, or old ones, or every namespace not written for a time",
         run_purge,
         [TIER, NAMESPACE],
     )
     p.add_argument("--older-than", metavar="DURATION", help="only blocks written before, e.g. 7d")
-    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument(
+        "--idle-for",
+        metavar="DURATION",
+        help="every namespace of the tier's store not written for this long, e.g. 30d (with "
+        "--namespace: that one, if it is idle); lists them only, unless --yes",
+    )
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help="do not ask for confirmation (with --idle-for: purge, not only list)",
+    )
 
 
 def run_migrate(args: argparse.Namespace) -> int:
@@ -155,8 +178,10 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_purge(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     cfg = tier_config(config, args.tier)
+    if args.idle_for is not None:
+        return _purge_idle(args, config, cfg)
     if args.namespace is None and args.older_than is None:
-        raise ConfigError("purge: give --namespace or --older-than (or both)")
+        raise ConfigError("purge: give --namespace, --older-than or --idle-for")
     older = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
 
     async def go() -> int:
@@ -175,3 +200,95 @@ def run_purge(args: argparse.Namespace) -> int:
         print("kvtier purge: nothing deleted", file=sys.stderr)
         return 1
     return emit(args, {"deleted": deleted}, [f"deleted {deleted:,} blocks"])
+
+
+def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> int:
+    """`purge --idle-for`: every namespace of the tier's store whose last write is older
+    (`Tier.usage`, `kvtier.operations.idle_plan`), or only `--namespace`; listed without
+    `--yes`, each purged whole (or its blocks older than `--older-than`) with it. A namespace
+    whose store cannot say when it was written is never taken."""
+    idle_for = parse_duration(args.idle_for, "--idle-for")
+    older = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
+    only = None if args.namespace is None else _namespace_arg(args.namespace)
+    if args.yes and cfg.options.get("read_only"):
+        raise ConfigError(f"purge: tier {cfg.name!r} is read-only in the config")
+
+    async def go() -> tuple[list[NamespaceUsage], list[NamespaceUsage], list[dict[str, Any]]]:
+        async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
+            usage = await probe.usage()
+        if only is not None:
+            usage = [u for u in usage if u.namespace == only]
+        plan = idle_plan(usage, idle_for)
+        done: list[dict[str, Any]] = []
+        if args.yes:
+            for row in plan.idle:
+                try:
+                    async with make_tier(config, cfg, row.namespace) as tier:
+                        deleted = await purge_namespace(tier, older)
+                    done.append({"namespace": row.namespace.hex(), "deleted": deleted})
+                except KvtierError as e:  # held by a writer, a failing server: the others go on
+                    error = " ".join(str(e).split())
+                    done.append({"namespace": row.namespace.hex(), "error": error})
+        return plan.idle, plan.unknown, done
+
+    idle, unknown, done = asyncio.run(go())
+    now = time.time()
+
+    def shown(row: NamespaceUsage) -> dict[str, Any]:
+        return {
+            "namespace": row.namespace.hex(),
+            "objects": row.objects,
+            "bytes": row.bytes_used,
+            "last_write": row.last_write,
+        }
+
+    data = {
+        "tier": cfg.name,
+        "idle_for": idle_for,
+        "dry_run": not args.yes,
+        "idle": [shown(row) for row in idle],
+        "unknown_last_write": [shown(row) for row in unknown],
+        "purged": done,
+        "deleted": sum(d.get("deleted", 0) for d in done),
+    }
+    verb = "purged" if args.yes else "would purge"
+    lines = [
+        f"{verb} {len(idle):,} namespaces of tier {cfg.name!r} not written for "
+        f"{format_age(idle_for)} ({sum(r.objects for r in idle):,} objects, "
+        f"{sum(r.bytes_used for r in idle):,} bytes)"
+        + ("" if args.yes or not idle else "; run again with --yes to purge them")
+    ]
+    if idle:
+        lines += table(
+            [("namespace", "objects", "bytes", "last write", "idle")]
+            + [
+                (
+                    r.namespace.hex(),
+                    f"{r.objects:,}",
+                    f"{r.bytes_used:,}",
+                    format_time(r.last_write),
+                    format_age(None if r.last_write is None else now - r.last_write),
+                )
+                for r in idle
+            ]
+        )
+    for d in done:
+        outcome = d["error"] if "error" in d else f"deleted {d['deleted']:,} blocks"
+        lines.append(f"{d['namespace']}: {outcome}")
+    if unknown:
+        lines.append(
+            f"kept {len(unknown):,} namespaces whose last write the store cannot tell: "
+            + ", ".join(r.namespace.hex() for r in unknown)
+        )
+    emit(args, data, lines)
+    return 1 if any("error" in d for d in done) else 0
+
+
+def _namespace_arg(given: str) -> bytes:
+    try:
+        namespace = bytes.fromhex(given)
+    except ValueError:
+        namespace = b""
+    if len(namespace) != 16:
+        raise ConfigError(f"--namespace: expected 32 hex digits, got {given!r}")
+    return namespace

@@ -280,7 +280,10 @@ def test_stats_ls_inspect_purge(setup: Setup, cli: Cli) -> None:
             "no tier named 'nowhere' in the config; tiers: nvme, redis, s3, back",
         ),
         (["ls", "--tier", "nvme", "--namespace", "xyz"], "--namespace: expected 32 hex digits"),
-        (["purge", "--tier", "nvme", "--yes"], "purge: give --namespace or --older-than"),
+        (
+            ["purge", "--tier", "nvme", "--yes"],
+            "purge: give --namespace, --older-than or --idle-for",
+        ),
         (["migrate", "--from", "nvme", "--to", "nvme"], "--from and --to name the same tier"),
         (
             ["migrate", "--from", "nvme", "--to", "redis", "--older-than", "soon"],

@@ -18,6 +18,7 @@ from tiering.config import (
     BreakerConfig,
     Config,
     FaultsConfig,
+    MetricsConfig,
     PrimaryConfig,
     PromotionConfig,
     ShutdownConfig,
@@ -66,6 +67,7 @@ class Harness:
             ),
             shutdown=kw.pop("shutdown", ShutdownConfig()),
             primary=kw.pop("primary", PrimaryConfig()),
+            metrics=kw.pop("metrics", MetricsConfig()),
         )
         self.runtime = Runtime(config.faults.breaker)
         self.manager = TieringOffloadingManager(

@@ -247,6 +247,15 @@ class MetricsConfig:
         what="an address to listen on",
         help="Where the endpoint listens; `0.0.0.0` for a scraper on another host.",
     )
+    usage_interval: float = option(
+        30.0,
+        kind="duration",
+        zero=True,
+        help="How often the engine lists each tier's whole store (every namespace, every "
+        "engine's) for the usage metrics, in the background; also each listing's deadline. A "
+        "listing reads every object's name (files: a stat each; Redis: a command per key), so "
+        "with many engines on one large store give most of them 0 (never).",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,5 +286,7 @@ class Config:
     promotion: PromotionConfig = section(PromotionConfig, help="Secondary -> primary.")
     faults: FaultsConfig = section(FaultsConfig, help="Deadlines and circuit breakers.")
     shutdown: ShutdownConfig = section(ShutdownConfig, help="What the engine's end writes.")
-    metrics: MetricsConfig = section(MetricsConfig, help="The Prometheus endpoint.")
+    metrics: MetricsConfig = section(
+        MetricsConfig, help="The Prometheus endpoint and the tiers' usage metrics."
+    )
     auth: AuthConfig = section(AuthConfig, help="Authenticated stored objects.")

@@ -11,7 +11,8 @@ I/O. It is a facade over one object per concept:
 - `Promoter` (`promotion`): promotions queued and in flight, late and refused ones;
 - `Demoter` (`demotion`): the three write modes, reclaim and back-pressure;
 - placement policies (`tiering.placement`): the tiers' admission and the promotion gate;
-- `StoreRefusals` (`refusals`), `StatsSnapshot` (`stats`), and the job records (`jobs`).
+- `StoreRefusals` (`refusals`), `StatsSnapshot` (`stats`), the job records (`jobs`), and
+  `UsagePoller` (`usage`: the tiers' store-wide usage, polled apart from the jobs).
 
 - **lookup**: the primary first, then the `indexed` tiers (memory, file: they know what they
   hold without I/O), in order. A key none of them has is looked for in the other tiers (Redis,
@@ -73,6 +74,7 @@ from tiering.manager.refusals import StoreRefusals
 from tiering.manager.stats import StatsSnapshot
 from tiering.manager.steplock import StepLock
 from tiering.manager.tierstate import TierEvent, TierState
+from tiering.manager.usage import UsagePoller
 from tiering.placement import BlockHistory, PromotionGate, gate_class
 from tiering.primary import LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
 from tiering.runtime import Job, JobResult, Runtime
@@ -164,6 +166,7 @@ class TieringOffloadingManager:
             write_back=bool(self.demoter.write_back),
         )
         self.refusals = StoreRefusals(pool, slot_view, config.primary.capacity, self.counters)
+        self.usage = UsagePoller(self.tiers, runtime, config.metrics.usage_interval)
         self._block_bytes = len(slot_view(0))
         if any(state.indexed for state in self.tiers):
             warm = config.primary.warm_start // max(1, self._block_bytes)
@@ -458,7 +461,7 @@ class TieringOffloadingManager:
     def _stats(self) -> dict[str, Any]:
         assert self.lock.owned()
         return StatsSnapshot.take(
-            self.pool, self.tiers, self.counters, self.runtime, latencies=True
+            self.pool, self.tiers, self.counters, self.runtime, latencies=True, usage=self.usage
         ).as_dict()
 
     def snapshot(self) -> dict[str, Any]:
@@ -468,7 +471,7 @@ class TieringOffloadingManager:
     def _snapshot(self) -> dict[str, Any]:
         assert self.lock.owned()
         return StatsSnapshot.take(
-            self.pool, self.tiers, self.counters, self.runtime, latencies=False
+            self.pool, self.tiers, self.counters, self.runtime, latencies=False, usage=self.usage
         ).as_dict()
 
     def shutdown(self, timeout: float = 5.0, flush: float | None = None) -> None:
@@ -487,6 +490,7 @@ class TieringOffloadingManager:
         self.lock.end()
         if self._closed:  # a second call: the tiers and the runtime are closed already
             return
+        self.usage.close()
         with self.lock.held():
             self.promoter.end_warm("shutdown")  # the flush's writes have the medium to themselves
         try:

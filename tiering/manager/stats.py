@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiering.manager.tierstate import TierState
+from tiering.manager.usage import UsagePoller
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
 
@@ -31,6 +32,14 @@ TIER_COUNTERS = {
         "Seconds the tier's promotion jobs took, from their start to their result (with"
         " bytes_promoted: the promotion throughput)."
     ),
+    "hits_other_writer": (
+        "Blocks loaded from the tier that another engine (or an earlier run) stored (the"
+        " objects' writer tag; not authenticated)."
+    ),
+    "usage_failures": (
+        "Usage listings of the tier's store that failed or passed their deadline (its last"
+        " figures stay)."
+    ),
 }
 """The counters every tier has in a snapshot, at zero until they move, so that a dashboard
 tells zero from missing; the documentation is what the metrics endpoints say."""
@@ -48,6 +57,8 @@ MANAGER_COUNTERS = {
 }
 """The manager's counters that a snapshot always has (others appear once they move)."""
 _TIER_ZEROS = dict.fromkeys(TIER_COUNTERS, 0.0)
+_FROM_TIER = ("hits_other_writer",)
+"""Counters of `TIER_COUNTERS` that the tier itself keeps (`Tier.counters`)."""
 _MANAGER_ZEROS = dict.fromkeys(MANAGER_COUNTERS, 0.0)
 
 
@@ -60,7 +71,8 @@ class StatsSnapshot:
     """The manager's own counters."""
     tiers: dict[str, dict[str, Any]]
     """Per tier, by name: its counters, in-flight demotions, breakers, the tier's own
-    counters (`tier.*`) and, with latencies, `seconds_per_block` and `latencies`."""
+    counters (`tier.*`), its store's usage once polled (`tiering.manager.usage.USAGE_GAUGES`)
+    and, with latencies, `seconds_per_block` and `latencies`."""
     primary: dict[str, int] | None = None
     """The primary's gauges (slots, used, writing, reading, held), when taken."""
 
@@ -73,6 +85,7 @@ class StatsSnapshot:
         runtime: Runtime,
         *,
         latencies: bool,
+        usage: UsagePoller | None = None,
     ) -> StatsSnapshot:
         """The figures now; with `latencies`, the tiers' latency samples are moved into it
         (the next snapshot has only newer ones) and the primary's gauges left out."""
@@ -88,7 +101,11 @@ class StatsSnapshot:
                 samples, state.latencies = state.latencies, []
                 row["seconds_per_block"] = state.seconds_per_block
                 row["latencies"] = samples
-            row.update({f"tier.{k}": v for k, v in state.tier.counters.items()})
+            own = state.tier.counters
+            row.update({f"tier.{k}": v for k, v in own.items()})
+            row.update({name: own.get(name, 0) for name in _FROM_TIER})
+            if usage is not None:
+                row.update(usage.figures(state.config.name))
             figures[state.config.name] = row
         primary = None
         if not latencies:

@@ -23,7 +23,7 @@ from tiering.errors import ConfigError, CorruptObject, TierFull, TierTimeout
 from tiering.format import Header
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, fields_of, option
-from tiering.tier import Buffer, KeyLike, Tier, TierStat
+from tiering.tier import Buffer, KeyLike, NamespaceUsage, Tier, TierStat
 from tiers.file.direct import (
     BLOCK,
     BounceBuffers,
@@ -32,6 +32,7 @@ from tiers.file.direct import (
     is_aligned,
     round_up,
 )
+from tiers.file.usage import FileUsage
 from tiers.threads import IOThreads
 
 __all__ = ["LAYOUTS", "FileOptions", "FileTier"]
@@ -169,6 +170,8 @@ class FileTier(Tier):
             )
         self._pool = IOThreads(self.concurrency, f"kvtier-{self.name}")
         self._buffers = BounceBuffers()  # one aligned bounce buffer per pool thread
+        # a cancelled scan returns at once (it uses no caller's buffer) and stops by itself
+        self._usage_scan = FileUsage(self.base, self.layout, self._pool.run)
 
     # -- start-up -------------------------------------------------------------------------------
 
@@ -215,6 +218,12 @@ class FileTier(Tier):
                 except ValueError:
                     continue
         return sorted(found)
+
+    async def _usage(self) -> list[NamespaceUsage]:
+        """Every namespace directory under `path`, whoever wrote it (`tiers.file.usage`)."""
+        own = (self.namespace, len(self._index)) if self.layout == "segments" else None
+        tally = await self._usage_scan.scan(own)
+        return tally.result(self.name)
 
     async def _close(self) -> None:
         self._pool.shutdown()

@@ -167,6 +167,12 @@ class Bucket:
         """Whether `server_time` has been set from an answer of the server."""
         return self._offset is not None
 
+    async def list_page_meta(
+        self, prefix: str, token: str | None, size: int
+    ) -> tuple[list[tuple[str, int, float]], str | None]:
+        """`list_page` with each object's time of writing (LastModified, as Unix time)."""
+        return await self._run(self._list_page_meta, prefix, token, size)
+
     async def list_objects(self, prefix: str) -> list[tuple[str, int]]:
         """(name, size) of every object under `prefix`."""
         found = await self._run(self._list_objects_meta, prefix)
@@ -374,6 +380,20 @@ class Bucket:
             Bucket=self.bucket, Prefix=prefix, MaxKeys=size, **options
         )
         self._clock(page)
+        found = [
+            (item["Key"], int(item["Size"]), item["LastModified"].timestamp())
+            for item in page.get("Contents", [])
+        ]
+        more = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        return found, more
+
+    def _list_page_meta(
+        self, prefix: str, token: str | None, size: int
+    ) -> tuple[list[tuple[str, int, float]], str | None]:
+        options = {"ContinuationToken": token} if token else {}
+        page = self._client.list_objects_v2(
+            Bucket=self.bucket, Prefix=prefix, MaxKeys=size, **options
+        )
         found = [
             (item["Key"], int(item["Size"]), item["LastModified"].timestamp())
             for item in page.get("Contents", [])

@@ -20,7 +20,7 @@ from typing import Any
 from tiering.errors import CorruptObject, TierError
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
-from tiering.tier import Buffer, ObjectInfo, Tier, TierStat
+from tiering.tier import Buffer, NamespaceUsage, ObjectInfo, Tier, TierStat
 from tiers.s3.client import Bucket
 from tiers.s3.lease import Lease
 from tiers.s3.packer import Packer
@@ -28,6 +28,7 @@ from tiers.s3.packformat import MAX_PACK_ENTRIES
 from tiers.s3.packs import Packs
 from tiers.s3.refresh import Refresher
 from tiers.s3.sweeper import Sweeper
+from tiers.s3.usage import BucketUsage
 
 __all__ = ["S3Options", "S3Tier"]
 
@@ -169,6 +170,7 @@ class S3Tier(Tier):
             limit=(writes + 2) * self.blocks_per_object,
             ready=self._clock,
         )
+        self._usage_scan = BucketUsage(self._bucket, self.prefix)
         self._sweeper = None
         if self.capacity is not None and not self.read_only:
             self._sweeper = Sweeper(
@@ -316,6 +318,12 @@ class S3Tier(Tier):
             sum(packed.values()) + sum(pending.values()) + sum(s for _, s in singles),
             self.capacity,
         )
+
+    async def _usage(self) -> list[NamespaceUsage]:
+        """Every namespace under `prefix` in the bucket, whoever wrote it (`tiers.s3.usage`;
+        blocks still waiting for a pack in this process are not in the bucket yet)."""
+        tally = await self._usage_scan.scan()
+        return tally.result(self.name)
 
     async def _close(self) -> None:
         try:
