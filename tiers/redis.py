@@ -15,10 +15,22 @@ value two or three times on the way). TLS and Cluster go through redis-py (`redi
 which packs large values faster than hiredis's packer), as do the other
 commands. Connection errors become `TierUnavailable`; the tier's deadline bounds every call.
 
+Every write is `SET NX` (with `EX` when `ttl` is set, in the same command), on every path: of
+engines writing one block at once, one writes it and the others' SETs answer nil, counted as
+`duplicates` (nothing sent twice is stored twice, and no engine replaces an object it cannot
+read: another secret's stays). A damaged object is deleted by the reader that refuses it, so
+the next write lands. A SET the server refuses because it is full (an OOM reply:
+`maxmemory` with `noeviction`) is `TierFull`, which the manager's write breaker takes while
+promotions go on; whether the server bounds the store at all is checked once, in the background
+of the tier's first call (`tiers.redis_bounds`).
+
 Anyone who can write to the server can put another type under a block's key (a list, say):
 reads of its value answer WRONGTYPE, which is that object's fault, not the tier's (a `magic`
-corrupt miss, refused and deleted like any foreign object). Pipelines read their replies one by
-one, so an error reply fails its own command only and the others' values arrive.
+corrupt miss, refused and deleted like any foreign object; until then `SET NX` leaves it and
+counts a duplicate). Pipelines read their replies one by one, so an error reply fails its own
+command only and the others' values arrive. A reused fast-path connection the server closed
+is replaced and its exchange sent once more: a SET NX of it that had landed then answers nil
+(a duplicate of its own write: counted, harmless).
 """
 
 from __future__ import annotations
@@ -34,16 +46,26 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
-from tiering.errors import ConfigError, CorruptObject, TierError, TierTimeout, TierUnavailable
+from tiering.errors import (
+    ConfigError,
+    CorruptObject,
+    TierError,
+    TierFull,
+    TierTimeout,
+    TierUnavailable,
+)
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, Tier, TierStat, as_key
+from tiers.redis_bounds import BoundsCheck, read_memory
 from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
 
 __all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
+Stored = bool | BaseException
+"""One SET NX of a batch: whether it wrote (False: the key was there), or the error in its place."""
 Fetched = tuple[Buffer, bool] | None | BaseException
 """One GET of a batch: `ReadsInto`'s answer, or the error in its place (a `CorruptObject`: the
 object is refused)."""
@@ -148,7 +170,7 @@ class RedisTier(Tier):
             "password": password,
             "socket_timeout": settings.socket_timeout,
             "socket_connect_timeout": connect_timeout,
-            "max_connections": 2 * self.concurrency,
+            "max_connections": 2 * self.concurrency + 1,  # and the bounds check's
             "socket_read_size": 1 << 20,  # large values come in fewer chunks (64 KiB default)
         }
         if settings.tls_ca_file or settings.tls_cert_file or settings.tls_key_file:
@@ -192,6 +214,21 @@ class RedisTier(Tier):
                 db=int(where.get("db", 0)),
                 connect_timeout=connect_timeout,
             )
+        self.bounds = BoundsCheck(
+            self.name,
+            lambda: read_memory(self._client, settings.cluster),
+            self.capacity,
+            self.ttl,
+            timeout=self.timeout or 5.0,
+            scrub=self._scrub,
+        )
+        """Whether the server bounds the store as `capacity` says: checked once, in the
+        background of the first call of a writable tier (`tiers.redis_bounds`)."""
+
+    async def _call(self, operation: Awaitable[T]) -> T:
+        if not self.read_only:
+            self.bounds.start()
+        return await super()._call(operation)
 
     def _name(self, key: BlockKey) -> bytes:
         return self._prefix + key.hex().encode()
@@ -209,6 +246,10 @@ class RedisTier(Tier):
         except (redis_errors.ConnectionError, OSError) as e:
             message = self._scrub(f"tier {self.name!r}: {what} failed: {e} ({self.url})")
             raise TierUnavailable(message) from e
+        except ReplyError as e:
+            raise self._error_reply(e, what) from e
+        except redis_errors.ResponseError as e:
+            raise self._error_reply(e, what, wrong_type=False) from e
         except (redis_errors.RedisError, RespError) as e:
             raise TierError(self._scrub(f"tier {self.name!r}: {what} failed: {e}")) from e
 
@@ -225,12 +266,23 @@ class RedisTier(Tier):
                     raise _not_a_string(e) from e
                 raise
 
-    def _error_reply(self, error: BaseException, what: str) -> TierError:
+    def _error_reply(self, error: BaseException, what: str, wrong_type: bool = True) -> TierError:
         """What the server's error reply to one command means: a `magic` corrupt miss of that
-        key when it holds another type (`_wrong_type`), else a `TierError`."""
-        if _wrong_type(error):
+        key when it holds another type (`_wrong_type`; `wrong_type` False where the reply
+        cannot be a read's), `TierFull` when the server is out of memory (`OOM`), else a
+        `TierError` (one that says so when the server is a Cluster node and the tier is not
+        set to `cluster`)."""
+        if wrong_type and _wrong_type(error):
             return _not_a_string(error)
-        return TierError(self._scrub(f"tier {self.name!r}: {what} failed: {error}"))
+        if isinstance(error, redis_errors.OutOfMemoryError) or str(error).startswith("OOM"):
+            return TierFull(
+                self._scrub(f"tier {self.name!r}: {what} refused, the server is full: {error}")
+            )
+        message = self._scrub(f"tier {self.name!r}: {what} failed: {error}")
+        redirected = isinstance(error, redis_errors.MovedError | redis_errors.AskError)
+        if (redirected or str(error).startswith(("MOVED ", "ASK "))) and not self.options.cluster:
+            return TierError(f"{message} (the server is a Redis Cluster node: set cluster: true)")
+        return TierError(message)
 
     def _failed_item(self, error: BaseException, what: str) -> TierError:
         """`_error_reply` for one command of a batch, returned in its place: counted here as a
@@ -296,18 +348,21 @@ class RedisTier(Tier):
             exists, size, head = replies
         return (head, size) if exists else None
 
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool:
+        """SET NX: False when the key was there (nothing written)."""
         with self._errors("SET"):
             if self._fast is not None:
-                request = set_command(self._name(key), parts, self._ex())
+                request = set_command(self._name(key), parts, self._ex(), nx=True)
 
-                async def put(conn: RespConnection) -> None:
+                async def put(conn: RespConnection) -> bool:
                     await conn.send(request)
-                    await conn.reply()
+                    return await conn.reply() is not None
 
-                await self._fast.run(put)
-                return
-            await self._client.set(self._name(key), b"".join(parts), ex=self._ex())
+                return await self._fast.run(put)
+            written = await self._client.set(
+                self._name(key), b"".join(parts), ex=self._ex(), nx=True
+            )
+            return bool(written)
 
     async def _delete(self, key: BlockKey) -> bool:
         with self._errors("DEL"):
@@ -355,6 +410,7 @@ class RedisTier(Tier):
         return TierStat(len(names), used, self.capacity)
 
     async def _close(self) -> None:
+        self.bounds.cancel()
         if self._fast is not None:
             self._fast.close()
         with contextlib.suppress(Exception):
@@ -428,21 +484,40 @@ class RedisTier(Tier):
         if max(len(d) for _, d in items) > PIPELINE_MAX_VALUE:
             return await super().put_many(items)
         encoded = [self._encode(k, d) for k, d in items]
+        what = "SET (pipelined)"
 
-        async def store() -> None:
-            with self._errors("SET (pipelined)"):
+        async def store() -> list[Stored]:
+            with self._errors(what):
                 pipe = self._client.pipeline(transaction=False)
                 for block, parts in encoded:
-                    pipe.set(self._name(block), b"".join(parts), ex=self._ex())
-                await pipe.execute()
+                    pipe.set(self._name(block), b"".join(parts), ex=self._ex(), nx=True)
+                replies = _replies(await pipe.execute(raise_on_error=False))
+            return [
+                self._error_reply(r, what, wrong_type=False)
+                if isinstance(r, Exception)
+                else bool(r)
+                for r in replies
+            ]
 
         try:
-            await self._call(store())
+            stored = await self._call(store())
         except TierError as e:
             return [e] * len(items)
-        for _, data in items:
-            self._count_put(None, len(data))
-        return [None] * len(items)
+        return self._count_stored(items, stored)
+
+    def _count_stored(
+        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]], stored: Sequence[Stored]
+    ) -> list[None | BaseException]:
+        """`put_many`'s answer from each SET NX's outcome, each counted as `put` counts."""
+        outcomes: list[None | BaseException] = []
+        for (_, data), outcome in zip(items, stored, strict=True):
+            if isinstance(outcome, BaseException):
+                self.counters["errors"] += 1
+                outcomes.append(outcome)
+            else:
+                self._count_put(outcome, len(data))
+                outcomes.append(None)
+        return outcomes
 
     async def _get_many_fast(
         self, blocks: list[BlockKey], views: list[memoryview]
@@ -523,39 +598,33 @@ class RedisTier(Tier):
         alone, a pipeline that fails fails its blocks only."""
         encoded = [self._encode(k, d) for k, d in items]
         spans = _spans([len(data) for _, data in items], PIPELINE_BYTES)
-        outcomes: list[None | BaseException] = []
+        stored: list[Stored] = []
         gate = asyncio.Semaphore(self.options.streams)
         for got in await _each(self._store_pipeline(encoded[s], gate) for s in spans):
-            outcomes += got
-        for (_, data), outcome in zip(items, outcomes, strict=True):
-            if outcome is None:
-                self._count_put(None, len(data))
-            else:
-                self.counters["errors"] += 1
-        return outcomes
+            stored += got
+        return self._count_stored(items, stored)
 
     async def _store_pipeline(
         self, encoded: list[tuple[BlockKey, tuple[Buffer, Buffer]]], gate: asyncio.Semaphore
-    ) -> list[None | BaseException]:
+    ) -> list[Stored]:
         assert self._fast is not None
         fast = self._fast
         ex = self._ex()
         parts: list[Buffer] = []
         for block, value in encoded:
-            parts += set_command(self._name(block), value, ex)
+            parts += set_command(self._name(block), value, ex, nx=True)
 
-        async def exchange(conn: RespConnection) -> list[None | BaseException]:
+        async def exchange(conn: RespConnection) -> list[Stored]:
             await conn.send(parts)
-            outcomes: list[None | BaseException] = []
+            outcomes: list[Stored] = []
             for _ in encoded:
                 try:
-                    await conn.reply()
-                    outcomes.append(None)
+                    outcomes.append(await conn.reply() is not None)  # nil: the key was there
                 except ReplyError as e:  # the stream stays in step after an error reply
-                    outcomes.append(self._error_reply(e, "SET"))
+                    outcomes.append(self._error_reply(e, "SET", wrong_type=False))
             return outcomes
 
-        async def store() -> list[None | BaseException]:  # the wait at `gate` is under it too
+        async def store() -> list[Stored]:  # the wait at `gate` is under it too
             async with gate:
                 with self._errors("SET (pipelined)"):
                     return await fast.run(exchange)

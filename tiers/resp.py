@@ -112,16 +112,21 @@ def command(*args: bytes | str | int) -> bytes:
     return b"".join(out)
 
 
-def set_command(name: bytes, value_parts: Sequence[Buffer], ex: int | None) -> list[Buffer]:
-    """SET name value [EX ex], the value given in parts (sent by one `sendmsg`, not joined)."""
+def set_command(
+    name: bytes, value_parts: Sequence[Buffer], ex: int | None, *, nx: bool = False
+) -> list[Buffer]:
+    """SET name value [NX] [EX ex], the value given in parts (sent by one `sendmsg`, not
+    joined). With `nx` the server answers nil, and writes nothing, when the key exists."""
     size = sum(len(p) for p in value_parts)
     head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (
-        3 if ex is None else 5,
+        3 + nx + (0 if ex is None else 2),
         len(name),
         name,
         size,
     )
-    tail = b"\r\n" if ex is None else b"\r\n$2\r\nEX\r\n$%d\r\n%d\r\n" % (len(str(ex)), ex)
+    tail = b"\r\n" + (b"$2\r\nNX\r\n" if nx else b"")
+    if ex is not None:
+        tail += b"$2\r\nEX\r\n$%d\r\n%d\r\n" % (len(str(ex)), ex)
     return [head, *value_parts, tail]
 
 
