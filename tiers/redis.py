@@ -284,13 +284,19 @@ class RedisTier(Tier):
             return TierError(f"{message} (the server is a Redis Cluster node: set cluster: true)")
         return TierError(message)
 
-    def _failed_item(self, error: BaseException, what: str) -> TierError:
+    def _failed_item(self, error: BaseException, what: str, wrong_type: bool = True) -> TierError:
         """`_error_reply` for one command of a batch, returned in its place: counted here as a
         tier error (nothing raises it through `_call`) unless it is the object's fault."""
-        failed = self._error_reply(error, what)
+        failed = self._error_reply(error, what, wrong_type)
         if not isinstance(failed, CorruptObject):
             self.counters["errors"] += 1
         return failed
+
+    def _failed_batch(self, error: TierError, n: int) -> list[Any]:
+        """`error` in the place of each of a batch's `n` items, each counted as a tier error,
+        as `get` and `put` count theirs (`_call` counted the batch's call once)."""
+        self.counters["errors"] += max(0, n - 1)
+        return [error] * n
 
     async def _fast_get(self, key: BlockKey, read: Callable[[RespConnection], Awaitable[T]]) -> T:
         """GET on the fast path, its value read by `read`. An error reply is raised once the
@@ -465,7 +471,7 @@ class RedisTier(Tier):
         try:
             blobs = await self._call(fetch())
         except TierError as e:
-            return [e] * len(items)
+            return self._failed_batch(e, len(items))
         return [
             await self._settle(block, blob, view)
             for block, blob, view in zip(blocks, blobs, views, strict=True)
@@ -493,7 +499,7 @@ class RedisTier(Tier):
                     pipe.set(self._name(block), b"".join(parts), ex=self._ex(), nx=True)
                 replies = _replies(await pipe.execute(raise_on_error=False))
             return [
-                self._error_reply(r, what, wrong_type=False)
+                self._failed_item(r, what, wrong_type=False)
                 if isinstance(r, Exception)
                 else bool(r)
                 for r in replies
@@ -502,17 +508,17 @@ class RedisTier(Tier):
         try:
             stored = await self._call(store())
         except TierError as e:
-            return [e] * len(items)
+            return self._failed_batch(e, len(items))
         return self._count_stored(items, stored)
 
     def _count_stored(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]], stored: Sequence[Stored]
     ) -> list[None | BaseException]:
-        """`put_many`'s answer from each SET NX's outcome, each counted as `put` counts."""
+        """`put_many`'s answer from each SET NX's outcome, each counted as `put` counts (a
+        failed one already is: `_failed_item`, `_failed_batch`)."""
         outcomes: list[None | BaseException] = []
         for (_, data), outcome in zip(items, stored, strict=True):
             if isinstance(outcome, BaseException):
-                self.counters["errors"] += 1
                 outcomes.append(outcome)
             else:
                 self._count_put(outcome, len(data))
@@ -587,7 +593,7 @@ class RedisTier(Tier):
         try:
             await self._call(fetch())
         except TierError as e:
-            got += [e] * (len(blocks) - len(got))
+            got += self._failed_batch(e, len(blocks) - len(got))
         return got
 
     async def _put_many_fast(
@@ -621,7 +627,7 @@ class RedisTier(Tier):
                 try:
                     outcomes.append(await conn.reply() is not None)  # nil: the key was there
                 except ReplyError as e:  # the stream stays in step after an error reply
-                    outcomes.append(self._error_reply(e, "SET", wrong_type=False))
+                    outcomes.append(self._failed_item(e, "SET", wrong_type=False))
             return outcomes
 
         async def store() -> list[Stored]:  # the wait at `gate` is under it too
@@ -632,7 +638,7 @@ class RedisTier(Tier):
         try:
             return await self._call(store())
         except TierError as e:
-            return [e] * len(encoded)
+            return self._failed_batch(e, len(encoded))
 
 
 def _wrong_type(error: BaseException) -> bool:
