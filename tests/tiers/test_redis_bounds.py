@@ -387,3 +387,20 @@ def test_a_full_server_opens_the_write_breaker_and_promotions_go_on(fresh: Redis
             assert int(engine.memory[engine.manager.pool.slot(k(0))][0]) == 0
     finally:
         engine.close()
+
+
+def test_the_readmes_redis_conf_makes_a_server_that_bounds_the_capacity(fresh: RedisServer) -> None:
+    """The lines README.md gives for running Redis as a bounded cache, set on a real server,
+    are what the check asks for: no line for the capacity they name."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("<!-- redis-bounded:begin -->")[1].split("<!-- redis-bounded:end -->")[0]
+    lines = [line for line in block.strip().strip("`").splitlines() if line and line[0] != "#"]
+    settings = dict(line.split(maxsplit=1) for line in lines)
+    assert set(settings) == {"maxmemory", "maxmemory-policy"}
+    configure(fresh.port, settings["maxmemory"], settings["maxmemory-policy"])
+
+    async def body() -> None:
+        async with RedisTier(namespace=NAMESPACE, url=fresh.url, capacity="64GiB") as tier:
+            assert await first_call(tier) is None
+
+    asyncio.run(body())
