@@ -170,7 +170,7 @@ class RedisTier(Tier):
             "password": password,
             "socket_timeout": settings.socket_timeout,
             "socket_connect_timeout": connect_timeout,
-            "max_connections": 2 * self.concurrency + 1,  # and the bounds check's
+            "max_connections": 2 * self.concurrency,
             "socket_read_size": 1 << 20,  # large values come in fewer chunks (64 KiB default)
         }
         if settings.tls_ca_file or settings.tls_cert_file or settings.tls_key_file:
@@ -193,9 +193,13 @@ class RedisTier(Tier):
                 )
             if settings.cluster:
                 del kwargs["max_connections"]
-                self._client: Any = RedisCluster.from_url(url, **kwargs)
-            else:
-                self._client = aioredis.Redis.from_url(url, **kwargs)
+
+            def connect() -> Any:
+                if settings.cluster:
+                    return RedisCluster.from_url(url, **kwargs)
+                return aioredis.Redis.from_url(url, **kwargs)
+
+            self._client: Any = connect()
         except ValueError as e:
             raise ConfigError(self._scrub(f"tier {self.name!r}: url {self.url!r}: {e}")) from None
         self._fast: RespPool | None = None
@@ -216,7 +220,7 @@ class RedisTier(Tier):
             )
         self.bounds = BoundsCheck(
             self.name,
-            lambda: read_memory(self._client, settings.cluster),
+            lambda: read_memory(connect, settings.cluster),
             self.capacity,
             self.ttl,
             timeout=self.timeout or 5.0,

@@ -120,18 +120,24 @@ def _memory(where: str, reply: Mapping[Any, Any]) -> ServerMemory:
         raise redis_errors.ResponseError(f"CONFIG GET answered no maxmemory: {e}") from None
 
 
-async def read_memory(client: Any, cluster: bool) -> list[ServerMemory]:
-    """Every master's memory settings (redis-py's client: one server, or a `RedisCluster`).
+async def read_memory(connect: Callable[[], Any], cluster: bool) -> list[ServerMemory]:
+    """Every master's memory settings, through a redis-py client of its own (`connect`: one
+    server, or a `RedisCluster`), closed after: none of its connections stays in the pool of
+    the tier's data path (one a restarted server closed would fail the next command there).
     Raises redis-py's errors: a `ResponseError` where the server refuses CONFIG."""
-    if not cluster:
-        kwargs = client.connection_pool.connection_kwargs
-        where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
-        return [_memory(where, await client.config_get("maxmemory*"))]
-    await client.initialize()
-    return [
-        _memory(node.name, await node.execute_command("CONFIG", "GET", "maxmemory*"))
-        for node in client.get_primaries()
-    ]
+    client = connect()
+    try:
+        if not cluster:
+            kwargs = client.connection_pool.connection_kwargs
+            where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+            return [_memory(where, await client.config_get("maxmemory*"))]
+        await client.initialize()
+        return [
+            _memory(node.name, await node.execute_command("CONFIG", "GET", "maxmemory*"))
+            for node in client.get_primaries()
+        ]
+    finally:
+        await client.aclose()
 
 
 class BoundsCheck:
