@@ -420,7 +420,7 @@ class RedisTier(Tier):
         return TierStat(len(names), used, self.capacity)
 
     async def _close(self) -> None:
-        self.bounds.cancel()
+        await self.bounds.stop()
         if self._fast is not None:
             self._fast.close()
         with contextlib.suppress(Exception):

@@ -207,6 +207,11 @@ class BoundsCheck:
         if self._task is not None:
             await asyncio.shield(self._task)
 
-    def cancel(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+    async def stop(self) -> None:
+        """Let a check in flight end (the tier is closing; it is bounded by `timeout`), then
+        cancel it if it has not: redis-py's Cluster client, cancelled while it starts, leaves
+        a node's connection open."""
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=self.timeout)
+            task.cancel()
