@@ -2,10 +2,11 @@
 same time (tests/tiers/test_redis_fleet.py): `python -m tests.tiers.redis_worker '<json>'`.
 
 Roles (the JSON's `role`):
-- `write`: at the moment `at` (`time.monotonic`, one clock for every process of the host),
-  `put_many` the blocks `payload(size, i)` of `key(i)` for i in `range(n)` (in reverse with
-  `reverse`), `batch` at a time; then one JSON line: the tier's counters, its writer id, when
-  it started and ended, and the errors returned.
+- `write`: connect, print `{"ready": true}`, wait for a line on stdin (the test's start
+  signal, given to every writer once all are ready), then `put_many` the blocks
+  `payload(size, i)` of `key(i)` for i in `range(n)` (in reverse with `reverse`), `batch` at a
+  time; then one JSON line: the tier's counters, its writer id, when it started and ended
+  (`time.monotonic`: one clock for every process of the host), and the errors returned.
 - `share`: put the blocks one at a time, `interval` seconds apart, printing `{"i", "t"}` once
   each put has returned; after the last, `linger` seconds, then `{"end": t}` and exit.
 
@@ -34,7 +35,8 @@ async def write(args: dict[str, Any]) -> None:
     errors: list[str] = []
     async with tier_of(args) as tier:
         await tier.contains([key(0)])  # connected before the start, as a running engine is
-        await asyncio.sleep(max(0.0, args["at"] - time.monotonic()))
+        print(json.dumps({"ready": True}), flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
         start = time.monotonic()
         for at in range(0, n, batch):
             items = [(key(i), payload(size, i)) for i in order[at : at + batch]]

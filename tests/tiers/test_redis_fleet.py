@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,9 +120,16 @@ def test_two_processes_writing_the_same_blocks_at_once_write_each_once(
     counted as a duplicate (puts and duplicates add up: 384 puts, 192 written)."""
     server, transport = shared
     n, size = 192, 64 << 10
-    at = time.monotonic() + 3.0  # both started and connected by then
     common = {"role": "write", "tier": options(server, transport), "n": n, "size": size}
-    writers = [worker(common | {"at": at, "batch": 8, "reverse": r}) for r in (False, True)]
+    writers = [
+        worker(common | {"batch": 8, "reverse": r}, stdin=subprocess.PIPE) for r in (False, True)
+    ]
+    for w in writers:  # both connected: start them together
+        assert w.stdout is not None and json.loads(w.stdout.readline()) == {"ready": True}
+    for w in writers:
+        assert w.stdin is not None
+        w.stdin.write("go\n")
+        w.stdin.flush()
     results = [json.loads(finished(w)) for w in writers]
     first, second = results
     assert first["start"] < second["end"] and second["start"] < first["end"], "not at once"
@@ -358,14 +365,25 @@ def dying(tmp_path: Path) -> Iterator[RedisServer]:
     server.stop()
 
 
-def kill_after(server: RedisServer, seconds: float) -> threading.Thread:
+def kill_when(server: RedisServer, started: Callable[[redis.Redis], bool]) -> threading.Thread:
+    """A thread that kills the server (SIGKILL) as soon as `started` says, from a connection of
+    its own polled every half millisecond, that the batch is under way: caught in flight."""
+    admin = redis.Redis(host="127.0.0.1", port=server.port)
+
     def kill() -> None:
-        time.sleep(seconds)
+        deadline = time.monotonic() + 10
+        while not started(admin) and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        admin.close()
         server.stop()
 
     thread = threading.Thread(target=kill)
     thread.start()
     return thread
+
+
+def output_bytes(admin: redis.Redis) -> int:
+    return int(admin.info("stats")["total_net_output_bytes"])
 
 
 @pytest.mark.parametrize("transport", ["resp", "redis-py"])
@@ -383,7 +401,7 @@ def test_a_server_that_goes_away_mid_pipeline_fails_the_rest_and_tears_nothing(
         tier = RedisTier(namespace=NAMESPACE, timeout=5.0, **options(dying, transport))
         async with tier:
             await tier.contains([key(0)])
-            killer = kill_after(dying, 0.05)
+            killer = kill_when(dying, lambda admin: admin.dbsize() > 0)  # some SETs landed
             start = time.monotonic()
             outcomes = await tier.put_many(items)
             took = time.monotonic() - start
@@ -401,7 +419,10 @@ def test_a_server_that_goes_away_mid_pipeline_fails_the_rest_and_tears_nothing(
             )
             await tier.put_many(items)  # every block, for the read below
             errors = tier.counters["errors"]
-            killer = kill_after(dying, 0.02)
+            admin = redis.Redis(host="127.0.0.1", port=dying.port)
+            before = output_bytes(admin)
+            admin.close()
+            killer = kill_when(dying, lambda admin: output_bytes(admin) > before + (1 << 20))
             buffers = [bytearray(size) for _ in range(n)]
             found = await tier.get_many([(key(i), b) for i, b in enumerate(buffers)])
             killer.join()
