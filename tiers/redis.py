@@ -230,6 +230,8 @@ class RedisTier(Tier):
         background of the first call of a writable tier (`tiers.redis_bounds`)."""
 
     async def _call(self, operation: Awaitable[T]) -> T:
+        """The base's `_call`; the first one of a writable tier starts the bounds check (the
+        runtime's loop is the tier's only from its first call on)."""
         if not self.read_only:
             self.bounds.start()
         return await super()._call(operation)
