@@ -194,12 +194,10 @@ class RedisTier(Tier):
             if settings.cluster:
                 del kwargs["max_connections"]
 
-            def connect() -> Any:
-                if settings.cluster:
-                    return RedisCluster.from_url(url, **kwargs)
-                return aioredis.Redis.from_url(url, **kwargs)
-
-            self._client: Any = connect()
+            if settings.cluster:
+                self._client: Any = RedisCluster.from_url(url, **kwargs)
+            else:
+                self._client = aioredis.Redis.from_url(url, **kwargs)
         except ValueError as e:
             raise ConfigError(self._scrub(f"tier {self.name!r}: url {self.url!r}: {e}")) from None
         self._fast: RespPool | None = None
@@ -218,9 +216,18 @@ class RedisTier(Tier):
                 db=int(where.get("db", 0)),
                 connect_timeout=connect_timeout,
             )
+
+        def one_server(host: str | None = None, port: int | None = None) -> Any:
+            """A redis-py client of one server with the tier's settings: the URL's, or a Cluster
+            master at `host`, `port` (URL options win over keywords, as in `from_url`)."""
+            address = {} if host is None else {"host": host, "port": port}
+            return aioredis.Redis.from_pool(
+                aioredis.ConnectionPool(**{**kwargs, **where, **address})
+            )
+
         self.bounds = BoundsCheck(
             self.name,
-            lambda: read_memory(connect, settings.cluster),
+            lambda: read_memory(one_server, self._client if settings.cluster else None),
             self.capacity,
             self.ttl,
             timeout=self.timeout or 5.0,

@@ -120,24 +120,29 @@ def _memory(where: str, reply: Mapping[Any, Any]) -> ServerMemory:
         raise redis_errors.ResponseError(f"CONFIG GET answered no maxmemory: {e}") from None
 
 
-async def read_memory(connect: Callable[[], Any], cluster: bool) -> list[ServerMemory]:
-    """Every master's memory settings, through a redis-py client of its own (`connect`: one
-    server, or a `RedisCluster`), closed after: none of its connections stays in the pool of
-    the tier's data path (one a restarted server closed would fail the next command there).
+async def read_memory(
+    one_server: Callable[..., Any], cluster: Any | None = None
+) -> list[ServerMemory]:
+    """The memory settings of the server, or of every master of `cluster` (the tier's own
+    `RedisCluster`, whose view of the masters it uses), each read through a client of its own
+    (`one_server()`, `one_server(host, port)`), closed after: none of its connections stays in
+    the pool of the tier's data path (one a restarted server closed would fail a command there)
+    and no second Cluster client starts (its start reads the server's whole command table).
     Raises redis-py's errors: a `ResponseError` where the server refuses CONFIG."""
-    client = connect()
-    try:
-        if not cluster:
-            kwargs = client.connection_pool.connection_kwargs
-            where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
-            return [_memory(where, await client.config_get("maxmemory*"))]
-        await client.initialize()
-        return [
-            _memory(node.name, await node.execute_command("CONFIG", "GET", "maxmemory*"))
-            for node in client.get_primaries()
-        ]
-    finally:
-        await client.aclose()
+    places: list[tuple[str, int] | None] = [None]
+    if cluster is not None:
+        await asyncio.shield(cluster.initialize())  # the data path's: never cancelled from here
+        places = [(node.host, node.port) for node in cluster.get_primaries()]
+    found = []
+    for place in places:
+        client = one_server() if place is None else one_server(*place)
+        try:
+            reply = await client.config_get("maxmemory*")
+        finally:
+            await client.aclose()
+        kwargs = client.connection_pool.connection_kwargs
+        found.append(_memory(f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}", reply))
+    return found
 
 
 class BoundsCheck:
@@ -209,8 +214,8 @@ class BoundsCheck:
 
     async def stop(self) -> None:
         """Let a check in flight end (the tier is closing; it is bounded by `timeout`), then
-        cancel it if it has not: redis-py's Cluster client, cancelled while it starts, leaves
-        a node's connection open."""
+        cancel it if it has not: a redis-py client cancelled mid-command can leave its
+        connection open."""
         task = self._task
         if task is not None and not task.done():
             await asyncio.wait({task}, timeout=self.timeout)
