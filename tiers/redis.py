@@ -15,10 +15,22 @@ value two or three times on the way). TLS and Cluster go through redis-py (`redi
 which packs large values faster than hiredis's packer), as do the other
 commands. Connection errors become `TierUnavailable`; the tier's deadline bounds every call.
 
+Every write is `SET NX` (with `EX` when `ttl` is set, in the same command), on every path: of
+engines writing one block at once, one writes it and the others' SETs answer nil, counted as
+`duplicates` (nothing sent twice is stored twice, and no engine replaces an object it cannot
+read: another secret's stays). A damaged object is deleted by the reader that refuses it, so
+the next write lands. A SET the server refuses because it is full (an OOM reply:
+`maxmemory` with `noeviction`) is `TierFull`, which the manager's write breaker takes while
+promotions go on; whether the server bounds the store at all is checked once, in the background
+of the tier's first call (`tiers.redis_bounds`).
+
 Anyone who can write to the server can put another type under a block's key (a list, say):
 reads of its value answer WRONGTYPE, which is that object's fault, not the tier's (a `magic`
-corrupt miss, refused and deleted like any foreign object). Pipelines read their replies one by
-one, so an error reply fails its own command only and the others' values arrive.
+corrupt miss, refused and deleted like any foreign object; until then `SET NX` leaves it and
+counts a duplicate). Pipelines read their replies one by one, so an error reply fails its own
+command only and the others' values arrive. A reused fast-path connection the server closed
+is replaced and its exchange sent once more: a SET NX of it that had landed then answers nil
+(a duplicate of its own write: counted, harmless).
 """
 
 from __future__ import annotations
@@ -35,18 +47,28 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
-from tiering.errors import ConfigError, CorruptObject, TierError, TierTimeout, TierUnavailable
+from tiering.errors import (
+    ConfigError,
+    CorruptObject,
+    TierError,
+    TierFull,
+    TierTimeout,
+    TierUnavailable,
+)
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.secrets import redact_text, redact_url, url_secrets
 from tiering.tier import Buffer, KeyLike, NamespaceUsage, Tier, TierStat, as_key
 from tiering.units import format_duration
+from tiers.redis_bounds import BoundsCheck, read_memory
 from tiers.redis_usage import WriteMarker, marker_name, scan_usage
 from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
 
 __all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
+Stored = bool | BaseException
+"""One SET NX of a batch: whether it wrote (False: the key was there), or the error in its place."""
 Fetched = tuple[Buffer, bool] | None | BaseException
 """One GET of a batch: `ReadsInto`'s answer, or the error in its place (a `CorruptObject`: the
 object is refused)."""
@@ -141,6 +163,7 @@ class RedisTier(Tier):
     persistent = True  # the server keeps blocks when this process restarts
     shared = True
     supports_listing = True
+    writes_once = True  # SET NX on every path
     Options = RedisOptions
     options: RedisOptions
 
@@ -190,6 +213,8 @@ class RedisTier(Tier):
                 )
             if settings.cluster:
                 del kwargs["max_connections"]
+
+            if settings.cluster:
                 self._client: Any = RedisCluster.from_url(url, **kwargs)
             else:
                 self._client = aioredis.Redis.from_url(url, **kwargs)
@@ -219,6 +244,32 @@ class RedisTier(Tier):
                 connect_timeout=connect_timeout,
             )
 
+        def one_server(host: str | None = None, port: int | None = None) -> Any:
+            """A redis-py client of one server with the tier's settings: the URL's, or a Cluster
+            master at `host`, `port` (URL options win over keywords, as in `from_url`)."""
+            address = {} if host is None else {"host": host, "port": port}
+            return aioredis.Redis.from_pool(
+                aioredis.ConnectionPool(**{**kwargs, **where, **address})
+            )
+
+        self.bounds = BoundsCheck(
+            self.name,
+            lambda: read_memory(one_server, self._client if settings.cluster else None),
+            self.capacity,
+            self.ttl,
+            timeout=self.timeout or 5.0,
+            scrub=self._scrub,
+        )
+        """Whether the server bounds the store as `capacity` says: checked once, in the
+        background of the first call of a writable tier (`tiers.redis_bounds`)."""
+
+    async def _call(self, operation: Awaitable[T]) -> T:
+        """The base's `_call`; the first one of a writable tier starts the bounds check (the
+        runtime's loop is the tier's only from its first call on)."""
+        if not self.read_only:
+            self.bounds.start()
+        return await super()._call(operation)
+
     def _name(self, key: BlockKey) -> bytes:
         return self._prefix + key.hex().encode()
 
@@ -235,6 +286,10 @@ class RedisTier(Tier):
         except (redis_errors.ConnectionError, OSError) as e:
             message = self._scrub(f"tier {self.name!r}: {what} failed: {e} ({self.url})")
             raise TierUnavailable(message) from e
+        except ReplyError as e:
+            raise self._error_reply(e, what) from e
+        except redis_errors.ResponseError as e:
+            raise self._error_reply(e, what, wrong_type=False) from e
         except (redis_errors.RedisError, RespError) as e:
             raise TierError(self._scrub(f"tier {self.name!r}: {what} failed: {e}")) from e
 
@@ -251,20 +306,37 @@ class RedisTier(Tier):
                     raise _not_a_string(e) from e
                 raise
 
-    def _error_reply(self, error: BaseException, what: str) -> TierError:
+    def _error_reply(self, error: BaseException, what: str, wrong_type: bool = True) -> TierError:
         """What the server's error reply to one command means: a `magic` corrupt miss of that
-        key when it holds another type (`_wrong_type`), else a `TierError`."""
-        if _wrong_type(error):
+        key when it holds another type (`_wrong_type`; `wrong_type` False where the reply
+        cannot be a read's), `TierFull` when the server is out of memory (`OOM`), else a
+        `TierError` (one that says so when the server is a Cluster node and the tier is not
+        set to `cluster`)."""
+        if wrong_type and _wrong_type(error):
             return _not_a_string(error)
-        return TierError(self._scrub(f"tier {self.name!r}: {what} failed: {error}"))
+        if isinstance(error, redis_errors.OutOfMemoryError) or str(error).startswith("OOM"):
+            return TierFull(
+                self._scrub(f"tier {self.name!r}: {what} refused, the server is full: {error}")
+            )
+        message = self._scrub(f"tier {self.name!r}: {what} failed: {error}")
+        redirected = isinstance(error, redis_errors.MovedError | redis_errors.AskError)
+        if (redirected or str(error).startswith(("MOVED ", "ASK "))) and not self.options.cluster:
+            return TierError(f"{message} (the server is a Redis Cluster node: set cluster: true)")
+        return TierError(message)
 
-    def _failed_item(self, error: BaseException, what: str) -> TierError:
+    def _failed_item(self, error: BaseException, what: str, wrong_type: bool = True) -> TierError:
         """`_error_reply` for one command of a batch, returned in its place: counted here as a
         tier error (nothing raises it through `_call`) unless it is the object's fault."""
-        failed = self._error_reply(error, what)
+        failed = self._error_reply(error, what, wrong_type)
         if not isinstance(failed, CorruptObject):
             self.counters["errors"] += 1
         return failed
+
+    def _failed_batch(self, error: TierError, n: int) -> list[Any]:
+        """`error` in the place of each of a batch's `n` items, each counted as a tier error,
+        as `get` and `put` count theirs (`_call` counted the batch's call once)."""
+        self.counters["errors"] += max(0, n - 1)
+        return [error] * n
 
     async def _fast_get(self, key: BlockKey, read: Callable[[RespConnection], Awaitable[T]]) -> T:
         """GET on the fast path, its value read by `read`. An error reply is raised once the
@@ -322,18 +394,21 @@ class RedisTier(Tier):
             exists, size, head = replies
         return (head, size) if exists else None
 
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool:
+        """SET NX: False when the key was there (nothing written)."""
         with self._errors("SET"):
             if self._fast is not None:
-                request = set_command(self._name(key), parts, self._px())
+                request = set_command(self._name(key), parts, self._px(), nx=True)
 
-                async def put(conn: RespConnection) -> None:
+                async def put(conn: RespConnection) -> bool:
                     await conn.send(request)
-                    await conn.reply()
+                    return await conn.reply() is not None
 
-                await self._fast.run(put)
-                return
-            await self._client.set(self._name(key), b"".join(parts), px=self._px())
+                return await self._fast.run(put)
+            written = await self._client.set(
+                self._name(key), b"".join(parts), px=self._px(), nx=True
+            )
+            return bool(written)
 
     async def _delete(self, key: BlockKey) -> bool:
         with self._errors("DEL"):
@@ -399,6 +474,7 @@ class RedisTier(Tier):
 
     async def _close(self) -> None:
         await self._marker.close()
+        await self.bounds.stop()
         if self._fast is not None:
             self._fast.close()
         with contextlib.suppress(Exception):
@@ -454,7 +530,7 @@ class RedisTier(Tier):
         try:
             blobs = await self._call(fetch())
         except TierError as e:
-            return [e] * len(items)
+            return self._failed_batch(e, len(items))
         return [
             await self._settle(block, blob, view)
             for block, blob, view in zip(blocks, blobs, views, strict=True)
@@ -473,21 +549,40 @@ class RedisTier(Tier):
         if max(len(d) for _, d in items) > PIPELINE_MAX_VALUE:
             return await super().put_many(items)
         encoded = [self._encode(k, d) for k, d in items]
+        what = "SET (pipelined)"
 
-        async def store() -> None:
-            with self._errors("SET (pipelined)"):
+        async def store() -> list[Stored]:
+            with self._errors(what):
                 pipe = self._client.pipeline(transaction=False)
                 for block, parts in encoded:
-                    pipe.set(self._name(block), b"".join(parts), px=self._px())
-                await pipe.execute()
+                    pipe.set(self._name(block), b"".join(parts), px=self._px(), nx=True)
+                replies = _replies(await pipe.execute(raise_on_error=False))
+            return [
+                self._failed_item(r, what, wrong_type=False)
+                if isinstance(r, Exception)
+                else bool(r)
+                for r in replies
+            ]
 
         try:
-            await self._call(store())
+            stored = await self._call(store())
         except TierError as e:
-            return [e] * len(items)
-        for _, data in items:
-            self._count_put(None, len(data))
-        return [None] * len(items)
+            return self._failed_batch(e, len(items))
+        return self._count_stored(items, stored)
+
+    def _count_stored(
+        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]], stored: Sequence[Stored]
+    ) -> list[None | BaseException]:
+        """`put_many`'s answer from each SET NX's outcome, each counted as `put` counts (a
+        failed one already is: `_failed_item`, `_failed_batch`)."""
+        outcomes: list[None | BaseException] = []
+        for (_, data), outcome in zip(items, stored, strict=True):
+            if isinstance(outcome, BaseException):
+                outcomes.append(outcome)
+            else:
+                self._count_put(outcome, len(data))
+                outcomes.append(None)
+        return outcomes
 
     async def _get_many_fast(
         self, blocks: list[BlockKey], views: list[memoryview]
@@ -557,7 +652,7 @@ class RedisTier(Tier):
         try:
             await self._call(fetch())
         except TierError as e:
-            got += [e] * (len(blocks) - len(got))
+            got += self._failed_batch(e, len(blocks) - len(got))
         return got
 
     async def _put_many_fast(
@@ -568,39 +663,33 @@ class RedisTier(Tier):
         alone, a pipeline that fails fails its blocks only."""
         encoded = [self._encode(k, d) for k, d in items]
         spans = _spans([len(data) for _, data in items], PIPELINE_BYTES)
-        outcomes: list[None | BaseException] = []
+        stored: list[Stored] = []
         gate = asyncio.Semaphore(self.options.streams)
         for got in await _each(self._store_pipeline(encoded[s], gate) for s in spans):
-            outcomes += got
-        for (_, data), outcome in zip(items, outcomes, strict=True):
-            if outcome is None:
-                self._count_put(None, len(data))
-            else:
-                self.counters["errors"] += 1
-        return outcomes
+            stored += got
+        return self._count_stored(items, stored)
 
     async def _store_pipeline(
         self, encoded: list[tuple[BlockKey, tuple[Buffer, Buffer]]], gate: asyncio.Semaphore
-    ) -> list[None | BaseException]:
+    ) -> list[Stored]:
         assert self._fast is not None
         fast = self._fast
         px = self._px()
         parts: list[Buffer] = []
         for block, value in encoded:
-            parts += set_command(self._name(block), value, px)
+            parts += set_command(self._name(block), value, px, nx=True)
 
-        async def exchange(conn: RespConnection) -> list[None | BaseException]:
+        async def exchange(conn: RespConnection) -> list[Stored]:
             await conn.send(parts)
-            outcomes: list[None | BaseException] = []
+            outcomes: list[Stored] = []
             for _ in encoded:
                 try:
-                    await conn.reply()
-                    outcomes.append(None)
+                    outcomes.append(await conn.reply() is not None)  # nil: the key was there
                 except ReplyError as e:  # the stream stays in step after an error reply
-                    outcomes.append(self._error_reply(e, "SET"))
+                    outcomes.append(self._failed_item(e, "SET", wrong_type=False))
             return outcomes
 
-        async def store() -> list[None | BaseException]:  # the wait at `gate` is under it too
+        async def store() -> list[Stored]:  # the wait at `gate` is under it too
             async with gate:
                 with self._errors("SET (pipelined)"):
                     return await fast.run(exchange)
@@ -608,7 +697,7 @@ class RedisTier(Tier):
         try:
             return await self._call(store())
         except TierError as e:
-            return [e] * len(encoded)
+            return self._failed_batch(e, len(encoded))
 
 
 def _wrong_type(error: BaseException) -> bool:

@@ -112,17 +112,22 @@ def command(*args: bytes | str | int) -> bytes:
     return b"".join(out)
 
 
-def set_command(name: bytes, value_parts: Sequence[Buffer], px: int | None) -> list[Buffer]:
-    """SET name value [PX px] (milliseconds), the value given in parts (sent by one `sendmsg`,
-    not joined)."""
+def set_command(
+    name: bytes, value_parts: Sequence[Buffer], px: int | None, *, nx: bool = False
+) -> list[Buffer]:
+    """SET name value [NX] [PX px] (milliseconds), the value given in parts (sent by one
+    `sendmsg`, not joined). With `nx` the server answers nil, and writes nothing, when the key
+    exists."""
     size = sum(len(p) for p in value_parts)
     head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (
-        3 if px is None else 5,
+        3 + nx + (0 if px is None else 2),
         len(name),
         name,
         size,
     )
-    tail = b"\r\n" if px is None else b"\r\n$2\r\nPX\r\n$%d\r\n%d\r\n" % (len(str(px)), px)
+    tail = b"\r\n" + (b"$2\r\nNX\r\n" if nx else b"")
+    if px is not None:
+        tail += b"$2\r\nPX\r\n$%d\r\n%d\r\n" % (len(str(px)), px)
     return [head, *value_parts, tail]
 
 

@@ -18,7 +18,14 @@ import redis
 from kvtier.baselines import tier_rates
 from kvtier.servers import RedisClusterServers, RedisServer
 from tiering.config import parse_config
-from tiering.errors import ConfigError, CorruptObject, TierError, TierTimeout, TierUnavailable
+from tiering.errors import (
+    ConfigError,
+    CorruptObject,
+    TierError,
+    TierFull,
+    TierTimeout,
+    TierUnavailable,
+)
 from tiering.keys import BlockKey
 from tiering.runtime import fault_of
 from tiering.testing import NAMESPACE, craft, key, payload
@@ -281,7 +288,7 @@ def test_a_value_the_server_refuses_fails_alone_and_the_pipeline_stays_in_step(
             stored = [i for i, outcome in enumerate(outcomes) if outcome is None]
             refused = [o for o in outcomes if o is not None]
             assert stored and refused, outcomes
-            assert all(isinstance(o, TierError) and "OOM" in str(o) for o in refused)
+            assert all(isinstance(o, TierFull) and "OOM" in str(o) for o in refused)
             buffers = [bytearray(size) for _ in stored]
             found = await tier.get_many([(key(i), b) for i, b in zip(stored, buffers, strict=True)])
             assert found == [True] * len(stored)

@@ -56,23 +56,25 @@ class TierStateMachine(RuleBasedStateMachine):
     @rule(k=keys, block=blocks)
     def put(self, k: BlockKey, block: tuple[int, int]) -> None:
         data = payload(*block)
+        duplicates = self.tier.counters["duplicates"]
         self.run(self.tier.put(k, data))
-        self._stored(k, data)
+        self._stored([(k, data)], duplicates)
 
     @rule(items=st.lists(st.tuples(keys, blocks), max_size=4, unique_by=lambda item: item[0]))
     def put_many(self, items: list[tuple[BlockKey, tuple[int, int]]]) -> None:
         batch = [(k, payload(*block)) for k, block in items]
+        duplicates = self.tier.counters["duplicates"]
         assert self.run(self.tier.put_many(batch)) == [None] * len(batch)
-        for k, data in batch:
-            self._stored(k, data)
+        self._stored(batch, duplicates)
 
-    def _stored(self, k: BlockKey, data: bytes) -> None:
-        """What the model holds after a put: the new block, or the first one where the tier
-        `writes_once`."""
-        if self.tier.writes_once:
-            self.model.setdefault(k, data)
-        else:
-            self.model[k] = data
+    def _stored(self, batch: list[tuple[BlockKey, bytes]], duplicates: float) -> None:
+        """The model after puts of `batch`: the new blocks, or, where the tier `writes_once`,
+        the first of each key, each key it held counted once as a duplicate."""
+        held = [k for k, _ in batch if k in self.model] if self.tier.writes_once else []
+        assert self.tier.counters["duplicates"] == duplicates + len(held)
+        for k, data in batch:
+            if k not in held:
+                self.model[k] = data
 
     @rule(k=keys)
     def get(self, k: BlockKey) -> None:

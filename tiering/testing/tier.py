@@ -161,6 +161,7 @@ class TierConformance:
                 kept = 1 if tier.writes_once else 2
                 assert await tier.get_bytes(key(1), 5000) == payload(5000, kept)
                 assert tier.counters["duplicates"] == (1 if tier.writes_once else 0)
+                assert tier.counters["duplicate_bytes"] == (5000 if tier.writes_once else 0)
                 assert (await tier.stat()).objects == 1
 
         run(body())
