@@ -215,8 +215,10 @@ class Tier(ABC):
     align: ClassVar[int] = 1
     """Payload offset alignment in stored objects (a file tier with O_DIRECT uses 4096)."""
     indexed: ClassVar[bool] = False
-    """The tier keeps an in-process index of every object it holds (it is its store's only
-    writer), so `knows` answers without I/O and the tiering manager needs no existence checks."""
+    """The tier keeps an in-process index of the objects it holds, so `knows` answers without
+    I/O and the tiering manager needs no existence checks while the tier is its store's only
+    writer (while other processes write the store, `knows` may answer None for a key the index
+    lacks: the manager then asks `contains`)."""
     Options: ClassVar[type[TierOptions]] = TierOptions
     """The record of the settings this class takes (YAML keys and constructor keywords)."""
 
@@ -571,7 +573,8 @@ class Tier(ABC):
     def knows(self, key: BlockKey) -> bool | None:
         """Whether an `indexed` tier holds `key`, from its index: no I/O, callable from any
         thread (one dict lookup, atomic under the GIL). None when the tier cannot say without
-        asking its store (not `indexed`): use `contains`."""
+        asking its store (not `indexed`, or a key its index lacks while other processes write
+        its store): use `contains`."""
         return None
 
     def newest(self, n: int) -> list[BlockKey]:

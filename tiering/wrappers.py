@@ -61,8 +61,8 @@ class ForwardingTier(Tier):
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
         return await self.inner._read_head(key, n)
 
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
-        await self.inner._write(key, parts)
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
+        return await self.inner._write(key, parts)
 
     async def _delete(self, key: BlockKey) -> bool:
         return await self.inner._delete(key)
@@ -134,10 +134,11 @@ class FaultyTier(ForwardingTier):
             return bytes(damaged)
         return blob
 
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
         await self._before("write")
-        if not self._roll("drop", self.drop):
-            await super()._write(key, parts)
+        if self._roll("drop", self.drop):
+            return None
+        return await super()._write(key, parts)
 
     async def _delete(self, key: BlockKey) -> bool:
         await self._before("delete")

@@ -223,13 +223,13 @@ def test_a_timed_out_read_lets_go_of_the_buffer_before_it_returns(
 
     tier = BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, timeout=0.05)
     asyncio.run(tier.put(key(1), payload(4096, 1)))
-    read = tier._read_file_into
+    read = tier._files.read_into
 
     def slow(path: Path, view: memoryview, limit: int) -> bytes | None:
         time.sleep(0.3)
         return read(path, view, limit)
 
-    monkeypatch.setattr(tier, "_read_file_into", slow)
+    monkeypatch.setattr(tier._files, "read_into", slow)
     buffers = [bytearray(4096), bytearray(4096)]
 
     async def body() -> None:

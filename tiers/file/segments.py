@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
-from tiering.errors import ConfigError, CorruptObject, TierError
+from tiering.errors import ConfigError, CorruptObject, TierError, TierFull
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
@@ -196,7 +196,16 @@ class SegmentFileTier(FileTier, layout="segments"):
         except RuntimeError:  # no loop runs (the start-up scan), or the pool is shut down
             close_and_unlink(fd, segment.path)
 
+    async def _make_room(self, size: int, growth: int) -> None:
+        """Evict for an object of `size` that grows the tier by `growth` (with a capacity)."""
+        if self.capacity is None:
+            return
+        if size > self.capacity:
+            raise TierFull(f"tier {self.name!r}: an object of {size} bytes exceeds the capacity")
+        await self._evict_for(growth)
+
     async def _evict_for(self, size: int) -> None:
+        """Evict until `size` more bytes fit in the capacity (there is one)."""
         assert self.capacity is not None
         self.counters["evictions"] += self._ledger.evict_for(size, self.capacity)
 
