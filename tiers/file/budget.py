@@ -237,16 +237,21 @@ class Credit:
     its housekeeping thread reports and returns: `flush`)."""
 
     def __init__(
-        self, ledger: Ledger, ident: bytes, capacity: int, make_room: Callable[[int], bool]
+        self,
+        ledger: Ledger,
+        ident: bytes,
+        capacity: int,
+        make_room: Callable[[int], bool],
+        full_wait: float,
     ) -> None:
         """`ident`: the tier's id in the ledger (its writer tag); `make_room(n)`: ask the
-        sweeper for `n` bytes (whether it tried: only the sweeper's process can); waits up to
-        `full_wait` for room before a put is `TierFull`."""
+        sweeper for `n` bytes (whether it tried: only the sweeper's process can); `full_wait`:
+        how long a put waits for room before it is `TierFull`."""
         self.ledger = ledger
         self.ident = ident
         self.capacity = capacity
         self.chunk = min(max(capacity // 64, 4096), 64 << 20)
-        self.full_wait = 0.5
+        self.full_wait = full_wait
         self._make_room = make_room
         self._lock = threading.Lock()
         self._room = 0  # reserved and not used yet

@@ -43,12 +43,15 @@ from tiers.file.block_io import BlockFiles, object_size
 from tiers.file.direct import BLOCK
 from tiers.file.shared import SharedDirectory
 
-__all__ = ["TMP_MAX_AGE", "BlockFileTier", "FilesOptions"]
+__all__ = ["FULL_WAIT", "TMP_MAX_AGE", "BlockFileTier", "FilesOptions"]
 
 _SUFFIX = ".kv"
 _REFUSED = 4096
 """Keys of objects refused and left in place (a neighbour's) that a tier remembers, so a
 directory check does not bring them back into its index."""
+FULL_WAIT = 2.0
+"""The longest a put waits for the sweeper to make room (at most half the tier's deadline)
+before it is `TierFull`."""
 TMP_MAX_AGE = 3600.0
 """Seconds after which a start-up scan takes a temporary file for a write that never ended (a
 write lasts at most its tier's deadline). Its age, never its writer's pid, decides: a writer in
@@ -85,6 +88,8 @@ class BlockFileTier(FileTier, layout="files"):
             read_only=self.read_only,
             capacity=self.capacity,
             tmp_max_age=TMP_MAX_AGE,
+            # within a put's deadline, whose thread a deadline does not stop
+            full_wait=min(FULL_WAIT, self.timeout / 2) if self.timeout else FULL_WAIT,
             evicted=self._count_evictions,
         )
         self._gone = self._shared.gone

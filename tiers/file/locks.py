@@ -8,7 +8,8 @@ What a stranger (or a crash) can leave where such a file belongs, and what happe
   and makes the file;
 - a FIFO or a device: opened without blocking (`O_NONBLOCK`) and refused by `fstat`; a writable
   tier removes it and makes the file;
-- a directory: refused, left in place (the caller goes on without the file);
+- a directory: removed when empty, else refused and left in place (the caller goes on without
+  the file);
 - garbage, or a huge file: the caller reads a bounded prefix and judges it (`Ledger`);
 - a lock another process holds for ever (a stopped process): every wait is bounded.
 
@@ -21,7 +22,6 @@ them: the parent's lock stays its own.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import socket
@@ -85,8 +85,9 @@ def meta_dir(base: Path, *, create: bool) -> Path | None:
 def open_regular(path: Path, *, create: bool, writable: bool | None = None) -> int | None:
     """A descriptor of the regular file at `path`, opened without following a symlink or
     blocking, close-on-exec; with `create`, made when absent (mode 0644) and anything but a
-    regular file or a directory in its place replaced. None when there is none to be had.
-    `writable` (default: `create`): opened for reading and writing."""
+    regular file (or a directory with something in it) in its place replaced. None when
+    there is none to be had. `writable` (default: `create`): opened for reading and
+    writing."""
     writable = create if writable is None else writable
     flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     flags |= os.O_RDWR if writable else os.O_RDONLY
@@ -95,10 +96,10 @@ def open_regular(path: Path, *, create: bool, writable: bool | None = None) -> i
             fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o644)
         except FileNotFoundError:
             return None
-        except OSError as e:
+        except OSError:
             # ELOOP: a symlink; ENXIO: a FIFO or socket opened for writing with no reader;
-            # EISDIR: a directory (left alone)
-            if not create or e.errno == errno.EISDIR or not _remove_odd(path):
+            # EISDIR: a directory
+            if not create or not _remove_odd(path):
                 return None
             continue
         try:
@@ -109,17 +110,18 @@ def open_regular(path: Path, *, create: bool, writable: bool | None = None) -> i
         if stat.S_ISREG(mode):
             return fd
         os.close(fd)
-        if not create or stat.S_ISDIR(mode) or not _remove_odd(path):
+        if not create or not _remove_odd(path):
             return None
     return None
 
 
 def _remove_odd(path: Path) -> bool:
-    """Remove what is at `path` unless it is a directory; whether the way is clear."""
+    """Remove what is at `path` (a directory only when empty); whether the way is clear."""
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
-            return False
-        os.unlink(path)
+            os.rmdir(path)
+        else:
+            os.unlink(path)
     except FileNotFoundError:
         pass
     except OSError:

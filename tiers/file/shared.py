@@ -61,10 +61,12 @@ class SharedDirectory:
         read_only: bool,
         capacity: int | None,
         tmp_max_age: float,
+        full_wait: float,
         evicted: Callable[[int], None],
     ) -> None:
         """`own`: the tier's namespace directory; `ident`: its id (the writer tag);
-        `evicted(n)`: count `n` evictions made by this tier's sweeper."""
+        `full_wait`: how long a put waits for room (then `TierFull`); `evicted(n)`: count `n`
+        evictions made by this tier's sweeper."""
         self.name = name
         self.gone: deque[BlockKey] = deque()
         """Keys of the tier's namespace that its sweeper removed (for the loop's index)."""
@@ -84,8 +86,9 @@ class SharedDirectory:
                 evicted=evicted,
                 tmp_max_age=tmp_max_age,
             )
-            self.credit = Credit(self._ledger, ident, capacity, self._make_room)
+            self.credit = Credit(self._ledger, ident, capacity, self._make_room, full_wait)
         self._wake = threading.Event()
+        self._waiting = False  # a writer waits for room: try for the sweeper's role now
         self._stop = False
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name=f"kvtier-{name}-shared", daemon=True)
@@ -116,6 +119,7 @@ class SharedDirectory:
             self.credit.removed(n)
 
     def _make_room(self, n: int) -> bool:
+        self._waiting = True
         self._wake.set()  # the housekeeping thread sweeps (scanning if it must) at once
         return self.sweeper is not None and self.sweeper.make_room(n)
 
@@ -134,7 +138,8 @@ class SharedDirectory:
                     self.credit.flush()
                     next_flush = now + FLUSH_EVERY
                 if self.sweeper is not None:
-                    self.sweeper.tick()
+                    urgent, self._waiting = self._waiting, False
+                    self.sweeper.tick(urgent)
             except Exception:  # a bug must not end the thread unseen, nor spin
                 log.exception("tier %r: housekeeping of %s failed", self.name, self.members.base)
             holding = self.sweeper is not None and self.sweeper.holding

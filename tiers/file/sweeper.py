@@ -100,10 +100,10 @@ class Sweeper:
     def holding(self) -> bool:
         return self._held is not None
 
-    def tick(self) -> None:
-        """Take the role when it is free (every `ROLE_EVERY`), keep it while the lock file is
-        still the one locked, and sweep when the count is above `HIGH` (the housekeeping
-        thread)."""
+    def tick(self, urgent: bool = False) -> None:
+        """Take the role when it is free (every `ROLE_EVERY`, or at once when `urgent`: a
+        writer of this tier waits for room), keep it while the lock file is still the one
+        locked, and sweep when the count is above `HIGH` (the housekeeping thread)."""
         now = time.monotonic()
         if self._held is not None and not self._held.still_there:
             log.warning(
@@ -112,7 +112,7 @@ class Sweeper:
             self._held.close()
             self._held = None
         if self._held is None:
-            if now < self._next_try:
+            if now < self._next_try and not urgent:
                 return
             self._next_try = now + ROLE_EVERY
             if not self._take():
