@@ -62,7 +62,12 @@ another container has a pid that means nothing, or another process, in this pid 
 class FilesOptions(FileOptions):
     """The options of the `files` layout (any thread: a value): those of every layout."""
 
-    layout: str = option("files", choices=("files",), help="A file per block.")
+    layout: str = option(
+        "files",
+        choices=("files",),
+        help="A file per block; any number of engines may share the directory (with a "
+        "`capacity`, it bounds the directory, every namespace in it).",
+    )
 
 
 class BlockFileTier(FileTier, layout="files"):

@@ -8,8 +8,7 @@ What a stranger (or a crash) can leave where such a file belongs, and what happe
   and makes the file;
 - a FIFO or a device: opened without blocking (`O_NONBLOCK`) and refused by `fstat`; a writable
   tier removes it and makes the file;
-- a directory: removed when empty, else refused and left in place (the caller goes on without
-  the file);
+- a directory: removed when empty, else moved aside whole (nothing in it is destroyed);
 - garbage, or a huge file: the caller reads a bounded prefix and judges it (`Ledger`);
 - a lock another process holds for ever (a stopped process): every wait is bounded.
 
@@ -85,8 +84,8 @@ def meta_dir(base: Path, *, create: bool) -> Path | None:
 def open_regular(path: Path, *, create: bool, writable: bool | None = None) -> int | None:
     """A descriptor of the regular file at `path`, opened without following a symlink or
     blocking, close-on-exec; with `create`, made when absent (mode 0644) and anything but a
-    regular file (or a directory with something in it) in its place replaced. None when
-    there is none to be had. `writable` (default: `create`): opened for reading and
+    regular file in its place replaced (`_remove_odd`). None when there is none to be
+    had. `writable` (default: `create`): opened for reading and
     writing."""
     writable = create if writable is None else writable
     flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -116,12 +115,15 @@ def open_regular(path: Path, *, create: bool, writable: bool | None = None) -> i
 
 
 def _remove_odd(path: Path) -> bool:
-    """Remove what is at `path` (a directory only when empty); whether the way is clear."""
+    """Remove what is at `path` (a directory with something in it is moved aside, whole, to
+    `<name>.odd-<random>`); whether the way is clear."""
     try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            os.rmdir(path)
-        else:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
             os.unlink(path)
+        elif os.listdir(path):
+            os.rename(path, path.with_name(f"{path.name}.odd-{os.urandom(4).hex()}"))
+        else:
+            os.rmdir(path)
     except FileNotFoundError:
         pass
     except OSError:
