@@ -88,6 +88,7 @@ class BlockFileTier(FileTier, layout="files"):
         self._shared = SharedDirectory(
             base=self.base,
             own=self.root,
+            namespace=self.namespace,
             ident=self.writer,
             name=self.name,
             read_only=self.read_only,
@@ -324,9 +325,15 @@ class BlockFileTier(FileTier, layout="files"):
         return self._bytes
 
     def _add_to_index(self, key: BlockKey, size: int) -> None:
-        """Record an object on the disk (the most recently used)."""
+        """Record an object on the disk (the most recently used). The index holds at most a
+        capacity of objects: beyond, its least recently used entries are another engine's
+        sweeper's evictions this tier has not read since (forgotten, not removed: a check of
+        the directory finds one still there)."""
         self._bytes += size - self._index.pop(key, 0)
         self._index[key] = size
+        if self.capacity is not None:
+            while self._bytes > self.capacity and len(self._index) > 1:
+                self._bytes -= self._index.popitem(last=False)[1]
 
     def _found(self, key: BlockKey, size: int | None) -> None:
         """A read found the object of `key` (of `size` bytes: now the most recently used;

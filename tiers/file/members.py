@@ -2,12 +2,14 @@
 processes write a `files` directory now.
 
 Each writable tier of the directory holds an `flock` on a file of its own,
-`<path>/.kvtier/members/<id>.member`, for its life: the kernel releases it when the process ends,
-however it ends (kill -9 too), in any pid namespace. A tier that finds another member's file
-locked knows that another process writes the directory (`alone` is False): its index may lack
-what that process wrote, so the tier checks the directory for keys its index does not hold. A
-member file nobody holds is a dead member's, removed by the writable tier that finds it. No
-pid, clock or vote is trusted: only the kernel's lock.
+`<path>/.kvtier/members/<namespace>.<id>.member`, for its life: the kernel releases it when the
+process ends, however it ends (kill -9 too), in any pid namespace. A tier that finds another
+member's file of its namespace locked knows that another process writes its blocks there
+(`alone` is False): its index may lack what that process wrote, so the tier checks the
+directory for keys its index does not hold (engines of other namespaces, other models, share
+the directory's capacity but no block, and do not count). A member file nobody holds is a dead
+member's, removed by the writable tier that finds it. No pid, clock or vote is trusted: only
+the kernel's lock.
 
 A member's file is locked before it gets its name (made as a temporary name, locked, then
 renamed), so no process ever sees a live member's file unlocked. A read-only tier joins
@@ -37,7 +39,7 @@ started writing its directory, or that the last other one stopped)."""
 MAX_MEMBERS = 4096
 """Entries of the members' directory read in one look; beyond, a tier takes itself as not
 alone."""
-_NAME = re.compile(r"[0-9a-f]{16}\.member")
+_NAME = re.compile(r"([0-9a-f]{32})\.([0-9a-f]{16})\.member")
 _JOINING_MAX_AGE = 60.0
 """Seconds after which a member's temporary file is a crashed start's leftover."""
 
@@ -46,10 +48,13 @@ class Members:
     """The members of a `files` directory, as one tier sees them (its housekeeping thread
     refreshes; `alone` is read from any thread)."""
 
-    def __init__(self, base: Path, ident: bytes, *, join: bool, name: str) -> None:
-        """`ident`: this tier's id (its writer tag); `join`: take a member's file (a writable
-        tier); `name`: the tier's name, for messages."""
+    def __init__(
+        self, base: Path, namespace: bytes, ident: bytes, *, join: bool, name: str
+    ) -> None:
+        """`namespace`: the tier's; `ident`: this tier's id (its writer tag); `join`: take a
+        member's file (a writable tier); `name`: the tier's name, for messages."""
         self.name = name
+        self.namespace = namespace.hex()
         self.ident = ident.hex()
         self.join = join
         self.base = base
@@ -91,13 +96,13 @@ class Members:
                 self.base / ".kvtier" / "members",
             )
             return
-        joining = where / f".{self.ident}.joining"
+        joining = where / f".{self.namespace}.{self.ident}.joining"
         fd = open_regular(joining, create=True)
         if fd is None or not lock(fd):
             if fd is not None:
                 os.close(fd)
             return
-        held = HeldFile(fd, where / f"{self.ident}.member")
+        held = HeldFile(fd, where / f"{self.namespace}.{self.ident}.member")
         held.record(holder_line())
         try:
             os.rename(joining, held.path)
@@ -130,9 +135,11 @@ class Members:
                     if name.endswith(".joining"):
                         self._clear_joining(entry.path, now)
                         continue
-                    if not _NAME.fullmatch(name) or name[:16] == self.ident:
+                    named = _NAME.fullmatch(name)
+                    if named is None or named[2] == self.ident:
                         continue
-                    others += self._alive(Path(entry.path))
+                    alive = self._alive(Path(entry.path))  # (a dead one is removed)
+                    others += alive and named[1] == self.namespace
         except OSError:
             return others
         return others

@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 FLUSH_EVERY = 0.5
 """Seconds between two reports of a tier's written and removed bytes to the count."""
 _IDLE = 0.25
-"""Seconds the housekeeping thread sleeps when it holds no sweeper's role."""
+"""Seconds the housekeeping thread sleeps when no write landed or waits in the directory (or
+it holds no sweeper's role)."""
 _JOIN = 2.0
 
 
@@ -56,6 +57,7 @@ class SharedDirectory:
         *,
         base: Path,
         own: Path,
+        namespace: bytes,
         ident: bytes,
         name: str,
         read_only: bool,
@@ -64,13 +66,14 @@ class SharedDirectory:
         full_wait: float,
         evicted: Callable[[int], None],
     ) -> None:
-        """`own`: the tier's namespace directory; `ident`: its id (the writer tag);
+        """`own`: the tier's namespace directory (of `namespace`); `ident`: its id (the writer
+        tag);
         `full_wait`: how long a put waits for room (then `TierFull`); `evicted(n)`: count `n`
         evictions made by this tier's sweeper."""
         self.name = name
         self.gone: deque[BlockKey] = deque()
         """Keys of the tier's namespace that its sweeper removed (for the loop's index)."""
-        self.members = Members(base, ident, join=not read_only, name=name)
+        self.members = Members(base, namespace, ident, join=not read_only, name=name)
         self.credit: Credit | None = None
         self.sweeper: Sweeper | None = None
         self._ledger: Ledger | None = None
@@ -129,6 +132,7 @@ class SharedDirectory:
         next_members = time.monotonic() + MEMBERS_EVERY
         next_flush = 0.0
         while not self._stop:
+            busy = False
             try:
                 now = time.monotonic()
                 if now >= next_members:
@@ -139,11 +143,10 @@ class SharedDirectory:
                     next_flush = now + FLUSH_EVERY
                 if self.sweeper is not None:
                     urgent, self._waiting = self._waiting, False
-                    self.sweeper.tick(urgent)
+                    busy = self.sweeper.tick(urgent)
             except Exception:  # a bug must not end the thread unseen, nor spin
                 log.exception("tier %r: housekeeping of %s failed", self.name, self.members.base)
-            holding = self.sweeper is not None and self.sweeper.holding
-            self._wake.wait(TICK if holding else _IDLE)
+            self._wake.wait(TICK if busy else _IDLE)
             self._wake.clear()
 
     def close(self) -> None:

@@ -51,7 +51,8 @@ HIGH = 31 / 32
 LOW = 15 / 16
 """A sweep ends when the directory holds at most this share of its capacity."""
 TICK = 0.02
-"""Seconds between two looks at the count by the sweeper."""
+"""Seconds between two looks at the count by the sweeper while writes land (or wait); 0.25 s
+when none did since the last look."""
 ROLE_EVERY = 0.5
 """Seconds between two tries for the role by a tier that does not hold it."""
 RESCAN_EVERY = 300.0
@@ -94,16 +95,20 @@ class Sweeper:
         self._sweeping = threading.Lock()
         self._candidates: list[tuple[int, int, str]] = []  # (mtime ns, size, path), a heap
         self._next_scan = 0.0
+        self._added = -1  # the count's `added` at the last look
+        self._busy = True
         self.scans = 0
 
     @property
     def holding(self) -> bool:
         return self._held is not None
 
-    def tick(self, urgent: bool = False) -> None:
+    def tick(self, urgent: bool = False) -> bool:
         """Take the role when it is free (every `ROLE_EVERY`, or at once when `urgent`: a
         writer of this tier waits for room), keep it while the lock file is still the one
-        locked, and sweep when the count is above `HIGH` (the housekeeping thread)."""
+        locked, and sweep when the count is above `HIGH` (the housekeeping thread). Whether
+        the directory is busy: the count moved since the last tick, or a writer waits (the
+        next tick then comes after `TICK`)."""
         now = time.monotonic()
         if self._held is not None and not self._held.still_there:
             log.warning(
@@ -113,11 +118,12 @@ class Sweeper:
             self._held = None
         if self._held is None:
             if now < self._next_try and not urgent:
-                return
+                return False
             self._next_try = now + ROLE_EVERY
             if not self._take():
-                return
+                return False
         self.sweep()
+        return self._busy
 
     def _take(self) -> bool:
         meta = meta_dir(self.base, create=True)
@@ -159,6 +165,8 @@ class Sweeper:
             state = self.ledger.read()
             if state is None:
                 return False
+            self._busy = state.wanted > 0 or state.added != self._added
+            self._added = state.added
             if may_scan and (state.needs_scan or time.monotonic() >= self._next_scan):
                 self._scan()
                 state = self.ledger.read()
