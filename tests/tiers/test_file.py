@@ -346,7 +346,8 @@ def test_segments_preallocated_tail_is_skipped_at_restart(tmp_path: Path) -> Non
         hole = location(tier, key(1))
         assert hole is not None
         os.close(tier._files.fds.pop(0))  # a crash: no close, no trim; key(1)'s object never landed
-        os.close(tier._writer_lock)
+        assert tier._writer_lock is not None
+        tier._writer_lock.close()
         with open(path, "r+b") as f:
             f.seek(hole[1])
             f.write(bytes(hole[2]))
@@ -732,7 +733,9 @@ def test_an_object_outside_its_keys_directory_is_not_indexed(tmp_path: Path) -> 
             assert sorted(reason for _, reason, _ in again.damaged) == ["key", "key"]
             for i in (10, 11):  # evicts: every victim has a place
                 await again.put(key(i), payload(8192, i))
-            assert (await again.stat()).objects == 4
+            # (the sweeper keeps a sixteenth of the capacity free: here, one block)
+            assert (await again.stat()).objects in (3, 4)
+            assert await again.contains([key(10), key(11)]) == [True, True]
 
     asyncio.run(body())
 

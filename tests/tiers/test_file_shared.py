@@ -349,3 +349,23 @@ def test_hits_refresh_recency_for_the_sweeper(tmp_path: Path) -> None:
             assert time.time() - path.stat().st_mtime < 5
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("renameat2", [True, False], ids=["renameat2", "link"])
+def test_a_name_is_given_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renameat2: bool
+) -> None:
+    """A finished temporary file takes its final name only if the name is free, by
+    renameat2's RENAME_NOREPLACE or, where a file system refuses the flag, a hard link; the
+    temporary name is gone either way, and the first file stays whole."""
+    from tiers.file import once
+
+    if not renameat2:
+        monkeypatch.setattr(once, "_renameat2", None)
+    final = tmp_path / "block.kv"
+    for n, expected in ((1, True), (2, False)):
+        tmp = tmp_path / f".block.{n}.tmp"
+        tmp.write_bytes(b"writer %d" % n)
+        assert once.place_once(tmp, final) is expected
+        assert not tmp.exists()
+    assert final.read_bytes() == b"writer 1"

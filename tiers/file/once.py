@@ -3,10 +3,11 @@ free, atomically, so that engines writing the same block at once write it once b
 
 `renameat2(RENAME_NOREPLACE)` (Linux 3.15; ext4, XFS, btrfs, tmpfs) does it in one call; where
 the file system refuses the flag, a hard link to the final name (which fails when the name
-exists) and the temporary name's removal do. Either way a reader sees the whole object or none,
-and a name already taken is left as it is: its object is another engine's (or an earlier
-run's), which a reader judges (a damaged one is removed by the reader that proves it so, and
-the next put writes the block).
+exists) and the temporary name's removal do; where it has no hard links either, a plain rename
+does (the last of two writers at the same moment wins: the same block's bytes). Either way a
+reader sees the whole object or none, and a name already taken is left as it is: its object is
+another engine's (or an earlier run's), which a reader judges (a damaged one is removed by the
+reader that proves it so, and the next put writes the block).
 """
 
 from __future__ import annotations
@@ -60,9 +61,15 @@ def place_once(tmp: Path, final: Path) -> bool:
     try:
         os.link(tmp, final)
     except FileExistsError:
-        return False
-    finally:
         _remove(tmp)
+        return False
+    except OSError as e:
+        if e.errno not in (errno.EPERM, *_unsupported):
+            _remove(tmp)
+            raise
+        os.rename(tmp, final)  # no hard links here
+        return True
+    _remove(tmp)
     return True
 
 

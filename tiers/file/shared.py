@@ -153,6 +153,8 @@ class SharedDirectory:
         """Stop the thread, give back the tier's room and roles (the loop thread, at the
         tier's close; in a forked child, only forget them)."""
         self._stop = True
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self._wake.set()
         if os.getpid() != self._pid:
             return

@@ -96,6 +96,7 @@ class Sweeper:
         self._candidates: list[tuple[int, int, str]] = []  # (mtime ns, size, path), a heap
         self._next_scan = 0.0
         self._added = -1  # the count's `added` at the last look
+        self._stopping = False
         self._busy = True
         self.scans = 0
 
@@ -266,6 +267,8 @@ class Sweeper:
         total = 0
         oldest: list[tuple[int, int, str]] = []  # a max-heap by mtime (negated)
         for mtime, size, path in self._objects(time.time()):
+            if self._stopping:
+                return  # cut short: the count stays as it was
             total += size
             item = (-mtime, size, path)
             if len(oldest) < MAX_CANDIDATES:
@@ -308,6 +311,10 @@ class Sweeper:
                                 os.unlink(entry.path)
                             except OSError:
                                 pass
+
+    def stop(self) -> None:
+        """Cut a scan short (any thread, at close: a scan of a large directory takes long)."""
+        self._stopping = True
 
     def close(self) -> None:
         """Give the role up (at close; another tier takes it at its next try)."""
