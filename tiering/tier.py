@@ -219,8 +219,10 @@ class Tier(ABC):
     False): set by a backend, per instance, where its store allows it (Redis `SET NX`, an S3
     conditional put, an exclusive create)."""
     indexed: ClassVar[bool] = False
-    """The tier keeps an in-process index of every object it holds (it is its store's only
-    writer), so `knows` answers without I/O and the tiering manager needs no existence checks."""
+    """The tier keeps an in-process index of the objects it holds, so `knows` answers without
+    I/O and the tiering manager needs no existence checks while the tier is its store's only
+    writer (while other processes write the store, `knows` may answer None for a key the index
+    lacks: the manager then asks `contains`)."""
     Options: ClassVar[type[TierOptions]] = TierOptions
     """The record of the settings this class takes (YAML keys and constructor keywords)."""
 
@@ -582,7 +584,8 @@ class Tier(ABC):
     def knows(self, key: BlockKey) -> bool | None:
         """Whether an `indexed` tier holds `key`, from its index: no I/O, callable from any
         thread (one dict lookup, atomic under the GIL). None when the tier cannot say without
-        asking its store (not `indexed`): use `contains`."""
+        asking its store (not `indexed`, or a key its index lacks while other processes write
+        its store): use `contains`."""
         return None
 
     def newest(self, n: int) -> list[BlockKey]:

@@ -224,13 +224,13 @@ def test_a_timed_out_read_lets_go_of_the_buffer_before_it_returns(
 
     tier = BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0, timeout=0.05)
     asyncio.run(tier.put(key(1), payload(4096, 1)))
-    read = tier._read_file_into
+    read = tier._files.read_into
 
     def slow(path: Path, view: memoryview, limit: int) -> bytes | None:
         time.sleep(0.3)
         return read(path, view, limit)
 
-    monkeypatch.setattr(tier, "_read_file_into", slow)
+    monkeypatch.setattr(tier._files, "read_into", slow)
     buffers = [bytearray(4096), bytearray(4096)]
 
     async def body() -> None:
@@ -399,7 +399,8 @@ def test_segments_preallocated_tail_is_skipped_at_restart(tmp_path: Path) -> Non
         hole = location(tier, key(1))
         assert hole is not None
         os.close(tier._files.fds.pop(0))  # a crash: no close, no trim; key(1)'s object never landed
-        os.close(tier._writer_lock)
+        assert tier._writer_lock is not None
+        tier._writer_lock.close()
         with open(path, "r+b") as f:
             f.seek(hole[1])
             f.write(bytes(hole[2]))
@@ -632,7 +633,7 @@ def test_segments_allow_one_writer_per_directory(tmp_path: Path) -> None:
     async def body() -> None:
         async with segments(tmp_path) as tier:
             await tier.put(key(1), payload(10_000, 1))
-            with pytest.raises(ConfigError, match="in use by another process"):
+            with pytest.raises(ConfigError, match="in use by another writer, pid [0-9]+ on host"):
                 segments(tmp_path)
             async with segments(tmp_path, read_only=True) as reader:  # readers take no lock
                 assert await reader.get_bytes(key(1), 10_000) == payload(10_000, 1)
@@ -821,7 +822,9 @@ def test_an_object_outside_its_keys_directory_is_not_indexed(tmp_path: Path) -> 
             assert sorted(reason for _, reason, _ in again.damaged) == ["key", "key"]
             for i in (10, 11):  # evicts: every victim has a place
                 await again.put(key(i), payload(8192, i))
-            assert (await again.stat()).objects == 4
+            # (the sweeper keeps a sixteenth of the capacity free: here, one block)
+            assert (await again.stat()).objects in (3, 4)
+            assert await again.contains([key(10), key(11)]) == [True, True]
 
     asyncio.run(body())
 

@@ -1,11 +1,14 @@
-"""Where each block is known to be, among the tiers without an index (Redis, S3).
+"""Where each block is known to be, among the tiers whose index cannot say.
 
-A tier with an index answers `knows(key)` without I/O; the others are asked by batched
-existence checks, whose answers are remembered for a while: found in tier `i` for
-`POSITIVE_TTL` seconds (demoted there, or found there), found nowhere for `NEGATIVE_TTL`
-seconds (so a block no tier has is not looked for again every step; a failed promotion is
-remembered the same way). A key being looked for waits for every checked tier's answer and
-goes to the first one, in order, that has it.
+A tier with an index answers `knows(key)` without I/O; the others (Redis, S3) are asked by
+batched existence checks, and so is an indexed tier for a key its index lacks while other
+processes write its store (a `files` directory several engines share: its `knows` answers
+None then). The answers are remembered for a while: found in tier `i` for `POSITIVE_TTL`
+seconds (demoted there, or found there), found nowhere for `NEGATIVE_TTL` seconds (so a block
+no tier has is not looked for again every step; a failed promotion is remembered the same
+way). A key being looked for waits for every asked tier's answer and goes to the first one, in
+order, that has it. A block another engine stores is therefore found within `NEGATIVE_TTL`
+(and one check) of being stored.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ class TierLocator:
     def __init__(self, tiers: Sequence[TierState]) -> None:
         self.tiers = list(tiers)
         self.checked = [t for t in self.tiers if not t.indexed]
-        """The tiers asked by existence checks."""
+        """The tiers asked by every existence check."""
+        self.indexed = [t for t in self.tiers if t.indexed]
+        """The tiers asked about the keys their index cannot say (`knows` None)."""
         self.known: dict[BlockKey, tuple[int, float]] = {}
         self.checking: dict[BlockKey, set[int]] = {}
         self._found: dict[BlockKey, set[int]] = {}
@@ -60,26 +65,39 @@ class TierLocator:
         done: Callable[[JobResult], None],
         timeout: float,
     ) -> None:
-        """Add one existence check per checked tier, of every key queued, to `outbox`."""
+        """Add one existence check per tier to ask, of the keys queued, to `outbox`: every
+        checked tier gets them all, an indexed tier those it cannot say (a key no tier is left
+        to ask is looked up afresh at its next lookup)."""
         if not self.to_check:
             return
         keys = list(self.to_check)
         self.to_check.clear()  # cleared in place: the manager reads it directly
-        everyone = {t.index for t in self.checked}
+        asked = [(state, keys) for state in self.checked]
+        for state in self.indexed:
+            knows = state.tier.knows
+            unsure = [key for key in keys if knows(key) is None]
+            if unsure:
+                asked.append((state, unsure))
         for key in keys:
-            self.checking[key] = set(everyone)
+            self.checking[key] = set()
             self._found[key] = set()
-        for state in self.checked:
+        for state, ask in asked:
+            for key in ask:
+                self.checking[key].add(state.index)
+        for key in keys:
+            if not self.checking[key]:
+                del self.checking[key], self._found[key]
+        for state, ask in asked:
             outbox.append(
                 Job(
                     state.config.name,
-                    functools.partial(state.tier.contains, keys),
+                    functools.partial(state.tier.contains, ask),
                     timeout,
-                    tag=tag(state.index, keys),
+                    tag=tag(state.index, ask),
                     done=done,
                 )
             )
-            state.counters["lookups"] += len(keys)
+            state.counters["lookups"] += len(ask)
 
     def answered(
         self, state: TierState, keys: list[BlockKey], present: list[bool], now: float

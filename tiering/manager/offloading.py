@@ -16,7 +16,8 @@ I/O. It is a facade over one object per concept:
 
 - **lookup**: the primary first, then the `indexed` tiers (memory, file: they know what they
   hold without I/O), in order. A key none of them has is looked for in the other tiers (Redis,
-  S3) by one batched existence check per tier, submitted at the end of the step; meanwhile the
+  S3), and in an indexed tier that cannot say (a `files` directory other engines write), by
+  one batched existence check per tier, submitted at the end of the step; meanwhile the
   answer is RETRY. Once a tier (the first, in order) has it, and the gate lets it through, a
   primary slot is allocated (WRITING) and the promotion queued: PENDING, then HIT once the
   bytes are in.
@@ -250,10 +251,14 @@ class TieringOffloadingManager:
             return _PENDING  # queued this step, or its slot not allocated yet
         if key in self._refused:
             return _MISS
+        unsure = False  # an indexed tier whose store others write cannot say (None)
         for knows, state in self._knows:
-            if knows(key):
+            here = knows(key)
+            if here:
                 return self._request(key, state)
-        if not self._checked:
+            if here is None:
+                unsure = True
+        if not (self._checked or unsure):
             return _MISS
         known = self._known.get(key)
         if known is not None and known[1] > self.clock():

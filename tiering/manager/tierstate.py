@@ -52,7 +52,7 @@ class TierState:
     tier: Tier
     index: int
     indexed: bool = False
-    """The tier answers `knows` (no existence checks)."""
+    """The tier answers `knows` (existence checks only for the keys it answers None for)."""
     admission: tuple[AdmissionPolicy, ...] = ()
     """Applied in order to the blocks a write-back or selective demotion would take."""
     inflight: int = 0

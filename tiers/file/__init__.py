@@ -1,7 +1,8 @@
 """The file tier: blocks on a local (NVMe) file system, in one of two layouts.
 
 - `files` (`BlockFileTier`, `tiers.file.files`): a file per block, written to a temporary file
-  and renamed into place; any number of processes may share a directory.
+  and given its name once; any number of processes may share a directory, each finding what
+  the others write, within one capacity (`tiers.file.shared`).
 - `segments` (`SegmentFileTier`, `tiers.file.segments`): blocks appended to large segment
   files, one system call per block, kernel AIO from the event loop where the disk allows; one
   writer per directory.

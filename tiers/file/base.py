@@ -81,8 +81,9 @@ class FileTier(Tier):
     evicts = True
     align = BLOCK
     indexed = True
-    """The index is this process's: blocks another process writes into the same directory
-    meanwhile are found at the next start."""
+    """The index holds what the tier found at start and what it wrote and read since; the
+    `files` layout asks its directory about keys the index lacks while other processes write
+    there (its `knows` answers None for them); the `segments` layout has one writer."""
 
     Options: ClassVar[type[TierOptions]] = FileOptions
     options: FileOptions
@@ -189,7 +190,7 @@ class FileTier(Tier):
     def _bytes_used(self) -> int:
         """Bytes the tier's objects take, as capacity counts them."""
 
-    def knows(self, key: BlockKey) -> bool:
+    def knows(self, key: BlockKey) -> bool | None:
         return key in self._index
 
     def newest(self, n: int) -> list[BlockKey]:
@@ -262,18 +263,6 @@ class FileTier(Tier):
                     touch(i)
                 results.append(await self._accept_into(block, answer, view))
         return results
-
-    async def _make_room(self, size: int, growth: int) -> None:
-        """Evict for an object of `size` that grows the tier by `growth` (with a capacity)."""
-        if self.capacity is None:
-            return
-        if size > self.capacity:
-            raise TierFull(f"tier {self.name!r}: an object of {size} bytes exceeds the capacity")
-        await self._evict_for(growth)
-
-    @abstractmethod
-    async def _evict_for(self, size: int) -> None:
-        """Evict until `size` more bytes fit in the capacity (there is one)."""
 
     def _encode_batch(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]

@@ -1,28 +1,31 @@
-"""The file tier's `files` layout: a file per block on a local (NVMe) file system.
+"""The file tier's `files` layout: a file per block on a local (NVMe) file system, which any
+number of processes may share.
 
 Layout: `<path>/<namespace hex>/<ab>/<cd>/<key hex>.kv`, fanned out by the key's first two
-bytes. A write goes to a temporary file in the same directory and is renamed into place, so a
-reader sees a whole object or none, and a crash leaves at most a temporary file, removed at the
-next start. The index (key -> size, least recently used first) is rebuilt at start by reading
-every file's header, so a restart keeps every complete block.
+bytes. A write goes to a temporary file in the same directory and is given its name only if
+the name is free (`tiers.file.once`), so a reader sees a whole object or none, a key is written
+once however many engines write it at the same time (the others' puts are `duplicates`), and a
+crash leaves at most a temporary file, removed once it is an hour old. The index (key -> size,
+least recently used first) is rebuilt at start by reading every file's header, so a restart
+keeps every complete block.
 
-I/O runs in a bounded thread pool. With O_DIRECT (when the file system allows it; probed at
-start and said once in the log) objects are written and read through page-aligned buffers and
-the payload starts 4 KiB into the file; otherwise through the page cache, reading payloads
-straight into the caller's buffer. A free-space guard refuses puts (`TierFull`) before the disk
-fills; `capacity` evicts least recently used files.
+A directory other processes write (`tiers.file.shared`: they hold member files) is asked about
+keys the index lacks: `knows` answers None for them, `contains` looks them up on the disk in
+one pool call, and `get` reads the file whatever the index says; a key found enters the index,
+a key whose file is gone leaves it. With a `capacity`, the directory's one sweeper keeps every
+namespace under `path` within it, least recently used first (file mtimes, which hits refresh),
+and a put reserves room first (`TierFull` when there is none in time).
 
-Over 400 lines: the reads (whole, into a caller's buffer, head only; buffered or O_DIRECT) are
-one concept with the writes they mirror, and each is short; splitting them from the tier would
-only move `self` into a parameter.
+I/O runs in a bounded thread pool (`tiers.file.block_io`). With O_DIRECT (when the file system
+allows it; probed at start and said once in the log) objects are written and read through
+page-aligned buffers and the payload starts 4 KiB into the file; otherwise through the page
+cache, reading payloads straight into the caller's buffer. A free-space guard refuses puts
+(`TierFull`) before the disk fills.
 """
 
 from __future__ import annotations
 
-import errno
-import itertools
 import os
-import stat
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
@@ -30,17 +33,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tiering.errors import CorruptObject, TierError, TierFull, TierUnavailable
-from tiering.format import REMOVABLE, check_object, decode_header, peek_lengths
+from tiering.errors import CorruptObject, TierError, TierFull
+from tiering.format import REMOVABLE, Header, check_object, decode_header
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.options import TierOptions, option
-from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
+from tiering.tier import Buffer, KeyLike, ObjectInfo, TierStat, as_key
 from tiers.file.base import FileOptions, FileTier, log
-from tiers.file.direct import BLOCK, KEPT_BUFFER, is_aligned, round_up, unlink
+from tiers.file.block_io import BlockFiles, object_size
+from tiers.file.direct import BLOCK
+from tiers.file.shared import SharedDirectory
 
-__all__ = ["TMP_MAX_AGE", "BlockFileTier", "FilesOptions"]
+__all__ = ["FULL_WAIT", "TMP_MAX_AGE", "BlockFileTier", "FilesOptions"]
 
 _SUFFIX = ".kv"
+_REFUSED = 4096
+"""Keys of objects refused and left in place (a neighbour's) that a tier remembers, so a
+directory check does not bring them back into its index."""
+FULL_WAIT = 2.0
+"""The longest a put waits for the sweeper to make room (at most half the tier's deadline)
+before it is `TierFull`."""
 TMP_MAX_AGE = 3600.0
 """Seconds after which a start-up scan takes a temporary file for a write that never ended (a
 write lasts at most its tier's deadline). Its age, never its writer's pid, decides: a writer in
@@ -51,14 +62,21 @@ another container has a pid that means nothing, or another process, in this pid 
 class FilesOptions(FileOptions):
     """The options of the `files` layout (any thread: a value): those of every layout."""
 
-    layout: str = option("files", choices=("files",), help="A file per block.")
+    layout: str = option(
+        "files",
+        choices=("files",),
+        help="A file per block; any number of engines may share the directory (with a "
+        "`capacity`, it bounds the directory, every namespace in it).",
+    )
 
 
 class BlockFileTier(FileTier, layout="files"):
     """Runtime thread (the event loop): the file tier with a file per block under `path`;
-    file I/O in the pool's threads. The index is only touched on the loop thread."""
+    file I/O in the pool's threads, the shared directory's housekeeping in its own
+    (`tiers.file.shared`). The index is only touched on the loop thread."""
 
     Options: ClassVar[type[TierOptions]] = FilesOptions
+    writes_once = True  # a key's file is named once (`tiers.file.once`)
     _objects = "**/*" + _SUFFIX
 
     def __init__(self, **options: Any) -> None:
@@ -66,9 +84,32 @@ class BlockFileTier(FileTier, layout="files"):
         super().__init__(**options)
         self._index: OrderedDict[BlockKey, int] = OrderedDict()
         self._bytes = 0
-        self._tmp = itertools.count()
-        self._dirs: set[Path] = set()
+        self._refused: OrderedDict[BlockKey, None] = OrderedDict()
         self._rebuild_index()
+        self._shared = SharedDirectory(
+            base=self.base,
+            own=self.root,
+            namespace=self.namespace,
+            ident=self.writer,
+            name=self.name,
+            read_only=self.read_only,
+            capacity=self.capacity,
+            tmp_max_age=TMP_MAX_AGE,
+            # within a put's deadline, whose thread a deadline does not stop
+            full_wait=min(FULL_WAIT, self.timeout / 2) if self.timeout else FULL_WAIT,
+            evicted=self._count_evictions,
+        )
+        self._gone = self._shared.gone
+        self._files = BlockFiles(
+            name=self.name,
+            direct=self.direct,
+            fsync=self.fsync,
+            buffers=self._buffers,
+            check_free=self._check_free,
+            gather=self._gather,
+            shared=self._shared,
+            recency=self.capacity is not None and not self.read_only,
+        )
 
     # -- start-up -------------------------------------------------------------------------------
 
@@ -99,7 +140,7 @@ class BlockFileTier(FileTier, layout="files"):
                 with open(path, "rb") as f:
                     raw = f.read(BLOCK)
                 header = decode_header(raw, key, self.namespace)
-                check_object(header, _object_size(raw, st.st_size))
+                check_object(header, object_size(raw, st.st_size))
             except (CorruptObject, ValueError) as e:
                 reason = getattr(e, "reason", "key")
                 removed = not self.read_only and reason in REMOVABLE
@@ -129,43 +170,90 @@ class BlockFileTier(FileTier, layout="files"):
     def _path(self, key: BlockKey) -> Path:
         return self.root / (key_path(key) + _SUFFIX)
 
+    def knows(self, key: BlockKey) -> bool | None:
+        """From the index; None for a key it lacks while other processes write the directory
+        (ask `contains`)."""
+        if key in self._index:
+            return True
+        return False if self._shared.alone else None
+
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
-        blob = await self._run(self._read_file, self._path(key), limit)
-        if blob is not None:
-            self._touch(key)
+        self._drop_gone()
+        blob = await self._run(self._files.read, self._path(key), limit)
+        self._found(key, None if blob is None else len(blob))
         return blob
 
     async def _read_into(
         self, key: BlockKey, payload: memoryview, limit: int
     ) -> tuple[Buffer, bool] | None:
-        got = await self._run(self._read_file_into, self._path(key), payload, limit)
-        if got is not None:
-            self._touch(key)
+        self._drop_gone()
+        got = await self._run(self._files.read_into, self._path(key), payload, limit)
+        self._found(key, _length(got, len(payload)))
         return got
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
-        return await self._run(self._read_file_head, self._path(key), n)
+        return await self._run(self._files.read_head, self._path(key), n)
 
-    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> None:
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool:
         size = sum(len(p) for p in parts)
-        await self._make_room(size, size - self._index.get(key, 0))
-        await self._run(self._write_file, self._path(key), parts, size)
-        self._add_to_index(key, size)
+        if self.capacity is not None and size > self.capacity:
+            raise TierFull(f"tier {self.name!r}: an object of {size} bytes exceeds the capacity")
+        written = await self._run(self._files.write, self._path(key), parts, size)
+        self._add_to_index(key, size)  # written now, or by another engine before
+        return written
 
     async def _delete(self, key: BlockKey) -> bool:
-        size = self._index.pop(key, None)
-        if size is not None:
-            self._bytes -= size
-        removed = await self._run(unlink, self._path(key))
-        return removed or size is not None
+        self._forget(key)
+        return await self._run(self._files.remove, self._path(key))
+
+    async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """From the index; keys it lacks, when other processes write the directory, from the
+        disk, in one pool call (a key found enters the index)."""
+        self._drop_gone()
+        index = self._index
+        found = [key in index for key in keys]
+        if self._shared.alone or all(found):
+            return found
+        ask = [i for i, here in enumerate(found) if not here and keys[i] not in self._refused]
+        if ask:
+            sizes = await self._run(self._files.sizes, [self._path(keys[i]) for i in ask])
+            for i, size in zip(ask, sizes, strict=True):
+                if size is not None:
+                    self._add_to_index(keys[i], size)
+                    found[i] = True
+        return found
+
+    async def _stat(self) -> TierStat:
+        self._drop_gone()
+        return await super()._stat()
+
+    async def _list(self) -> AsyncIterator[BlockKey]:
+        self._drop_gone()
+        async for key in super()._list():
+            yield key
 
     async def _entries(self) -> AsyncIterator[ObjectInfo]:
+        self._drop_gone()
         for key in list(self._index):
             try:
                 st = await self._run(os.stat, self._path(key))
             except FileNotFoundError:
                 continue
             yield ObjectInfo(key, st.st_size, st.st_mtime)
+
+    async def _refuse(self, key: BlockKey, error: CorruptObject) -> None:
+        """As `Tier._refuse`; the key leaves the index either way, and one left in place (a
+        neighbour's) is remembered, so a directory check does not bring it back."""
+        self._forget(key)
+        if error.reason not in REMOVABLE:
+            self._refused[key] = None
+            if len(self._refused) > _REFUSED:
+                self._refused.popitem(last=False)
+        await super()._refuse(key, error)
+
+    async def _close(self) -> None:
+        await super()._close()  # the pool's calls end first: they take and give room
+        self._shared.close()
 
     # -- batches: one thread hop per group of blocks ----------------------------------------------
 
@@ -177,11 +265,19 @@ class BlockFileTier(FileTier, layout="files"):
         against raw baselines"); verified on the loop."""
         if len(items) < 2 or self.codec != "raw":
             return await super().get_many(items)
+        self._drop_gone()
         blocks = [as_key(k) for k, _ in items]
         views = [memoryview(buffer).cast("B") for _, buffer in items]
         jobs = [(self._path(block), view, block) for block, view in zip(blocks, views, strict=True)]
         answers = await self._in_groups(self._read_and_verify, jobs)
-        return await self._finish_reads(blocks, views, answers, lambda i: self._touch(blocks[i]))
+        for block, view, answer in zip(blocks, views, answers, strict=True):
+            if answer is None:
+                self._found(block, None)
+            elif isinstance(answer, Header):
+                self._found(block, answer.object_length)
+            elif isinstance(answer, tuple):
+                self._found(block, _length(answer, len(view)))
+        return await self._finish_reads(blocks, views, answers, lambda i: None)
 
     async def put_many(
         self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
@@ -190,14 +286,11 @@ class BlockFileTier(FileTier, layout="files"):
         if len(items) < 2 or self.read_only:
             return await super().put_many(items)
         encoded, sizes, results, todo = self._encode_batch(items)
-        if self.capacity is not None:
-            growth = sum(sizes[i] - self._index.get(encoded[i][0], 0) for i in todo)
-            await self._evict_for(min(growth, self.capacity))
         jobs = [(self._path(encoded[i][0]), encoded[i][1], sizes[i]) for i in todo]
         for i, outcome in zip(todo, await self._in_groups(self._write_group, jobs), strict=True):
-            if outcome is None:
+            if isinstance(outcome, bool):
                 self._add_to_index(encoded[i][0], sizes[i])
-                self._count_put(None, len(items[i][1]))
+                self._count_put(outcome, len(items[i][1]))
             else:
                 self.counters["errors"] += 1
                 results[i] = outcome
@@ -210,7 +303,7 @@ class BlockFileTier(FileTier, layout="files"):
         out: list[Any] = []
         for path, view, block in jobs:
             try:
-                answer = self._read_file_into(path, view, self.object_limit(len(view)))
+                answer = self._files.read_into(path, view, self.object_limit(len(view)))
                 if answer is not None and answer[1]:
                     out.append(self.verify_placed(block, answer[0], view))
                 else:
@@ -223,8 +316,7 @@ class BlockFileTier(FileTier, layout="files"):
         out: list[Any] = []
         for path, parts, size in jobs:
             try:
-                self._write_file(path, parts, size)
-                out.append(None)
+                out.append(self._files.write(path, parts, size))
             except TierError as e:
                 out.append(e)
         return out
@@ -235,203 +327,48 @@ class BlockFileTier(FileTier, layout="files"):
         return self._bytes
 
     def _add_to_index(self, key: BlockKey, size: int) -> None:
-        """Record a written object (the most recently used)."""
+        """Record an object on the disk (the most recently used). The index holds at most a
+        capacity of objects: beyond, its least recently used entries are another engine's
+        sweeper's evictions this tier has not read since (forgotten, not removed: a check of
+        the directory finds one still there)."""
         self._bytes += size - self._index.pop(key, 0)
         self._index[key] = size
+        if self.capacity is not None:
+            while self._bytes > self.capacity and len(self._index) > 1:
+                self._bytes -= self._index.popitem(last=False)[1]
 
-    def _touch(self, key: BlockKey) -> None:
-        if key in self._index:
+    def _found(self, key: BlockKey, size: int | None) -> None:
+        """A read found the object of `key` (of `size` bytes: now the most recently used;
+        one another process wrote enters the index) or, with None, found it gone (another
+        process removed it: it leaves the index)."""
+        if size is None:
+            self._forget(key)
+        elif key in self._index:
             self._index.move_to_end(key)
+        else:
+            self._add_to_index(key, size)
 
-    async def _evict_for(self, size: int) -> None:
-        assert self.capacity is not None
-        victims = []
-        while self._index and self._bytes + size > self.capacity:
-            key, freed = self._index.popitem(last=False)
-            self._bytes -= freed
-            victims.append(key)
-        for key in victims:
-            await self._run(unlink, self._path(key))
-            self.counters["evictions"] += 1
+    def _forget(self, key: BlockKey) -> None:
+        size = self._index.pop(key, None)
+        if size is not None:
+            self._bytes -= size
 
-    # -- file I/O, in the pool -------------------------------------------------------------------
+    def _drop_gone(self) -> None:
+        """Drop from the index the keys the sweeper evicted (queued from its thread)."""
+        gone = self._gone
+        while gone:
+            self._forget(gone.popleft())
 
-    def _open_for_read(self, path: Path, direct: bool) -> int | None:
-        """A descriptor of the regular file at `path` (None: none there). Anything else put
-        in its place (a FIFO, which would block the thread forever; a device; a directory) is
-        `CorruptObject`: opened without blocking, and refused before a byte is read."""
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (os.O_DIRECT if direct else 0))
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if not _regular(path):  # a FIFO or device refuses O_DIRECT: the object's fault
-                raise CorruptObject("magic", f"{path} is not a regular file") from None
-            raise TierUnavailable(f"tier {self.name!r}: cannot open {path}: {e.strerror}") from e
-        try:
-            mode = os.fstat(fd).st_mode
-        except OSError as e:
-            os.close(fd)
-            raise TierUnavailable(f"tier {self.name!r}: cannot stat {path}: {e.strerror}") from e
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            raise CorruptObject("magic", f"{path} is not a regular file")
-        return fd
-
-    def _size(self, fd: int, path: Path, limit: int) -> int:
-        """The file's size, checked against `limit` (and the padding O_DIRECT writes add to
-        whole blocks) before anything is read: a sparse file may claim any size."""
-        size = os.fstat(fd).st_size
-        if size > round_up(limit):
-            raise CorruptObject("length", f"{path} holds {size} bytes, at most {limit} expected")
-        return size
-
-    def _read_file(self, path: Path, limit: int) -> Buffer | None:
-        fd = self._open_for_read(path, self.direct)
-        if fd is None:
-            return None
-        try:
-            size = self._size(fd, path, limit)
-            if not self.direct:
-                data = os.pread(fd, size, 0)
-                return data[: _object_size(data, size)]
-            rounded = max(round_up(size), BLOCK)
-            buffer = self._aligned_buffer(rounded)
-            n = min(os.preadv(fd, [buffer], 0), size)
-            whole = buffer[: min(n, _object_size(buffer[:n], size))]
-            # a kept bounce buffer is reused by this thread's next call: copied; a large one
-            # is this call's own (an operator's read of a large block: no second copy)
-            return whole if rounded > KEPT_BUFFER else bytes(whole)
-        except OSError as e:
-            raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
-        finally:
-            os.close(fd)
-
-    def _read_file_head(self, path: Path, n: int) -> tuple[bytes, int] | None:
-        fd = self._open_for_read(path, False)
-        if fd is None:
-            return None
-        try:
-            head = os.pread(fd, n, 0)
-            return head, _object_size(head, os.fstat(fd).st_size)
-        except OSError as e:
-            raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
-        finally:
-            os.close(fd)
-
-    def _read_file_into(
-        self, path: Path, payload: memoryview, limit: int
-    ) -> tuple[Buffer, bool] | None:
-        """The header, the payload read straight into `payload` (buffered I/O) or through an
-        aligned buffer (O_DIRECT), when the file is laid out as a header and exactly that
-        payload; otherwise the whole file (`ReadsInto`)."""
-        if self.direct:
-            return self._read_direct_into(path, payload, limit)
-        fd = self._open_for_read(path, False)
-        if fd is None:
-            return None
-        try:
-            size = self._size(fd, path, limit)
-            header = os.pread(fd, min(BLOCK, size), 0)
-            offset = _placed_at(header, size, len(payload))
-            if offset is None or offset > len(header):
-                data = os.pread(fd, size, 0)
-                return data[: _object_size(data, size)], False
-            if os.preadv(fd, [payload], offset) != len(payload):
-                raise CorruptObject("truncated", f"{path} is shorter than its header says")
-            return header[:offset], True
-        except OSError as e:
-            raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
-        finally:
-            os.close(fd)
-
-    def _read_direct_into(
-        self, path: Path, payload: memoryview, limit: int
-    ) -> tuple[Buffer, bool] | None:
-        fd = self._open_for_read(path, True)
-        if fd is None:
-            return None
-        try:
-            size = self._size(fd, path, limit)
-            header = self._aligned_buffer(BLOCK)
-            if is_aligned(payload) and size == BLOCK + len(payload):  # (no padding then)
-                # a primary slot, and a file of the right size: DMA straight into it
-                n = os.preadv(fd, [header, payload], 0)
-                if n < size:
-                    raise CorruptObject("truncated", f"{path} is shorter than its header says")
-                if _placed_at(header, size, len(payload)) == BLOCK:
-                    return bytes(header), True
-            buffer = self._aligned_buffer(max(round_up(size), BLOCK))
-            n = min(os.preadv(fd, [buffer], 0), size)
-            offset = _placed_at(buffer[:n], size, len(payload))
-            if offset is None or n < size:  # the whole object (short, if the file is)
-                return bytes(buffer[: min(n, _object_size(buffer[:n], size))]), False
-            payload[:] = buffer[offset : offset + len(payload)]
-            return bytes(buffer[:offset]), True
-        except OSError as e:
-            raise TierUnavailable(f"tier {self.name!r}: cannot read {path}: {e.strerror}") from e
-        finally:
-            os.close(fd)
-
-    def _write_file(self, path: Path, parts: Sequence[Buffer], size: int) -> None:
-        self._check_free(size)
-        if path.parent not in self._dirs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._dirs.add(path.parent)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(self._tmp)}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | self._flags(), 0o644)
-            try:
-                buffers = self._gather(parts, size)
-                written = os.writev(fd, buffers)
-                if written != sum(len(b) for b in buffers):
-                    raise OSError(errno.EIO, f"short write ({written} of {size})")
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, path)
-            if self.fsync:
-                dir_fd = os.open(path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise TierFull(f"tier {self.name!r}: disk full writing {path}") from e
-            raise TierUnavailable(
-                f"tier {self.name!r}: cannot write {path}: {e.strerror or e}"
-            ) from e
+    def _count_evictions(self, n: int) -> None:
+        self.counters["evictions"] += n  # (the housekeeping thread: one writer of the key)
 
 
-def _object_size(head: Buffer, size: int) -> int:
-    """The length of the object in a file of `size` bytes that starts with `head`: what its
-    (unverified) header says when the rest is the zero padding O_DIRECT writes add up to a
-    whole block, else the file's size (which then fails the tier's check of the object)."""
-    lengths = peek_lengths(head)
-    if lengths is None:
-        return size
-    end = lengths[0] + lengths[1]
-    return end if end <= size and (size == end or size == round_up(end)) else size
-
-
-def _placed_at(header: Buffer, size: int, length: int) -> int | None:
-    """Where the payload of an object in a file of `size` bytes starts, if its (unverified)
-    header says it is a header followed by exactly `length` bytes; else None."""
-    lengths = peek_lengths(header)
-    if lengths is None or lengths[1] != length or _object_size(header, size) != lengths[0] + length:
+def _length(got: tuple[Buffer, bool] | None, payload: int) -> int | None:
+    """The object's length from what a read into a `payload`-byte buffer answered."""
+    if got is None:
         return None
-    return lengths[0]
-
-
-def _regular(path: Path) -> bool:
-    """Whether `path` is a regular file (or gone: an ordinary miss, not a planted oddity)."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return True
+    data, placed = got
+    return len(data) + payload if placed else len(data)
 
 
 def _abandoned(path: Path, now: float) -> bool:

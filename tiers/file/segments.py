@@ -26,14 +26,13 @@ lines, is the loop's side of each primitive and batch: where each goes, and what
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
-from tiering.errors import ConfigError, CorruptObject, TierError
+from tiering.errors import ConfigError, CorruptObject, TierError, TierFull
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
@@ -41,6 +40,7 @@ from tiers.file.aio import PREADV, PWRITEV
 from tiers.file.base import FileOptions, FileTier, log
 from tiers.file.direct import BLOCK
 from tiers.file.ledger import SUFFIX, Place, Segment, SegmentLedger, record_size
+from tiers.file.locks import HeldFile, holder_line, lock, open_regular, read_holder
 from tiers.file.recovery import scan_segment
 from tiers.file.segment_aio import SegmentAio
 from tiers.file.segment_io import SegmentFiles, close_and_unlink
@@ -114,7 +114,7 @@ class SegmentFileTier(FileTier, layout="segments"):
             ledger=self._ledger,
             counters=self.counters,
         )
-        self._writer_lock: int | None = None
+        self._writer_lock: HeldFile | None = None
         self._rebuild_index()
 
     @property
@@ -172,22 +172,26 @@ class SegmentFileTier(FileTier, layout="segments"):
 
     def _lock_directory(self) -> None:
         """One writer per directory: two processes appending to the same segments would write
-        over each other's objects. Readers (`read_only`) take no lock."""
+        over each other's objects. The lock's file records its holder (pid, host, start), so
+        a second writer's error names it. Readers (`read_only`) take no lock."""
+        path = self.root / ".writer.lock"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.root / ".writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise ConfigError(f"tier {self.name!r}: cannot open {self.root}: {e.strerror}") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
+            raise ConfigError(f"tier {self.name!r}: cannot make {self.root}: {e.strerror}") from e
+        fd = open_regular(path, create=True)
+        if fd is None:
+            raise ConfigError(f"tier {self.name!r}: cannot open {path} (not a regular file?)")
+        held = HeldFile(fd, path)
+        if not lock(fd) or not held.still_there:
+            held.close()
             raise ConfigError(
-                f"tier {self.name!r}: {self.root} is in use by another process (the segment "
-                "layout allows one writer per directory; give each engine its own path, open "
-                "this one read-only, or use layout: files)"
-            ) from None
-        self._writer_lock = fd
+                f"tier {self.name!r}: {self.root} is in use by another writer, "
+                f"{read_holder(path)} (the segment layout allows one writer per directory: "
+                "give each engine its own path, open this one read-only, or use layout: files)"
+            )
+        held.record(holder_line())
+        self._writer_lock = held
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -202,7 +206,16 @@ class SegmentFileTier(FileTier, layout="segments"):
         except RuntimeError:  # no loop runs (the start-up scan), or the pool is shut down
             close_and_unlink(fd, segment.path)
 
+    async def _make_room(self, size: int, growth: int) -> None:
+        """Evict for an object of `size` that grows the tier by `growth` (with a capacity)."""
+        if self.capacity is None:
+            return
+        if size > self.capacity:
+            raise TierFull(f"tier {self.name!r}: an object of {size} bytes exceeds the capacity")
+        await self._evict_for(growth)
+
     async def _evict_for(self, size: int) -> None:
+        """Evict until `size` more bytes fit in the capacity (there is one)."""
         assert self.capacity is not None
         self.counters["evictions"] += self._ledger.evict_for(size, self.capacity)
 
@@ -306,7 +319,7 @@ class SegmentFileTier(FileTier, layout="segments"):
         await super()._close()
         self._files.close()
         if self._writer_lock is not None:
-            os.close(self._writer_lock)  # and with it the lock
+            self._writer_lock.close()  # and with it the lock
             self._writer_lock = None
 
     # -- batches: runs of blocks back to back, one request each ---------------------------------

@@ -1,0 +1,343 @@
+"""The tier's housekeeping thread (`tiers.file.shared`), or a pool thread of its tier waiting for
+room: the one sweeper of a `files` directory, which keeps every namespace under it within the
+capacity, least recently used first.
+
+**The role.** Every writable tier with a capacity tries for an `flock` on
+`<path>/.kvtier/sweeper.lock` (at start, then every `ROLE_EVERY` seconds); the one that holds it
+is the directory's sweeper, until it closes or its process ends, however it ends (the kernel
+releases the lock, and another tier takes the role at its next try). No other process evicts.
+The holder writes its pid, host and start into the file, for operators.
+
+**Recency.** A file's mtime is when it was last written or read: writers set it when they
+write, and every engine's hits set it again (`BlockFileTier`), so one order serves them all.
+
+**A sweep.** The sweeper reads the directory's count (`tiers.file.budget.Ledger`); above
+`HIGH` of the capacity it removes files, oldest mtime first, until the count is at most `LOW` of
+it. What to remove comes from its last scan of the directory: the oldest `MAX_CANDIDATES`
+object files of every namespace (`<ns>/<ab>/<cd>/<key>.kv`; nothing else is ever removed, but
+temporary files older than `TMP_MAX_AGE`, a write that never ended). Each is looked at again just
+before it goes: one read since the scan (a newer mtime) stays. When the scan's files are spent,
+it scans again; each scan also sets the count to what it found (plus what landed while it ran:
+the count errs high, never low). The sweeper scans when it takes the role, when the count was
+found unreadable, and at least every `RESCAN_EVERY` seconds.
+
+A writer whose room runs short asks the sweeper (`make_room`): in the sweeper's own process it
+sweeps at once, in its thread; elsewhere it waits for the sweeper's next tick (`TICK`) up to
+its `full_wait`, and the put is then `TierFull`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from tiering.keys import BlockKey, key_from_hex
+from tiers.file.budget import Ledger, LedgerState
+from tiers.file.locks import HeldFile, holder_line, lock, meta_dir, open_regular
+
+__all__ = ["HIGH", "LOW", "MAX_CANDIDATES", "ROLE_EVERY", "TICK", "Sweeper"]
+
+log = logging.getLogger(__name__)
+
+HIGH = 31 / 32
+"""A sweep starts when the directory holds more than this share of its capacity."""
+LOW = 15 / 16
+"""A sweep ends when the directory holds at most this share of its capacity."""
+TICK = 0.02
+"""Seconds between two looks at the count by the sweeper while writes land (or wait); 0.25 s
+when none did since the last look."""
+ROLE_EVERY = 0.5
+"""Seconds between two tries for the role by a tier that does not hold it."""
+RESCAN_EVERY = 300.0
+"""Seconds after which the sweeper scans the directory again even with files to remove."""
+MAX_CANDIDATES = 65536
+"""The oldest files a scan keeps to remove (the memory a scan holds is bounded by it)."""
+_HEX2 = re.compile(r"[0-9a-f]{2}")
+_HEX_NS = re.compile(r"[0-9a-f]{32}")
+_SUFFIX = ".kv"
+
+
+class Sweeper:
+    """The sweeper role of one tier: taken, kept and used on the tier's housekeeping thread;
+    `make_room` from its pool threads (one sweep at a time: a lock)."""
+
+    def __init__(
+        self,
+        base: Path,
+        ledger: Ledger,
+        capacity: int,
+        *,
+        name: str,
+        own: Path,
+        gone: Callable[[BlockKey], None],
+        evicted: Callable[[int], None],
+        tmp_max_age: float,
+    ) -> None:
+        """`own`: this tier's namespace directory; `gone(key)`: a key of it was evicted (for
+        its index); `evicted(n)`: count `n` evictions."""
+        self.base = base
+        self.ledger = ledger
+        self.capacity = capacity
+        self.name = name
+        self.own = own
+        self._gone = gone
+        self._evicted = evicted
+        self.tmp_max_age = tmp_max_age
+        self._held: HeldFile | None = None
+        self._next_try = 0.0
+        self._sweeping = threading.Lock()
+        self._candidates: list[tuple[int, int, str]] = []  # (mtime ns, size, path), a heap
+        self._next_scan = 0.0
+        self._added = -1  # the count's `added` at the last look
+        self._stopping = False
+        self._busy = True
+        self.scans = 0
+
+    @property
+    def holding(self) -> bool:
+        return self._held is not None
+
+    def tick(self, urgent: bool = False) -> bool:
+        """Take the role when it is free (every `ROLE_EVERY`, or at once when `urgent`: a
+        writer of this tier waits for room), keep it while the lock file is still the one
+        locked, and sweep when the count is above `HIGH` (the housekeeping thread). Whether
+        the directory is busy: the count moved since the last tick, or a writer waits (the
+        next tick then comes after `TICK`)."""
+        now = time.monotonic()
+        if self._held is not None and not self._held.still_there:
+            log.warning(
+                "tier %r: the sweeper's lock file was removed; giving the role up", self.name
+            )
+            self._held.close()
+            self._held = None
+        if self._held is None:
+            if now < self._next_try and not urgent:
+                return False
+            self._next_try = now + ROLE_EVERY
+            if not self._take():
+                return False
+        self.sweep()
+        return self._busy
+
+    def _take(self) -> bool:
+        meta = meta_dir(self.base, create=True)
+        if meta is None:
+            return False
+        path = meta / "sweeper.lock"
+        fd = open_regular(path, create=True)
+        if fd is None:
+            return False
+        if not lock(fd):
+            os.close(fd)
+            return False
+        self._held = HeldFile(fd, path)
+        if not self._held.still_there:  # replaced between the open and the lock
+            self._held.close()
+            self._held = None
+            return False
+        self._held.record(holder_line())
+        self._next_scan = 0.0  # a new sweeper counts the directory first
+        log.info("tier %r: sweeping %s (capacity %d bytes)", self.name, self.base, self.capacity)
+        return True
+
+    def make_room(self, need: int) -> bool:
+        """Sweep so that `need` more bytes fit, when this tier is the sweeper (a writer's
+        pool thread: from the last scan's files, without scanning); whether it swept."""
+        if self._held is None:
+            return False
+        return self.sweep(need, wait=0.2, may_scan=False)
+
+    def sweep(self, need: int = 0, *, wait: float = 0.0, may_scan: bool = True) -> bool:
+        """Remove least recently used files while the count is above `HIGH` of the capacity,
+        or too high for `need` bytes or for the largest write waiting (`wanted`), down to
+        `LOW` (and room for those); whether anything was removed."""
+        if not self._sweeping.acquire(timeout=wait):
+            return False
+        try:
+            if self._held is None:
+                return False
+            state = self.ledger.read()
+            if state is None:
+                return False
+            self._busy = state.wanted > 0 or state.added != self._added
+            self._added = state.added
+            if may_scan and (state.needs_scan or time.monotonic() >= self._next_scan):
+                self._scan()
+                state = self.ledger.read()
+                if state is None:
+                    return False
+            want = max(need, state.wanted)
+            if state.total <= min(int(self.capacity * HIGH), self.capacity - want):
+                self._served(state.wanted)
+                return False
+            target = min(int(self.capacity * LOW), self.capacity - want)
+            freed = self._evict(state.total - target, may_scan)
+            if freed >= state.total - target:
+                self._served(state.wanted)
+            return freed > 0
+        finally:
+            self._sweeping.release()
+
+    def _served(self, wanted: int) -> None:
+        """The room a waiting writer asked for is made: clear its wish (unless a larger one
+        came meanwhile)."""
+        if not wanted:
+            return
+
+        def change(state: LedgerState) -> bool:
+            if state.wanted <= wanted:
+                state.wanted = 0
+                return True
+            return False
+
+        self.ledger.update(change)
+
+    def _evict(self, excess: int, may_scan: bool) -> int:
+        """Remove the oldest files until `excess` bytes are freed (scanning again once, when
+        the last scan's files are spent and `may_scan`); the count learns of each batch at
+        once. The bytes freed."""
+        freed = pending = evicted = 0
+        rescanned = not may_scan
+        while freed < excess:
+            if not self._candidates:
+                if rescanned:
+                    break
+                rescanned = True
+                self._scan()
+                continue
+            mtime, _, path = heapq.heappop(self._candidates)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if st.st_mtime_ns != mtime or not stat.S_ISREG(st.st_mode):
+                continue  # read (or rewritten) since the scan: not the oldest any more
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+            freed += st.st_size
+            pending += st.st_size
+            evicted += 1
+            self._forget(path)
+            if evicted % 64 == 0:
+                self._release(pending)
+                pending = 0
+        self._release(pending)
+        if evicted:
+            self._evicted(evicted)
+        return freed
+
+    def _release(self, freed: int) -> None:
+        if not freed:
+            return
+
+        def change(state: LedgerState) -> bool:
+            state.used = max(0, state.used - freed)
+            return True
+
+        if self.ledger.update(change) is None:
+            log.warning(
+                "tier %r: the count missed %d bytes evicted (the next scan has them)",
+                self.name,
+                freed,
+            )
+
+    def _forget(self, path: str) -> None:
+        parent = os.path.dirname(os.path.dirname(os.path.dirname(path)))
+        if parent == str(self.own):
+            try:
+                self._gone(key_from_hex(os.path.basename(path)[: -len(_SUFFIX)]))
+            except ValueError:
+                pass
+
+    def _scan(self) -> None:
+        """Count every object file under the directory and keep the oldest; the count becomes
+        what was found, plus what landed meanwhile (`Ledger`: `added`)."""
+        before = self.ledger.read()
+        if before is None:
+            return
+        total = 0
+        oldest: list[tuple[int, int, str]] = []  # a max-heap by mtime (negated)
+        for mtime, size, path in self._objects(time.time()):
+            if self._stopping:
+                return  # cut short: the count stays as it was
+            total += size
+            item = (-mtime, size, path)
+            if len(oldest) < MAX_CANDIDATES:
+                heapq.heappush(oldest, item)
+            elif item > oldest[0]:
+                heapq.heapreplace(oldest, item)
+        self._candidates = [(-m, size, path) for m, size, path in oldest]
+        heapq.heapify(self._candidates)
+        self._next_scan = time.monotonic() + RESCAN_EVERY
+        self.scans += 1
+        added_before = before.added
+
+        def change(state: LedgerState) -> bool:
+            state.used = total + (state.added - added_before) % (1 << 64)
+            state.flags = 0
+            state.capacity = self.capacity
+            state.reconciled = time.time()
+            state.drop_stale(time.time())
+            return True
+
+        self.ledger.update(change)
+
+    def _objects(self, now: float) -> Iterator[tuple[int, int, str]]:
+        """(mtime ns, size, path) of each object file under the directory; temporary files of
+        writes that never ended are removed on the way."""
+        for namespace in _dirs(str(self.base), _HEX_NS):
+            for ab in _dirs(namespace, _HEX2):
+                for cd in _dirs(ab, _HEX2):
+                    for entry in _entries(cd):
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if not stat.S_ISREG(st.st_mode):
+                            continue
+                        if entry.name.endswith(_SUFFIX):
+                            yield st.st_mtime_ns, st.st_size, entry.path
+                        elif entry.name.endswith(".tmp") and now - st.st_mtime > self.tmp_max_age:
+                            try:
+                                os.unlink(entry.path)
+                            except OSError:
+                                pass
+
+    def stop(self) -> None:
+        """Cut a scan short (any thread, at close: a scan of a large directory takes long)."""
+        self._stopping = True
+
+    def close(self) -> None:
+        """Give the role up (at close; another tier takes it at its next try)."""
+        with self._sweeping:
+            if self._held is not None:
+                self._held.close()
+                self._held = None
+            self._candidates = []
+
+
+def _entries(parent: str) -> list[os.DirEntry[str]]:
+    """The entries of directory `parent` (none when it cannot be read)."""
+    try:
+        with os.scandir(parent) as entries:
+            return list(entries)
+    except OSError:
+        return []
+
+
+def _dirs(parent: str, name: re.Pattern[str]) -> list[str]:
+    """The subdirectories of `parent` whose names match `name` (never a symlink)."""
+    return [
+        e.path
+        for e in _entries(parent)
+        if name.fullmatch(e.name) and e.is_dir(follow_symlinks=False)
+    ]
