@@ -35,7 +35,8 @@ def run_scenario(
     `tokens` and `logprobs` (the completion), `cached_tokens` (prompt tokens not computed:
     from the engine's own prefix cache or from kvtier), `seconds` (the wall time of the
     request, every token of it) and `ttft` (its time to first token: from its arrival to the
-    end of the engine step that sampled its first token, vLLM's own request metrics);
+    end of the engine step that sampled its first token, vLLM's own request metrics), `at`
+    (when it was sent, Unix seconds);
     `metrics`, the counters of `connectors.vllm.run._METRICS` over the requests; `seconds`,
     the wall time of all requests.
 

@@ -280,7 +280,7 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
         prompt: list[int], labels: dict[str, Any] | None = None, llm: Any = llm
     ) -> list[int]:
         progress(f"request {len(outputs) + 1}/{total}")
-        began = time.perf_counter()
+        began, at = time.perf_counter(), time.time()
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         seconds = time.perf_counter() - began
         completion = out.outputs[0]
@@ -295,6 +295,7 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
                 "cached_tokens": out.num_cached_tokens,
                 "seconds": seconds,
                 "ttft": out.metrics.first_token_latency,
+                "at": at,
                 **(labels or {}),
             }
         )
