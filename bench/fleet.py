@@ -14,19 +14,25 @@ round runs
   did in the fleet (its returning turns find nothing of the earlier turns: no other engine
   stored them).
 
-Rounds alternate which comes first (the first round's fleet gives the prompts). Per engine:
-the median time to first token of its first turns (in the fleet, other engines compete for the
-CPU and the store: nothing to share) and of its returning turns (shared prefixes come from the
-store), its throughput (prompt and answer tokens per second of its requests' time), each
-against the engine alone, as ratios per round, then their median over rounds; and the fleet's
-tokens per second over the time from its first request to its last, against the engines alone
-one after another. Checked, and the command fails when one does not hold: every turn's tokens
-and logprobs, in the fleet and alone, equal (KV loaded from another engine's blocks gives what
-recomputing gives).
+With `--unshared`, also the fleet unshared: the K engines at once as in the fleet, each on a
+location of the store of its own (another Redis database, S3 prefix or directory): the same
+contention for the CPU and the store, nothing shared. Fleet against unshared is then what
+sharing gives under equal contention; unshared against alone what the contention costs.
+
+Rounds alternate the order of the runs (the first round's fleet gives the prompts). Per
+engine: the median time to first token of its first turns (nothing to share: in the fleet,
+other engines compete for the CPU and the store) and of its returning turns (shared prefixes
+come from the store), its throughput (prompt and answer tokens per second of its requests'
+time), each as a ratio to the engine alone (and to the unshared fleet) per round, then their
+median over rounds; and the fleet's tokens per second over the time from its first request to
+its last, against the engines alone one after another. Checked, and the command fails when one
+does not hold: every turn's tokens, in every run, equal, and their logprobs within
+`LOGPROB_TOLERANCE` (KV loaded from another engine's blocks gives what recomputing gives).
 
     python bench/fleet.py [--engines 3] [--medium redis|redis-cluster|s3|files]
-                          [--blocks-per-object N] [--rounds 1] [--conversations-per-engine 2]
-                          [--turns 3] [--dir DIR] [--model-dir DIR] [--smoke] [--json]
+                          [--blocks-per-object N] [--unshared] [--rounds 1]
+                          [--conversations-per-engine 2] [--turns 3] [--dir DIR]
+                          [--model-dir DIR] [--smoke] [--json]
 
 `--smoke`: the 2-layer Llama of connectors/vllm/run.py, one conversation per engine, short
 prompts, one round (CI). Otherwise the demo's 8-layer Llama and 1,024-token first messages.
@@ -60,6 +66,7 @@ from kvtier.fleet import (  # noqa: E402
     Store,
     differences,
     files_store,
+    logprob_deviation,
     prompts_of,
     redis_store,
     run_alone,
@@ -84,6 +91,10 @@ FULL = ChatWorkload(
     model=dict(DEMO_MODEL),
 )
 SMOKE = ChatWorkload(conversations_per_engine=1)
+LOGPROB_TOLERANCE = 1e-4
+"""How far a logprob of the full workload's model may be from another run's for the same
+tokens (its prefill's sums, cut elsewhere by a cached prefix, differ in their last bits: about
+3e-6 seen); the smoke run's 2-layer Llama gives the same bits (`kvtier.fleet.differences`)."""
 
 
 class Bench:
@@ -95,6 +106,7 @@ class Bench:
         workload: ChatWorkload,
         medium: str,
         blocks_per_object: int,
+        unshared: bool,
         python: Path,
         scratch: Path,
         model_dir: Path,
@@ -105,6 +117,8 @@ class Bench:
         self.server: RedisServer | RedisClusterServers | SeaweedS3 | None = None
         self.runs = 0
         self.prompts: dict[tuple[int, int], list[int]] | None = None
+        self.unshared = unshared
+        self.tolerance = LOGPROB_TOLERANCE if workload.model is not None else 0.0
 
     def start_server(self) -> None:
         if self.medium == "redis":
@@ -120,58 +134,75 @@ class Bench:
         if self.server is not None:
             self.server.stop()
 
-    def fresh(self) -> tuple[Store, Path]:
-        """A fresh location of the store, and a fresh directory for the engines' files."""
+    def fresh(self, own: bool = False) -> tuple[list[Store], Path]:
+        """A fresh location of the store (`own`: one per engine), and a fresh directory for
+        the engines' files."""
         self.runs += 1
         workdir = self.scratch / f"run-{self.runs}"
         workdir.mkdir()
+        count = self.workload.engines if own else 1
         server = self.server
-        if isinstance(server, RedisServer | RedisClusterServers):
-            cluster = isinstance(server, RedisClusterServers)
-            for node in server.nodes if isinstance(server, RedisClusterServers) else [server]:
+        if isinstance(server, RedisClusterServers):
+            for node in server.nodes:
                 flush(node.port)
-            return redis_store(server.url, cluster=cluster, capacity=CAPACITY), workdir
+            return [redis_store(server.url, cluster=True, capacity=CAPACITY)], workdir
+        if isinstance(server, RedisServer):
+            flush(server.port)
+            url = server.url.rsplit("/", 1)[0]
+            return [redis_store(f"{url}/{i}", capacity=CAPACITY) for i in range(count)], workdir
         if isinstance(server, SeaweedS3):
-            prefix = f"fleet-{uuid.uuid4().hex}/"
-            keys = (server.ACCESS_KEY, server.SECRET_KEY)
-            store = s3_store(
-                server.endpoint,
-                server.bucket,
-                prefix,
-                *keys,
-                blocks_per_object=self.blocks_per_object,
-                capacity=CAPACITY,
-            )
-            return store, workdir
-        return files_store(workdir / "store", capacity=CAPACITY), workdir
+            return [
+                s3_store(
+                    server.endpoint,
+                    server.bucket,
+                    f"fleet-{uuid.uuid4().hex}/",
+                    server.ACCESS_KEY,
+                    server.SECRET_KEY,
+                    blocks_per_object=self.blocks_per_object,
+                    capacity=CAPACITY,
+                )
+                for _ in range(count)
+            ], workdir
+        return [
+            files_store(workdir / f"store-{i}", capacity=CAPACITY) for i in range(count)
+        ], workdir
 
-    def fleet(self, progress: Progress) -> FleetRun:
-        store, workdir = self.fresh()
-        progress.say(f"fleet of {self.workload.engines} engines on {store.medium}")
+    def fleet(self, progress: Progress, own: bool = False) -> FleetRun:
+        stores, workdir = self.fresh(own)
+        what = "each on its own store" if own else "on one store"
+        progress.say(f"fleet of {self.workload.engines} engines, {what} ({self.medium})")
+        store = stores if own else stores[0]
         return run_fleet(self.python, self.workload, store, self.model_dir, workdir, TIMEOUT)
 
     def alone(
         self, engine: int, prompts: dict[tuple[int, int], list[int]], progress: Progress
     ) -> dict[str, Any]:
-        store, workdir = self.fresh()
-        progress.say(f"engine {engine} alone on {store.medium}")
+        (store,), workdir = self.fresh()
+        progress.say(f"engine {engine} alone ({self.medium})")
         return run_alone(
             self.python, self.workload, engine, prompts, store, self.model_dir, workdir, TIMEOUT
         )
 
     def round(self, round_: int, progress: Progress) -> dict[str, Any]:
-        """The fleet and each engine alone; alone first in odd rounds, on the prompts of the
-        first round's fleet (the fleet's answers make the prompts of its later turns)."""
-        alone: list[dict[str, Any]] = []
+        """The fleet, the unshared fleet (with `unshared`) and each engine alone; in odd
+        rounds in the reverse order, on the prompts of the first round's fleet (the fleet's
+        answers make the prompts of its later turns)."""
+        runs: dict[str, Any] = {}
+        phases = ["fleet", *(["unshared"] if self.unshared else []), "alone"]
         if self.prompts is not None and round_ % 2 == 1:
-            alone = [self.alone(e, self.prompts, progress) for e in range(self.workload.engines)]
-        fleet = self.fleet(progress)
-        if self.prompts is None:
-            answers = {turn: out["tokens"] for turn, out in fleet.turns.items()}
-            self.prompts = prompts_of(self.workload, answers)
-        if not alone:
-            alone = [self.alone(e, self.prompts, progress) for e in range(self.workload.engines)]
-        return record(self.workload, round_, fleet, alone, self.prompts)
+            phases.reverse()
+        for phase in phases:
+            if phase == "alone":
+                assert self.prompts is not None
+                runs[phase] = [
+                    self.alone(e, self.prompts, progress) for e in range(self.workload.engines)
+                ]
+                continue
+            runs[phase] = self.fleet(progress, own=phase == "unshared")
+            if self.prompts is None:
+                answers = {turn: out["tokens"] for turn, out in runs[phase].turns.items()}
+                self.prompts = prompts_of(self.workload, answers)
+        return record(self.workload, round_, runs, self.tolerance)
 
 
 def flush(port: int) -> None:
@@ -186,38 +217,48 @@ def flush(port: int) -> None:
 
 
 def record(
-    workload: ChatWorkload,
-    round_: int,
-    fleet: FleetRun,
-    alone: list[dict[str, Any]],
-    prompts: dict[tuple[int, int], list[int]],
+    workload: ChatWorkload, round_: int, runs: dict[str, Any], tolerance: float
 ) -> dict[str, Any]:
-    """A round's figures per engine, and what did not hold."""
-    problems = []
+    """A round's figures per engine (`runs`: the `fleet` and `unshared` `FleetRun`s, the
+    results of each engine `alone`), and what did not hold."""
     schedule = workload.schedule()
-    alone_turns = {}
+    alone: list[dict[str, Any]] = runs["alone"]
+    turns: dict[str, dict[tuple[int, int], dict[str, Any]]] = {}
+    for name, run in runs.items():
+        turns[name] = run.turns if isinstance(run, FleetRun) else {}
     for engine, result in enumerate(alone):
         labelled(result["outputs"], schedule[engine])
-        for turn, out in zip(schedule[engine], result["outputs"], strict=True):
-            alone_turns[turn] = {**out, "engine": engine}
-            if out["prompt_tokens"] != len(prompts[turn]):
-                problems.append(f"round {round_ + 1}: engine {engine} alone, {turn}: prompt")
-    problems += [
-        f"round {round_ + 1}, fleet against alone: {p}"
-        for p in differences(fleet.turns, alone_turns)
-    ]
+        for out in result["outputs"]:
+            turns["alone"][out["conversation"], out["turn"]] = out
+    problems = []
+    deviation = 0.0
+    for name in turns:
+        if name != "fleet":
+            found = differences(turns[name], turns["fleet"], tolerance)
+            problems += [f"round {round_ + 1}, {name} against the fleet: {p}" for p in found]
+            deviation = max(
+                [deviation]
+                + [
+                    logprob_deviation(out, turns["fleet"][turn])
+                    for turn, out in turns[name].items()
+                    if turn in turns["fleet"] and out["tokens"] == turns["fleet"][turn]["tokens"]
+                ]
+            )
     engines = []
-    for engine, (ours, theirs) in enumerate(zip(fleet.engines, alone, strict=True)):
+    for engine in range(workload.engines):
+        results = {
+            name: run.engines[engine] if isinstance(run, FleetRun) else run[engine]
+            for name, run in runs.items()
+        }
         engines.append(
-            {
-                "engine": engine,
-                "fleet": figures(ours["outputs"]),
-                "alone": figures(theirs["outputs"]),
-                "fleet_metrics": {k: v for k, v in ours["metrics"].items() if v},
-                "alone_metrics": {k: v for k, v in theirs["metrics"].items() if v},
+            {"engine": engine}
+            | {name: figures(result["outputs"]) for name, result in results.items()}
+            | {
+                f"{name}_metrics": {k: v for k, v in result["metrics"].items() if v}
+                for name, result in results.items()
             }
         )
-    every = [o for r in fleet.engines for o in r["outputs"]]
+    every = [o for r in runs["fleet"].engines for o in r["outputs"]]
     span = max(o["at"] + o["seconds"] for o in every) - min(o["at"] for o in every)
     tokens = sum(served(o) for o in every)
     alone_seconds = sum(o["seconds"] for r in alone for o in r["outputs"])
@@ -227,6 +268,7 @@ def record(
         "fleet_span_seconds": span,
         "fleet_tokens_per_s": tokens / span,
         "alone_tokens_per_s": tokens / alone_seconds,
+        "logprob_deviation": deviation,
         "problems": problems,
     }
 
@@ -262,7 +304,8 @@ def labelled(outputs: list[dict[str, Any]], turns: Sequence[tuple[int, int]]) ->
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per engine, then for the fleet: medians over rounds of the figures and of the ratios
-    taken per round (fleet / alone)."""
+    taken per round (fleet / alone; with the unshared fleet, fleet / unshared and unshared /
+    alone)."""
 
     def med(values: list[float | None]) -> float | None:
         present = [v for v in values if v is not None]
@@ -271,15 +314,21 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or not b else a / b
 
+    pairs = [("fleet", "alone")]
+    if "unshared" in records[0]["engines"][0]:
+        pairs += [("fleet", "unshared"), ("unshared", "alone")]
     rows = []
     for engine in range(len(records[0]["engines"])):
         got = [r["engines"][engine] for r in records]
         row: dict[str, Any] = {"engine": engine}
         for key in ("ttft_first", "ttft_return", "tokens_per_s", "return_cached_share"):
-            row[f"fleet_{key}"] = med([g["fleet"][key] for g in got])
-            row[f"alone_{key}"] = med([g["alone"][key] for g in got])
-            if key != "return_cached_share":
-                row[f"{key}_ratio"] = med([ratio(g["fleet"][key], g["alone"][key]) for g in got])
+            for name in {name for pair in pairs for name in pair}:
+                row[f"{name}_{key}"] = med([g[name][key] for g in got])
+            if key == "return_cached_share":
+                continue
+            for a, b in pairs:
+                suffix = "" if (a, b) == ("fleet", "alone") else f"_{a}_vs_{b}"
+                row[f"{key}_ratio{suffix}"] = med([ratio(g[a][key], g[b][key]) for g in got])
         row["promotions"] = med([g["fleet_metrics"].get("tier_promotions", 0) for g in got])
         rows.append(row)
     fleet = [r["fleet_tokens_per_s"] for r in records]
@@ -304,33 +353,41 @@ def print_table(report: dict[str, Any]) -> None:
         f"{w['answer_tokens']}), median of {report['rounds']} round(s); ratios fleet / alone, "
         "median per round"
     )
+    unshared = "unshared_ttft_first" in report["rows"][0]
     head = (
         "engine",
         "TTFT first s (x alone)",
-        "TTFT return s (x alone)",
-        "tokens/s (x alone)",
-        "return cached",
+        "TTFT return s (x alone" + (", x unshared)" if unshared else ")"),
+        "tokens/s (x alone" + (", x unshared)" if unshared else ")"),
+        "return cached (alone" + (", unshared)" if unshared else ")"),
         "promotions",
     )
     lines = [head]
 
-    def pair(r: dict[str, Any], key: str, spec: str) -> str:
+    def cell(r: dict[str, Any], key: str, spec: str, first: bool = False) -> str:
         if r.get(f"fleet_{key}") is None:
             return "-"
-        value = format(r[f"fleet_{key}"], spec)
-        return f"{value} ({r[f'{key}_ratio']:.2f}x of {format(r[f'alone_{key}'], spec)})"
+        text = f"{format(r[f'fleet_{key}'], spec)} ({r[f'{key}_ratio']:.2f}x"
+        if unshared and not first and r.get(f"{key}_ratio_fleet_vs_unshared") is not None:
+            text += f", {r[f'{key}_ratio_fleet_vs_unshared']:.2f}x"
+        return text + ")"
+
+    def share(r: dict[str, Any]) -> str:
+        if r.get("fleet_return_cached_share") is None:
+            return "-"
+        others = [r["alone_return_cached_share"]]
+        if unshared:
+            others.append(r["unshared_return_cached_share"])
+        return f"{r['fleet_return_cached_share']:.0%} ({', '.join(f'{o:.0%}' for o in others)})"
 
     for r in report["rows"]:
-        share = r.get("fleet_return_cached_share")
         lines.append(
             (
                 str(r["engine"]),
-                pair(r, "ttft_first", ".3f"),
-                pair(r, "ttft_return", ".3f"),
-                pair(r, "tokens_per_s", ".0f"),
-                "-"
-                if share is None
-                else f"{share:.0%} (alone {r['alone_return_cached_share']:.0%})",
+                cell(r, "ttft_first", ".3f", first=True),
+                cell(r, "ttft_return", ".3f"),
+                cell(r, "tokens_per_s", ".0f"),
+                share(r),
                 "-" if r.get("promotions") is None else f"{r['promotions']:.0f}",
             )
         )
@@ -356,6 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--blocks-per-object", type=int, default=1, help="S3: blocks per pack (default 1)"
     )
+    parser.add_argument(
+        "--unshared",
+        action="store_true",
+        help="also the fleet with each engine on a store of its own (not redis-cluster)",
+    )
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--conversations-per-engine", type=int, default=None)
     parser.add_argument("--turns", type=int, default=None, help="default 3")
@@ -369,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--engines, --rounds and --blocks-per-object are at least 1")
     if args.blocks_per_object > 1 and args.medium != "s3":
         parser.error("--blocks-per-object: only the s3 medium has packs")
+    if args.unshared and args.medium == "redis-cluster":
+        parser.error("--unshared: a Redis Cluster has one database, and the tier no key prefix")
     changes: dict[str, Any] = {"engines": args.engines}
     if args.conversations_per_engine is not None:
         changes["conversations_per_engine"] = args.conversations_per_engine
@@ -385,7 +449,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="kvtier-fleet-", dir=args.dir))
     model_dir = args.model_dir or scratch / "model"
     bench = Bench(
-        workload, args.medium, args.blocks_per_object, args.vllm_python, scratch, model_dir
+        workload,
+        args.medium,
+        args.blocks_per_object,
+        args.unshared,
+        args.vllm_python,
+        scratch,
+        model_dir,
     )
     progress = Progress()
     started, load = time.time(), os.getloadavg()

@@ -38,6 +38,7 @@ __all__ = [
     "engine_extra",
     "files_store",
     "inspect_store",
+    "logprob_deviation",
     "prompts_of",
     "redis_store",
     "run_alone",
@@ -219,18 +220,21 @@ class FleetRun:
 def run_fleet(
     python: Path,
     workload: ChatWorkload,
-    store: Store | None,
+    store: Store | Sequence[Store] | None,
     model_dir: Path,
     workdir: Path,
     timeout: float = 600,
     progress: Callable[[int, str], None] | None = None,
 ) -> FleetRun:
-    """The workload's engines at once on `store` (None: vLLM alone in every engine, no
-    kvtier), in `workdir` (a fresh directory: the engines' primaries and their rendezvous);
-    the model is written in `model_dir` unless it is there."""
+    """The workload's engines at once on `store` (one per engine: each engine on its own; None:
+    vLLM alone in every engine, no kvtier), in `workdir` (a fresh directory: the engines'
+    primaries and their rendezvous); the model is written in `model_dir` unless it is there."""
     messages = workload.messages()
     scenarios = []
-    for engine, turns in enumerate(workload.schedule()):
+    stores = [store] * workload.engines if store is None or isinstance(store, Store) else store
+    if len(stores) != workload.engines:
+        raise ValueError(f"{len(stores)} stores for {workload.engines} engines")
+    for engine, (turns, own) in enumerate(zip(workload.schedule(), stores, strict=True)):
         primary = workdir / f"primary-{engine}"
         primary.mkdir(parents=True, exist_ok=True)
         fleet = {
@@ -238,10 +242,10 @@ def run_fleet(
             "engine": engine,
             "engines": workload.engines,
             "turns": turns,
-            "think": 0.0 if store is None else store.think,
+            "think": max((s.think for s in stores if s is not None), default=0.0),
             "timeout": timeout,
         }
-        extra = None if store is None else engine_extra(store, primary, workload.primary_capacity)
+        extra = None if own is None else engine_extra(own, primary, workload.primary_capacity)
         scenarios.append(
             workload.scenario(
                 model_dir=str(model_dir),
@@ -307,21 +311,33 @@ def run_alone(
     return result
 
 
-def differences(got: dict[Turn, dict[str, Any]], expected: dict[Turn, dict[str, Any]]) -> list[str]:
-    """Every turn whose tokens or logprobs are not those of `expected`, or that is missing."""
+def differences(
+    got: dict[Turn, dict[str, Any]],
+    expected: dict[Turn, dict[str, Any]],
+    logprob_tolerance: float = 0.0,
+) -> list[str]:
+    """Every turn whose tokens are not those of `expected`, whose logprobs differ from its by
+    more than `logprob_tolerance`, or that is missing. (On the 2-layer Llama, loaded KV gives
+    the very logprobs of recomputed KV; on a model as wide as the demo's, the sums of a prefill
+    cut elsewhere differ in their last bits.)"""
     problems = []
     for turn in sorted(expected.keys() | got.keys()):
+        where = f"conversation {turn[0]}, turn {turn[1]}"
         if turn not in got or turn not in expected:
-            problems.append(f"conversation {turn[0]}, turn {turn[1]}: served by one run only")
+            problems.append(f"{where}: served by one run only")
             continue
         ours, theirs = got[turn], expected[turn]
-        for what in ("tokens", "logprobs"):
-            if ours[what] != theirs[what]:
-                problems.append(
-                    f"conversation {turn[0]}, turn {turn[1]}: {what} {ours[what]}, "
-                    f"expected {theirs[what]}"
-                )
+        if ours["tokens"] != theirs["tokens"]:
+            problems.append(f"{where}: tokens {ours['tokens']}, expected {theirs['tokens']}")
+        elif logprob_deviation(ours, theirs) > logprob_tolerance:
+            problems.append(f"{where}: logprobs {ours['logprobs']}, expected {theirs['logprobs']}")
     return problems
+
+
+def logprob_deviation(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
+    """The largest difference between the logprobs of two outputs of the same tokens."""
+    pairs = zip(ours["logprobs"], theirs["logprobs"], strict=True)
+    return max((abs(a - b) for a, b in pairs), default=0.0)
 
 
 @dataclass(frozen=True, slots=True)
