@@ -293,6 +293,13 @@ def figures(outputs: list[dict[str, Any]]) -> dict[str, Any]:
             if back
             else None
         ),
+        "turns": [
+            {
+                k: o.get(k)
+                for k in ("conversation", "turn", "prompt_tokens", "cached_tokens", "ttft")
+            }
+            for o in outputs
+        ],
     }
 
 

@@ -186,7 +186,9 @@ def files_store(path: Path, *, capacity: str = "64MiB") -> Store:
 
 def engine_extra(store: Store, primary: Path, capacity: str) -> dict[str, Any]:
     """`kv_connector_extra_config` of an engine on `store`: a CPU primary of `capacity` (its
-    region in `primary`), the shared tier written through, every tier hit promoted."""
+    region in `primary`), the shared tier written through, every tier hit promoted. Tier calls
+    and promotions get 5 s: engines sharing a CPU (two cores for three engines here) make a
+    check or a promotion slow, and that should measure slow, not miss."""
     return {
         "spec_name": "TieredOffloadingSpec",
         "spec_module_path": "connectors.vllm",
@@ -195,6 +197,7 @@ def engine_extra(store: Store, primary: Path, capacity: str) -> dict[str, Any]:
             "primary": {"capacity": capacity, "directory": str(primary)},
             "tiers": [store.tier],
             "promotion": {"gate": "always", "deadline": "5s"},
+            "faults": {"timeout": "5s"},
         },
     }
 

@@ -389,6 +389,9 @@ _METRICS = {
     ("vllm:kvtier_tier_promotion_seconds", None): ("promotion_seconds",),
     ("vllm:kvtier_blocks_warmed", None): ("blocks_warmed",),
     ("vllm:kvtier_tier_hits_other_writer", None): ("hits_other_writer",),
+    ("vllm:kvtier_tier_errors", None): ("tier_errors",),
+    ("vllm:kvtier_tier_promotion_failures", None): ("promotion_failures",),
+    ("vllm:kvtier_promotions_late", None): ("promotions_late",),
 }
 """vLLM metrics the scenario reports: (name, source label) -> the result keys it adds to.
 `kvtier_cached_tokens` is every prompt token kvtier served, by any source: host (the CPU
