@@ -86,7 +86,12 @@ def assert_fleet(run: FleetRun, store: Store, alone: dict[tuple[int, int], Any])
         if t == 0:
             assert out["cached_tokens"] == 0
     report = inspect_store(store)
-    assert report.namespaces == 1 and report.objects > 0
+    # One object per block any engine stored: each conversation's longest prompt's full blocks
+    # (the answers' tokens fill none beyond them here), each once however many engines had it.
+    longest = {}
+    for (c, _), out in run.turns.items():
+        longest[c] = max(longest.get(c, 0), out["prompt_tokens"] // ENGINE_BLOCK)
+    assert report.namespaces == 1 and report.objects == sum(longest.values())
     assert report.bad == [] and report.ok == report.checked == report.objects  # nothing torn
     assert store.capacity is not None and report.bytes <= store.capacity
 
