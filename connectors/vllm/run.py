@@ -13,6 +13,7 @@ mixing sliding-window and full attention). No tokenizer: prompts are token ids.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -21,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from connectors import rendezvous
 
 if TYPE_CHECKING:
     import torch
@@ -267,13 +270,17 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
         llm.generate([TokensPrompt(prompt_token_ids=scenario["warmup"])], params, use_tqdm=False)
     before = _totals()
     conversations = scenario.get("conversations", [])
-    total = len(scenario.get("prompts", [])) + sum(len(c) for c in conversations)
+    fleet = scenario.get("fleet")
+    total = len(scenario.get("prompts", []))
+    total += len(fleet["turns"]) if fleet else sum(len(c) for c in conversations)
     outputs = []
     start = time.perf_counter()
 
-    def generate(prompt: list[int], llm: Any = llm) -> list[int]:
+    def generate(
+        prompt: list[int], labels: dict[str, Any] | None = None, llm: Any = llm
+    ) -> list[int]:
         progress(f"request {len(outputs) + 1}/{total}")
-        began = time.perf_counter()
+        began, at = time.perf_counter(), time.time()
         (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
         seconds = time.perf_counter() - began
         completion = out.outputs[0]
@@ -288,6 +295,8 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
                 "cached_tokens": out.num_cached_tokens,
                 "seconds": seconds,
                 "ttft": out.metrics.first_token_latency,
+                "at": at,
+                **(labels or {}),
             }
         )
         return list(completion.token_ids)
@@ -295,13 +304,18 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     for prompt in scenario.get("prompts", []):  # one at a time: each sees the earlier ones' KV
         generate(prompt)
     # Chats: turn t of every conversation, then turn t + 1; a turn's prompt is the whole
-    # conversation so far (earlier prompts and answers) followed by the new user message.
-    histories: list[list[int]] = [[] for _ in conversations]
-    for turn in range(max((len(c) for c in conversations), default=0)):
-        for history, messages in zip(histories, conversations, strict=True):
-            if turn < len(messages):
-                history += messages[turn]
-                history += generate(history)
+    # conversation so far (earlier prompts and answers) followed by the new user message. In a
+    # fleet, this engine's turns alone, the others' handed over by the engines serving them.
+    if fleet:
+        timeout = float(scenario.get("settle_timeout", 120))
+        rendezvous.serve(fleet, conversations, generate, functools.partial(settle, llm, timeout))
+    else:
+        histories: list[list[int]] = [[] for _ in conversations]
+        for turn in range(max((len(c) for c in conversations), default=0)):
+            for history, messages in zip(histories, conversations, strict=True):
+                if turn < len(messages):
+                    history += messages[turn]
+                    history += generate(history)
     elapsed = time.perf_counter() - start
     if scenario.get("settle"):
         settle(llm, float(scenario.get("settle_timeout", 120)))
@@ -374,6 +388,10 @@ _METRICS = {
     ("vllm:kvtier_tier_bytes_promoted", None): ("bytes_promoted",),
     ("vllm:kvtier_tier_promotion_seconds", None): ("promotion_seconds",),
     ("vllm:kvtier_blocks_warmed", None): ("blocks_warmed",),
+    ("vllm:kvtier_tier_hits_other_writer", None): ("hits_other_writer",),
+    ("vllm:kvtier_tier_errors", None): ("tier_errors",),
+    ("vllm:kvtier_tier_promotion_failures", None): ("promotion_failures",),
+    ("vllm:kvtier_promotions_late", None): ("promotions_late",),
 }
 """vLLM metrics the scenario reports: (name, source label) -> the result keys it adds to.
 `kvtier_cached_tokens` is every prompt token kvtier served, by any source: host (the CPU
