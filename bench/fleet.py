@@ -58,7 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.ttft_report import machine  # noqa: E402
+from bench.ttft_report import Progress, machine  # noqa: E402
 from kvtier.chat_fleet import (  # noqa: E402
     ChatWorkload,
     FleetRun,
@@ -401,16 +401,6 @@ def print_table(report: dict[str, Any]) -> None:
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     for line in lines:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
-
-
-class Progress:
-    """A line on stderr per phase, with the time since the start: a full run takes minutes."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def say(self, what: str) -> None:
-        print(f"[{time.monotonic() - self.start:6.0f} s] {what}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -63,7 +63,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import media  # noqa: E402
-from bench.ttft_report import SETUPS, machine, print_table, summarize  # noqa: E402
+from bench.ttft_report import SETUPS, Progress, machine, print_table, summarize  # noqa: E402
 from kvtier.cli.common import PLACEHOLDER, make_tier  # noqa: E402
 from kvtier.demo import MODEL as DEMO_MODEL  # noqa: E402
 from kvtier.scenario import run_scenario  # noqa: E402
@@ -370,17 +370,6 @@ def stored_blocks(tier: dict[str, Any]) -> int:
         return total
 
     return asyncio.run(count())
-
-
-class Progress:
-    """A line on stderr per engine run, with the time since the start: a full run takes
-    minutes."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def say(self, what: str) -> None:
-        print(f"[{time.monotonic() - self.start:6.0f} s] {what}", file=sys.stderr, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,13 +1,16 @@
 """bench/ttft.py's set-ups and its report: per set-up, medians over rounds of the time to first
 token of the return and of the ratios taken per round (to recomputing, to the engine hit, to the
 limit, to the primary's return), promotion throughput against the raw bandwidth, and the table
-printed from them."""
+printed from them; what bench/ttft.py and bench/fleet.py share (the machine, the progress
+line)."""
 
 from __future__ import annotations
 
 import os
 import platform
 import statistics
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,3 +174,14 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version()}
+
+
+class Progress:
+    """A line on stderr per phase of a benchmark, with the time since its start: a full run
+    takes minutes."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def say(self, what: str) -> None:
+        print(f"[{time.monotonic() - self.start:6.0f} s] {what}", file=sys.stderr, flush=True)

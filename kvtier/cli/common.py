@@ -32,6 +32,7 @@ __all__ = [
     "format_age",
     "format_time",
     "make_tier",
+    "namespace_arg",
     "redact",
     "resolve_namespace",
     "table",
@@ -100,15 +101,20 @@ def make_tier(config: Config, cfg: TierConfig, namespace: bytes, **extra: Any) -
     )
 
 
+def namespace_arg(given: str) -> bytes:
+    """A namespace given as `--namespace` (32 hex digits); ConfigError naming the flag."""
+    try:
+        namespace = bytes.fromhex(given)
+    except ValueError:
+        namespace = b""
+    if len(namespace) != 16:
+        raise ConfigError(f"--namespace: expected 32 hex digits, got {given!r}")
+    return namespace
+
+
 async def resolve_namespace(config: Config, cfg: TierConfig, given: str | None) -> bytes:
     if given is not None:
-        try:
-            namespace = bytes.fromhex(given)
-        except ValueError:
-            namespace = b""
-        if len(namespace) != 16:
-            raise ConfigError(f"--namespace: expected 32 hex digits, got {given!r}")
-        return namespace
+        return namespace_arg(given)
     async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
         found = await probe.namespaces()
     if len(found) == 1:

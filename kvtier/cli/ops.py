@@ -21,6 +21,7 @@ from kvtier.cli.common import (
     format_age,
     format_time,
     make_tier,
+    namespace_arg,
     resolve_namespace,
     table,
     tier_config,
@@ -209,7 +210,7 @@ def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> in
     whose store cannot say when it was written is never taken."""
     idle_for = parse_duration(args.idle_for, "--idle-for")
     older = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
-    only = None if args.namespace is None else _namespace_arg(args.namespace)
+    only = None if args.namespace is None else namespace_arg(args.namespace)
     if args.yes and cfg.options.get("read_only"):
         raise ConfigError(f"purge: tier {cfg.name!r} is read-only in the config")
 
@@ -282,13 +283,3 @@ def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> in
         )
     emit(args, data, lines)
     return 1 if any("error" in d for d in done) else 0
-
-
-def _namespace_arg(given: str) -> bytes:
-    try:
-        namespace = bytes.fromhex(given)
-    except ValueError:
-        namespace = b""
-    if len(namespace) != 16:
-        raise ConfigError(f"--namespace: expected 32 hex digits, got {given!r}")
-    return namespace

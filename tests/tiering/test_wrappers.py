@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.tiers.memory_hooks import plant, stored
+from tests.tiers.memory_hooks import WriteOnceMemoryTier, plant, stored
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
@@ -134,14 +134,8 @@ def test_a_wrapper_passes_on_what_the_store_said_of_a_write() -> None:
     base through the wrapper, so a wrapped tier counts its duplicates; its usage is its
     store's."""
 
-    class WriteOnce(MemoryTier):
-        async def _write(self, key: BlockKey, parts: Any) -> bool | None:
-            if key in self._objects:
-                return False
-            return await super()._write(key, parts)
-
     async def body() -> None:
-        async with FaultyTier(WriteOnce(namespace=NAMESPACE)) as tier:
+        async with FaultyTier(WriteOnceMemoryTier(namespace=NAMESPACE)) as tier:
             await tier.put(key(1), payload(100))
             await tier.put(key(1), payload(100))
             assert tier.counters["duplicates"] == 1

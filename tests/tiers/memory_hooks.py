@@ -4,8 +4,10 @@ tier as a test double and look at what it stored)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tiering.keys import BlockKey
-from tiering.tier import Tier
+from tiering.tier import Buffer, Tier
 from tiers.memory import MemoryTier
 
 
@@ -21,3 +23,13 @@ def stored(tier: Tier, key: BlockKey) -> bytes | None:
     """The object bytes a memory tier holds for `key`, unverified; None when absent."""
     assert isinstance(tier, MemoryTier)
     return tier._objects.get(key)
+
+
+class WriteOnceMemoryTier(MemoryTier):
+    """A memory tier that writes a key once, as a write-once store does (`Tier._write`
+    answering False when the key is there): for tests of how the base and wrappers count."""
+
+    async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
+        if key in self._objects:
+            return False
+        return await super()._write(key, parts)

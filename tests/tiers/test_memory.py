@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.tiers.memory_hooks import plant, stored
+from tests.tiers.memory_hooks import WriteOnceMemoryTier, plant, stored
 from tiering.errors import ConfigError, MissingDependencyError, UnknownNameError
 from tiering.keys import BlockKey
 from tiering.registry import create_tier, get_tier_class, register_tier, tier_types
@@ -86,14 +86,8 @@ def test_a_put_the_store_already_held_is_counted_as_a_duplicate() -> None:
     put succeeds, and the base counts it under `duplicates` and `duplicate_bytes`, not
     `bytes_written`."""
 
-    class WriteOnce(MemoryTier):
-        async def _write(self, key: BlockKey, parts: Any) -> bool | None:
-            if key in self._objects:
-                return False
-            return await super()._write(key, parts)
-
     async def body() -> None:
-        async with WriteOnce(namespace=NAMESPACE) as tier:
+        async with WriteOnceMemoryTier(namespace=NAMESPACE) as tier:
             await tier.put(key(1), b"x" * 100)
             await tier.put(key(1), b"x" * 100)
             await tier.put_many([(key(1), b"x" * 100), (key(2), b"y" * 50)])

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kvtier.servers import SeaweedS3
+from tests.tiers.s3_tiers import s3_tier
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
@@ -21,18 +22,6 @@ from tiering.tier import Tier
 from tiers.s3 import S3Tier
 
 pytestmark = pytest.mark.s3
-
-
-def s3_tier(server: SeaweedS3, prefix: str, **options: Any) -> S3Tier:
-    return S3Tier(
-        namespace=NAMESPACE,
-        bucket=server.bucket,
-        prefix=prefix,
-        endpoint_url=server.endpoint,
-        access_key=server.ACCESS_KEY,
-        secret_key=server.SECRET_KEY,
-        **options,
-    )
 
 
 def name(prefix: str, k: BlockKey) -> str:

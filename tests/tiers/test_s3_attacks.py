@@ -14,24 +14,12 @@ from typing import Any
 import pytest
 
 from kvtier.servers import SeaweedS3
+from tests.tiers.s3_tiers import s3_tier
 from tiering.testing import NAMESPACE, key, payload
-from tiers.s3 import S3Tier
 from tiers.s3.lease import LEASE_NAME
 from tiers.s3.packformat import name_after
 
 pytestmark = pytest.mark.s3
-
-
-def s3_tier(server: SeaweedS3, prefix: str, **options: Any) -> S3Tier:
-    return S3Tier(
-        namespace=NAMESPACE,
-        bucket=server.bucket,
-        prefix=prefix,
-        endpoint_url=server.endpoint,
-        access_key=server.ACCESS_KEY,
-        secret_key=server.SECRET_KEY,
-        **options,
-    )
 
 
 def _packs(prefix: str) -> str:

@@ -1,0 +1,22 @@
+"""An S3 tier on the test session's SeaweedFS server, under a prefix of the test's own (the S3
+test modules' one way of making one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvtier.servers import SeaweedS3
+from tiering.testing import NAMESPACE
+from tiers.s3 import S3Tier
+
+
+def s3_tier(server: SeaweedS3, prefix: str, **options: Any) -> S3Tier:
+    return S3Tier(
+        namespace=NAMESPACE,
+        bucket=server.bucket,
+        prefix=prefix,
+        endpoint_url=server.endpoint,
+        access_key=server.ACCESS_KEY,
+        secret_key=server.SECRET_KEY,
+        **options,
+    )
