@@ -384,6 +384,12 @@ class Tier(ABC):
         the store's names tell them (a prefix per namespace)."""
         return [self.namespace]
 
+    async def _delete_refused(self, key: BlockKey) -> bool:
+        """Remove the copy of `key` a read just refused as provably damaged (`_refuse`).
+        Default: `_delete`. Override where a key may have several copies (an S3 block in a
+        pack and as a single object): only the one read was proved damaged."""
+        return await self._delete(key)
+
     async def _usage(self) -> list[NamespaceUsage]:
         """What every namespace holds in the tier's store, store-wide (every engine's objects
         at the tier's location: its directory, key prefix or bucket prefix). Default: this
@@ -742,7 +748,7 @@ class Tier(ABC):
         )
         if removable and not self.read_only:
             try:
-                await self._call(self._delete(key))
+                await self._call(self._delete_refused(key))
             except TierError as e:
                 log.warning("tier %r: cannot delete refused object %s: %s", self.name, key.hex(), e)
 

@@ -110,22 +110,24 @@ class WriteMarker:
 async def scan_usage(
     client: Any, errors: Callable[[str], AbstractContextManager[None]], now: float
 ) -> UsageTally:
-    """Every namespace under `kvtier:` on the server (every master of a Cluster): blocks,
-    their bytes (`MEMORY USAGE`), the marker's time or, without one, the last access."""
+    """Every namespace under `kvtier:` on the server (every master of a Cluster), in one SCAN:
+    blocks, their bytes (`MEMORY USAGE`), the marker's time or, without one, the last access
+    (now minus the least `OBJECT IDLETIME` of its blocks, asked beside their sizes)."""
     tally = UsageTally()
+    least_idle: dict[bytes, int] = {}
     sizes = "memory_usage"
     page: list[bytes] = []
     with errors("SCAN"):
         async for name in client.scan_iter(match=PREFIX + b"*", count=PAGE):
             page.append(name)
             if len(page) >= PAGE:
-                sizes = await _tally_page(client, page, tally, sizes)
+                sizes = await _tally_page(client, page, tally, sizes, least_idle)
                 page = []
         if page:
-            await _tally_page(client, page, tally, sizes)
-        for namespace in sorted(tally.namespaces()):
-            if not tally.has_write_time(namespace):
-                await _last_access(client, namespace, tally, now)
+            await _tally_page(client, page, tally, sizes, least_idle)
+    for namespace in sorted(tally.namespaces()):
+        if not tally.has_write_time(namespace) and namespace in least_idle:
+            tally.add(namespace, 0, now - least_idle[namespace], objects=0)
     return tally
 
 
@@ -144,9 +146,11 @@ def _parse(name: bytes) -> tuple[bytes, bool] | None:
     return namespace, True
 
 
-async def _tally_page(client: Any, page: list[bytes], tally: UsageTally, sizes: str) -> str:
-    """One pipeline for a page of names; the size command that worked (STRLEN once MEMORY
-    USAGE is refused)."""
+async def _tally_page(
+    client: Any, page: list[bytes], tally: UsageTally, sizes: str, least_idle: dict[bytes, int]
+) -> str:
+    """One pipeline for a page of names: each block's size and idle time, each marker's
+    value; the size command that worked (STRLEN once MEMORY USAGE is refused)."""
     parsed = [(name, _parse(name)) for name in page]
     known = [(name, found) for name, found in parsed if found is not None]
     if not known:
@@ -155,23 +159,28 @@ async def _tally_page(client: Any, page: list[bytes], tally: UsageTally, sizes: 
     for name, (_, block) in known:
         if block:
             getattr(pipe, sizes)(name)  # memory_usage, or strlen
+            pipe.object("IDLETIME", name)  # (touches no key's LRU clock)
         else:
             pipe.getrange(name, 0, _MARKER_BYTES - 1)
-    replies = await pipe.execute(raise_on_error=False)
+    replies = iter(await pipe.execute(raise_on_error=False))
+    answers = [(found, next(replies), next(replies) if found[1] else None) for _, found in known]
     if sizes == "memory_usage" and any(
-        isinstance(reply, redis_errors.ResponseError) and not _wrong_type(reply)
-        for (_, (_, block)), reply in zip(known, replies, strict=True)
+        isinstance(size, redis_errors.ResponseError) and not _wrong_type(size)
+        for (_, block), size, _ in answers
         if block
     ):
         log.warning("redis: MEMORY USAGE refused; usage counts STRLEN (it touches every key)")
-        return await _tally_page(client, page, tally, "strlen")
-    for (_, (namespace, block)), reply in zip(known, replies, strict=True):
-        if isinstance(reply, Exception) and not isinstance(reply, redis_errors.ResponseError):
-            raise reply  # the node's connection, not the key
+        return await _tally_page(client, page, tally, "strlen", least_idle)
+    for (namespace, block), reply, idle in answers:
+        for answer in (reply, idle):
+            if isinstance(answer, Exception) and not isinstance(answer, redis_errors.ResponseError):
+                raise answer  # the node's connection, not the key
         if block:
             if reply is None:  # gone since the SCAN (expired, evicted, deleted)
                 continue
             tally.add(namespace, reply if isinstance(reply, int) else 0)
+            if isinstance(idle, int):  # (an LFU policy answers an error: no access time)
+                least_idle[namespace] = min(idle, least_idle.get(namespace, idle))
         elif isinstance(reply, bytes):
             when = _marker_time(reply)
             if when is not None:
@@ -185,37 +194,6 @@ def _marker_time(value: bytes) -> float | None:
     except (UnicodeDecodeError, ValueError):
         return None
     return when if 0 <= when < 1e11 else None  # NaN, infinity and other planted values fail
-
-
-async def _last_access(client: Any, namespace: bytes, tally: UsageTally, now: float) -> None:
-    """Without a marker: now minus the least idle time of the namespace's blocks."""
-    least: int | None = None
-    page: list[bytes] = []
-
-    async def idle(names: list[bytes]) -> bool:
-        nonlocal least
-        pipe = client.pipeline(transaction=False)
-        for name in names:
-            pipe.object("IDLETIME", name)
-        for reply in await pipe.execute(raise_on_error=False):
-            if isinstance(reply, redis_errors.ResponseError):
-                return False  # an LFU policy keeps no idle time (or the key holds another type)
-            if isinstance(reply, Exception):
-                raise reply
-            if isinstance(reply, int):
-                least = reply if least is None else min(least, reply)
-        return True
-
-    async for name in client.scan_iter(match=marker_name(namespace) + b":*", count=PAGE):
-        page.append(name)
-        if len(page) >= PAGE:
-            if not await idle(page):
-                return
-            page = []
-    if page and not await idle(page):
-        return
-    if least is not None:
-        tally.add(namespace, 0, now - least, objects=0)
 
 
 def _wrong_type(error: BaseException) -> bool:

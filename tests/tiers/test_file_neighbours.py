@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering.testing import NAMESPACE
+from tiering.testing import NAMESPACE, key, payload
 from tiers.file import BlockFileTier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,3 +105,21 @@ def test_a_writer_in_another_pid_namespace_loses_no_put_beside_starting_tiers(
     done, failed = map(int, out.split())
     assert starts >= 3 and done > 10, (starts, done)
     assert failed == 0, err
+
+
+def test_a_temporary_name_another_writer_holds_is_left_to_it(tmp_path: Path) -> None:
+    """A writer in another container may have this process's pid and count: the temporary
+    name it holds is never this writer's (names carry a random tag), and a write never
+    removes a temporary file it did not create."""
+
+    async def body() -> None:
+        async with BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as t:
+            path = t._path(key(1))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            theirs = path.with_name(f".{path.name}.{os.getpid()}.0.tmp")
+            theirs.write_bytes(b"another container's write in flight")
+            await t.put(key(1), payload(4096, 1))
+            assert await t.get_bytes(key(1), 4096) == payload(4096, 1)
+            assert theirs.read_bytes() == b"another container's write in flight"
+
+    asyncio.run(body())

@@ -212,7 +212,8 @@ def test_a_budget_lock_held_for_ever_fails_puts_in_bounded_time(tmp_path: Path) 
 
 def test_a_killed_writers_member_file_is_recovered(tmp_path: Path) -> None:
     """A writer killed with -9 leaves its member file behind, unlocked: the next look by a
-    writable tier takes it for a dead member's, removes it, and is alone."""
+    writable tier takes it for a dead member's and removes it (and still takes itself for not
+    alone: its index lacks what the dead one wrote)."""
     child = subprocess.Popen(
         [
             sys.executable,
@@ -239,7 +240,7 @@ def test_a_killed_writers_member_file_is_recovered(tmp_path: Path) -> None:
         child.wait()
         assert left.exists()
         watcher.refresh()
-        assert watcher.alone and not left.exists()
+        assert watcher.others == 0 and not left.exists() and not watcher.alone
         watcher.leave()
     finally:
         child.kill()
@@ -371,3 +372,132 @@ def test_a_name_is_given_once(
         assert once.place_once(tmp, final) is expected
         assert not tmp.exists()
     assert final.read_bytes() == b"writer 1"
+
+
+_WRITE_AND_LEAVE = """
+import asyncio, sys, time
+from pathlib import Path
+from tiers.file import BlockFileTier
+from tiering.testing import NAMESPACE, key, payload
+
+async def main():
+    async with BlockFileTier(namespace=NAMESPACE, path=sys.argv[1], min_free=0) as tier:
+        print("in", flush=True)
+        sys.stdin.readline()
+        await tier.put(key(7), payload(4096, 7))
+asyncio.run(main())
+"""
+
+
+def test_a_tier_once_beside_another_finds_its_blocks_after_it_left(tmp_path: Path) -> None:
+    """Engine B writes a block beside engine A and stops; A's index never held the block,
+    and A is alone again: it still finds the block on the disk (a tier once beside another
+    stays 'not alone' for its life)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WRITE_AND_LEAVE, str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    async def body() -> None:
+        assert child.stdin is not None and child.stdout is not None
+        assert child.stdout.readline() == "in\n"
+        async with tier(tmp_path) as a:
+            deadline = time.monotonic() + 10
+            while a.knows(key(99)) is not None:  # A learns of B within MEMBERS_EVERY
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.wait(timeout=30) == 0
+            await asyncio.sleep(1.5)  # past A's next look at the members: B has gone
+            assert a._shared.members.others == 0
+            assert await a.contains([key(7)]) == [True]
+            assert await a.get_bytes(key(7), 4096) == payload(4096, 7)
+
+    try:
+        asyncio.run(body())
+    finally:
+        child.kill()
+        child.communicate()
+
+
+def test_a_link_in_an_objects_place_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    """A symbolic link planted at a key's name is no object: a read refuses it without
+    following it (a hit's recency stamp would change the target's mtime), and the target
+    stays as it was."""
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"someone's file")
+    os.utime(target, (1000, 1000))
+
+    async def body() -> None:
+        async with tier(tmp_path / "t", capacity=1 << 30) as t:
+            path = t._path(key(3))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.symlink_to(target)
+            assert await t.get_bytes(key(3), 4096) is None
+            assert t.counters["corrupt.magic"] == 1
+            assert await t.contains([key(3)]) == [False]
+
+    asyncio.run(body())
+    assert target.stat().st_mtime == 1000 and target.read_bytes() == b"someone's file"
+
+
+def test_a_neighbours_refused_key_does_not_come_back_with_a_duplicate_put(tmp_path: Path) -> None:
+    """An object under another secret is refused and left in place; the put this engine
+    then makes of the same key finds it there (a duplicate): the key must not enter the
+    index again, or every lookup would wait for a promotion that can only be refused."""
+    from tiering.testing import OTHER_SECRET, SECRET
+
+    async def body() -> None:
+        async with tier(tmp_path, secret=OTHER_SECRET) as neighbour:
+            await neighbour.put(key(5), payload(4096, 5))
+        async with tier(tmp_path, secret=SECRET) as t:
+            assert t.knows(key(5)) is True  # from the start scan (headers only)
+            assert await t.get_bytes(key(5), 4096) is None
+            assert t.counters["corrupt.auth"] == 1
+            await t.put(key(5), payload(4096, 5))
+            assert t.counters["duplicates"] == 1
+            assert t.knows(key(5)) is not True
+
+    asyncio.run(body())
+
+
+def test_a_sweep_is_bounded_in_time_however_slow_the_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep with thousands of files to remove on a slow disk stops within its time (the
+    rest is the next pass's), and a close during it returns promptly: a writer's put waits at
+    most its bound, and the engine's close its own."""
+    import tiers.file.sweeper as sweeper_module
+
+    async def body() -> None:
+        async with tier(tmp_path) as unbounded:
+            await unbounded.put_many([(key(i), payload(4096, i)) for i in range(300)])
+        t = tier(tmp_path, capacity=8 * 8192)
+        try:
+            sweeper = t._shared.sweeper
+            assert sweeper is not None
+            deadline = time.monotonic() + 10
+            while sweeper._held is None:  # the role, taken on the housekeeping thread
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            slow_unlink = os.unlink
+
+            def unlink(path: object) -> None:
+                time.sleep(0.05)
+                slow_unlink(path)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(sweeper_module.os, "unlink", unlink)
+            began = time.monotonic()
+            sweeper.sweep(seconds=0.3, wait=5.0)
+            assert time.monotonic() - began < 1.5
+        finally:
+            began = time.monotonic()
+            await t.close()
+            assert time.monotonic() - began < 3.0
+
+    asyncio.run(body())

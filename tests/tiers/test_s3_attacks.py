@@ -114,6 +114,34 @@ def test_a_planted_pack_whose_index_lies_serves_no_wrong_block(s3_server: Seawee
     asyncio.run(body())
 
 
+def test_a_planted_pack_refused_for_a_key_leaves_its_single_object(s3_server: SeaweedS3) -> None:
+    """A key stored as a single object (an engine without packs, or before
+    `blocks_per_object` was raised) and claimed by a planted pack's lying entry: the packed
+    copy is read first and refused as damaged, and only it goes; the single object, which no
+    read proved anything of, stays in the bucket."""
+    prefix = f"twice-{uuid.uuid4().hex[:8]}/"
+
+    async def body() -> None:
+        async with s3_tier(s3_server, prefix) as single:
+            await single.put(key(7), payload(3000, 7))
+            name = single._name(key(7))
+        index = {key(7).hex(): [0, 3000]}
+        client: Any = s3_server.client()
+        client.put_object(
+            Bucket=s3_server.bucket,
+            Key=_packs(prefix) + "t000000000000-liar",
+            Body=_pack(index, b"\x5a" * 3000),
+        )
+        async with s3_tier(s3_server, prefix, blocks_per_object=4) as packed:
+            assert await packed.get_bytes(key(7), 3000) is None
+            assert packed.counters["corrupt.magic"] == 1
+            assert await packed.get_bytes(key(7), 3000) == payload(3000, 7)  # the single one
+        head = client.head_object(Bucket=s3_server.bucket, Key=name)
+        assert head["ContentLength"] > 3000  # the single object, untouched
+
+    asyncio.run(body())
+
+
 def test_a_pack_removed_after_the_index_loaded_is_a_miss_and_forgotten(
     s3_server: SeaweedS3,
 ) -> None:
@@ -194,8 +222,9 @@ def test_a_server_that_ignores_conditional_puts_gets_no_write_beyond_capacity(
     """Behind a client that drops `If-None-Match` and `If-Match` before signing (what a server
     that ignores them amounts to), no lease can elect one sweeper: the probe finds it out, the
     tier with `capacity` refuses every write from then on with one error naming what to do,
-    and still serves reads."""
-    from tiering.errors import TierError
+    as a full tier (`TierFull`: the manager's write breaker alone opens), and still serves
+    reads."""
+    from tiering.errors import TierFull
 
     prefix = f"nocond-{uuid.uuid4().hex[:8]}/"
 
@@ -214,7 +243,7 @@ def test_a_server_that_ignores_conditional_puts_gets_no_write_beyond_capacity(
             while tier._sweeper is not None and tier._sweeper.refusal is None:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
-            with pytest.raises(TierError, match=r"capacity 1MiB cannot be enforced.*lifecycle"):
+            with pytest.raises(TierFull, match=r"capacity 1MiB cannot be enforced.*lifecycle"):
                 await tier.put(key(3), payload(1000, 3))
             assert await tier.get_bytes(key(1), 1000) == payload(1000, 1)
             assert await tier.contains([key(3)]) == [False]
@@ -263,5 +292,42 @@ def test_write_once_keeps_what_the_bucket_holds_and_replaces_only_proven_damage(
             await tier.put(key(2), payload(5000, 2))
             assert tier.counters["duplicates"] == 0
             assert await tier.get_bytes(key(2), 5000) == payload(5000, 2)
+
+    asyncio.run(body())
+
+
+def test_a_server_whose_answers_carry_no_date_still_gets_its_packs(
+    s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Packs are named by the server's clock, learned from its answers' `Date`; answers
+    without one (a proxy that strips it) must not keep the pack writer asking for it: after a
+    few tries packs are named by this host's clock, and a partial pack is still written within
+    `pack_after`, with a bounded number of listings."""
+    from tiers.s3.client import Bucket
+
+    monkeypatch.setattr(Bucket, "_clock", lambda self, response: None)
+    prefix = f"nodate-{uuid.uuid4().hex[:8]}/"
+    listings = 0
+
+    async def body() -> None:
+        nonlocal listings
+        async with s3_tier(s3_server, prefix, blocks_per_object=8, pack_after=0.2) as tier:
+            real = tier._bucket.list_page
+
+            async def counted(*args: Any, **kw: Any) -> Any:
+                nonlocal listings
+                listings += 1
+                return await real(*args, **kw)
+
+            tier._bucket.list_page = counted  # type: ignore[method-assign]
+            await tier.put_many([(key(i), payload(3000, i)) for i in range(3)])
+            deadline = time.monotonic() + 10
+            client: Any = s3_server.client()
+            while not client.list_objects_v2(Bucket=s3_server.bucket, Prefix=_packs(prefix)).get(
+                "Contents"
+            ):
+                assert time.monotonic() < deadline, "no pack written"
+                await asyncio.sleep(0.1)
+        assert listings < 50, listings
 
     asyncio.run(body())

@@ -109,6 +109,39 @@ def test_redis_counts_only_kvtier_names(redis_server: RedisServer) -> None:
     assert found[NS.hex()][0] == 4  # the planted list under a block's name is an object
 
 
+@pytest.mark.redis
+def test_redis_usage_scans_the_keyspace_once_however_many_namespaces_lack_a_marker(
+    redis_server: RedisServer,
+) -> None:
+    """Namespaces written before writers kept a marker (or whose marker was evicted): their
+    last access comes from the same SCAN (each block's idle time beside its size), not from
+    one more SCAN of the whole keyspace per namespace."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    namespaces = [bytes([n]) * 16 for n in range(1, 9)]
+    for n in namespaces:
+        for i in range(3):
+            client.set(b"kvtier:" + n.hex().encode() + b":" + k(i).hex().encode(), b"x" * 10)
+    for i in range(2000):  # the rest of a busy server's keyspace
+        client.set(f"other:{i}".encode(), b"1")
+    client.config_resetstat()
+
+    async def go() -> list[NamespaceUsage]:
+        async with RedisTier(namespace=PROBE, url=redis_server.url, read_only=True) as probe:
+            return await probe.usage(timeout=30)
+
+    try:
+        usage = asyncio.run(go())
+        scans = client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
+    finally:
+        client.flushall()
+        client.close()
+    assert sorted(u.namespace for u in usage) == sorted(namespaces)
+    assert all(u.objects == 3 and u.last_write is not None for u in usage)
+    one_pass = -(-2024 // 1000) + 2  # the SCAN's pages over the keyspace, and a margin
+    assert scans <= one_pass, scans
+
+
 @pytest.mark.s3
 def test_s3_counts_only_kvtier_names_and_bounds_a_planted_pack(s3_server: SeaweedS3) -> None:
     prefix = f"usage-attack-{time.monotonic_ns()}/"

@@ -55,16 +55,19 @@ class BlockFiles:
         self._check_free = check_free
         self._gather = gather
         self._tmp = itertools.count()
+        self._tag = os.urandom(8).hex()
         self._dirs: set[Path] = set()
 
     # -- reads ------------------------------------------------------------------------------------
 
     def open_for_read(self, path: Path, direct: bool) -> int | None:
         """A descriptor of the regular file at `path` (None: none there). Anything else put
-        in its place (a FIFO, which would block the thread forever; a device; a directory) is
+        in its place (a FIFO, which would block the thread forever; a device; a directory; a
+        symbolic link, never followed: a read's recency stamp must not reach its target) is
         `CorruptObject`: opened without blocking, and refused before a byte is read."""
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | (os.O_DIRECT if direct else 0)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (os.O_DIRECT if direct else 0))
+            fd = os.open(path, flags)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -203,13 +206,17 @@ class BlockFiles:
         if path.parent not in self._dirs:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._dirs.add(path.parent)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{next(self._tmp)}.tmp")
+        # Named by this writer's random tag, not its pid: a writer in another pid namespace (a
+        # container) may have the same pid and the same count, and its file is never ours.
+        tmp = path.with_name(f".{path.name}.{self._tag}.{next(self._tmp)}.tmp")
+        created = False
         try:
             fd = os.open(
                 tmp,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | (os.O_DIRECT if self.direct else 0),
                 0o644,
             )
+            created = True
             try:
                 buffers = self._gather(parts, size)
                 written = os.writev(fd, buffers)
@@ -230,7 +237,8 @@ class BlockFiles:
                     os.close(dir_fd)
             return placed
         except OSError as e:
-            tmp.unlink(missing_ok=True)
+            if created:  # (a name taken by another writer is left to it)
+                tmp.unlink(missing_ok=True)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise TierFull(f"tier {self.name!r}: disk full writing {path}") from e
             raise TierUnavailable(
@@ -245,7 +253,7 @@ class BlockFiles:
         out: list[int | None] = []
         for path in paths:
             try:
-                st = os.stat(path)
+                st = os.lstat(path)  # a link in an object's place is no object
             except OSError:
                 out.append(None)
                 continue
@@ -313,8 +321,9 @@ def _placed_at(header: Buffer, size: int, length: int) -> int | None:
 
 
 def _regular(path: Path) -> bool:
-    """Whether `path` is a regular file (or gone: an ordinary miss, not a planted oddity)."""
+    """Whether `path` is a regular file, not a link to one (or gone: an ordinary miss, not a
+    planted oddity)."""
     try:
-        return stat.S_ISREG(os.stat(path).st_mode)
+        return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return True

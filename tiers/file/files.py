@@ -199,7 +199,8 @@ class BlockFileTier(FileTier, layout="files"):
         if self.capacity is not None and size > self.capacity:
             raise TierFull(f"tier {self.name!r}: an object of {size} bytes exceeds the capacity")
         written = await self._run(self._files.write, self._path(key), parts, size)
-        self._add_to_index(key, size)  # written now, or by another engine before
+        if written or key not in self._refused:  # (a refused neighbour's object stays unknown)
+            self._add_to_index(key, size)  # written now, or by another engine before
         return written
 
     async def _delete(self, key: BlockKey) -> bool:

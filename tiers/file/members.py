@@ -15,7 +15,9 @@ A member's file is locked before it gets its name (made as a temporary name, loc
 renamed), so no process ever sees a live member's file unlocked. A read-only tier joins
 nothing; it only looks. Odd entries (not a regular file, a symlink, a name kvtier does not
 make) are skipped; more than `MAX_MEMBERS` entries read as "not alone" (the safe answer: a
-check costs a lookup step, a wrong "alone" loses hits).
+check costs a lookup step, a wrong "alone" loses hits). A tier that has once seen another member
+stays "not alone" for its life: the blocks that member wrote are not in its index, even after
+the member has gone.
 """
 
 from __future__ import annotations
@@ -118,7 +120,9 @@ class Members:
             self._mine = None
             self._take()
         self.others = self._count_others()
-        self.alone = self.others == 0
+        # Once another process has written here, this index lacks what it wrote, whether or
+        # not it still runs: a tier that was once beside another stays "not alone" for life.
+        self.alone = self.alone and self.others == 0
 
     def _count_others(self) -> int:
         where = self._directory()

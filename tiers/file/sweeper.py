@@ -42,7 +42,16 @@ from tiering.keys import BlockKey, key_from_hex
 from tiers.file.budget import Ledger, LedgerState
 from tiers.file.locks import HeldFile, holder_line, lock, meta_dir, open_regular
 
-__all__ = ["HIGH", "LOW", "MAX_CANDIDATES", "ROLE_EVERY", "TICK", "Sweeper"]
+__all__ = [
+    "HIGH",
+    "LOW",
+    "MAKE_ROOM_SECONDS",
+    "MAX_CANDIDATES",
+    "ROLE_EVERY",
+    "SWEEP_SECONDS",
+    "TICK",
+    "Sweeper",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +68,11 @@ RESCAN_EVERY = 300.0
 """Seconds after which the sweeper scans the directory again even with files to remove."""
 MAX_CANDIDATES = 65536
 """The oldest files a scan keeps to remove (the memory a scan holds is bounded by it)."""
+SWEEP_SECONDS = 1.0
+"""The longest one pass of the housekeeping thread removes files; the next pass goes on."""
+MAKE_ROOM_SECONDS = 0.25
+"""The longest a writer's pool thread removes files for its own write (its put waits at most
+`FULL_WAIT` in all, and reads queue behind the pool's threads)."""
 _HEX2 = re.compile(r"[0-9a-f]{2}")
 _HEX_NS = re.compile(r"[0-9a-f]{32}")
 _SUFFIX = ".kv"
@@ -152,12 +166,20 @@ class Sweeper:
         pool thread: from the last scan's files, without scanning); whether it swept."""
         if self._held is None:
             return False
-        return self.sweep(need, wait=0.2, may_scan=False)
+        return self.sweep(need, wait=0.2, may_scan=False, seconds=MAKE_ROOM_SECONDS)
 
-    def sweep(self, need: int = 0, *, wait: float = 0.0, may_scan: bool = True) -> bool:
+    def sweep(
+        self,
+        need: int = 0,
+        *,
+        wait: float = 0.0,
+        may_scan: bool = True,
+        seconds: float = SWEEP_SECONDS,
+    ) -> bool:
         """Remove least recently used files while the count is above `HIGH` of the capacity,
         or too high for `need` bytes or for the largest write waiting (`wanted`), down to
-        `LOW` (and room for those); whether anything was removed."""
+        `LOW` (and room for those), for at most `seconds` (the next pass goes on); whether
+        anything was removed."""
         if not self._sweeping.acquire(timeout=wait):
             return False
         try:
@@ -178,7 +200,7 @@ class Sweeper:
                 self._served(state.wanted)
                 return False
             target = min(int(self.capacity * LOW), self.capacity - want)
-            freed = self._evict(state.total - target, may_scan)
+            freed = self._evict(state.total - target, may_scan, time.monotonic() + seconds)
             if freed >= state.total - target:
                 self._served(state.wanted)
             return freed > 0
@@ -199,13 +221,13 @@ class Sweeper:
 
         self.ledger.update(change)
 
-    def _evict(self, excess: int, may_scan: bool) -> int:
+    def _evict(self, excess: int, may_scan: bool, deadline: float) -> int:
         """Remove the oldest files until `excess` bytes are freed (scanning again once, when
-        the last scan's files are spent and `may_scan`); the count learns of each batch at
-        once. The bytes freed."""
+        the last scan's files are spent and `may_scan`), until `deadline` (monotonic) or a
+        `stop`; the count learns of each batch at once. The bytes freed."""
         freed = pending = evicted = 0
         rescanned = not may_scan
-        while freed < excess:
+        while freed < excess and not self._stopping and time.monotonic() < deadline:
             if not self._candidates:
                 if rescanned:
                     break

@@ -33,6 +33,9 @@ RETRY_MIN = 0.1
 """Seconds before a failed pack write is tried again (the pause doubles at each failure)."""
 RETRY_MAX = 5.0
 """The longest pause between tries of a failed pack write."""
+CLOCK_TRIES = 3
+"""Answers without a `Date` after which packs are named by this host's clock (readers' full
+listings find them all the same), rather than asking for the server's clock again."""
 
 
 class Packer:
@@ -116,13 +119,25 @@ class Packer:
 
     async def _run(self) -> None:
         pause = RETRY_MIN
-        while not self.bucket.clock_known:
+        undated = 0  # answers that carried no clock (no `Date`): packs are then named locally
+        while not self.bucket.clock_known and undated < CLOCK_TRIES:
             try:
                 await self.ready()
             except TierError as e:
                 log.warning("tier %r: no answer from the server (%s)", self.tier, e)
-                await asyncio.sleep(pause)
-                pause = min(RETRY_MAX, 2 * pause)
+            else:
+                if self.bucket.clock_known:
+                    break
+                undated += 1
+                if undated == CLOCK_TRIES:
+                    log.warning(
+                        "tier %r: the server's answers carry no Date; packs are named by "
+                        "this host's clock",
+                        self.tier,
+                    )
+                    break
+            await asyncio.sleep(pause)
+            pause = min(RETRY_MAX, 2 * pause)
         while True:
             self._wake.clear()  # before looking: a hold from now on wakes the wait below
             wait: float | None = self._retry_at - time.monotonic()

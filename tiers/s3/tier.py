@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tiering.errors import CorruptObject, TierError
+from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, NamespaceUsage, ObjectInfo, Tier, TierStat
@@ -232,8 +232,8 @@ class S3Tier(Tier):
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
         if self._sweeper is not None:
-            if self._sweeper.refusal is not None:
-                raise TierError(self._sweeper.refusal)
+            if self._sweeper.refusal is not None:  # writes only: promotions go on
+                raise TierFull(self._sweeper.refusal)
             self._sweeper.start()
         if self.blocks_per_object == 1:
             return await self._bucket.put(self._name(key), b"".join(parts), once=self.writes_once)
@@ -253,6 +253,18 @@ class S3Tier(Tier):
         if existed:
             await self._bucket.delete(self._name(key))
         return existed or forgotten
+
+    async def _delete_refused(self, key: BlockKey) -> bool:
+        """Only the copy `_read` read: the packed one where the index has one (a pack that
+        lies about a key proves nothing of its single object, another engine's), else the
+        single object."""
+        pending, packed = self._packs.where(key)
+        if pending is None and packed is None:
+            return await self._delete(key)
+        forgotten, empty_pack = self._packs.forget(key)
+        if empty_pack is not None:
+            await self._bucket.delete(empty_pack)
+        return forgotten
 
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
         await self._refresher.load()
