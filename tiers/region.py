@@ -1,43 +1,43 @@
-"""The primary region: one shared-memory file holding every slot of the CPU primary tier.
+"""The primary region: one shared-memory file holding every slot of the CPU primary tier, and
+each process's mapping of it (`PrimaryRegion`).
 
 The scheduler process creates it and maps it as bytes (numpy or memoryview), so secondary tiers
 read and write slots in place; each worker maps it and takes its own shard of every slot as a
 tensor, which its copy engine fills and drains. No KV byte crosses a pipe.
 
-File layout (`<directory>/kvtier-<name>.region`, by default in /dev/shm):
-
-    [ header: one page ][ slot 0 ][ slot 1 ] ... [ slot N-1 ]
-    slot s  = [ worker 0 shard | worker 1 shard | ... | worker W-1 shard | pad to a page ]
-    a shard = per KV tensor of that worker, in order: page_bytes x blocks_per_chunk bytes
-
-The header records the layout, the creator's pid and a random token, which every process that
-maps the region reads (`PrimaryRegion.token`): two processes of one engine prove with it that
-they map the same file (`connectors.roles`). The file is created sparse (ftruncate; no
+The file's layout, header and name are in `tiers.region_file`; mapping its pages ahead of the
+first copies in `tiers.region_prefault`. The header records a random token, which every process
+that maps the region reads (`PrimaryRegion.token`): two processes of one engine prove with it
+that they map the same file (`connectors.roles`). The file is created sparse (ftruncate; no
 page is touched until a copy writes it), removed by its creator at close, and a file left by a
 process that died is removed at the next `create` in the same directory.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
-import errno
 import logging
 import mmap
 import os
-import re
-import struct
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tiering.errors import RegionError
+from tiers.region_file import (
+    DEFAULT_DIRECTORY,
+    PAGE,
+    TOKEN_BYTES,
+    RegionLayout,
+    cleanup_stale,
+    creator_pid,
+    human_size,
+    read_header,
+    region_path,
+    write_header,
+)
+from tiers.region_prefault import Prefault
 
 if TYPE_CHECKING:
     import torch
@@ -49,51 +49,10 @@ __all__ = [
     "PrimaryRegion",
     "RegionLayout",
     "cleanup_stale",
+    "region_path",
 ]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_DIRECTORY = Path("/dev/shm")
-PAGE = mmap.PAGESIZE
-_MAGIC = b"KVTIERRG"
-_VERSION = 2
-# magic, version, ready, creator pid, num_slots, shard_bytes, num_workers, slot_stride, token
-_HEADER = struct.Struct("<8sIIQQQQQ16s")
-TOKEN_BYTES = 16
-_READY_OFFSET = 12
-_MADV_POPULATE_WRITE = 23  # Linux 5.14 and later
-_PREFAULT_CHUNK = 16 << 20
-"""Bytes mapped per call: a stopping prefault ends within one chunk (a few ms)."""
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
-_PREFIX, _SUFFIX = "kvtier-", ".region"
-
-
-@dataclass(frozen=True, slots=True)
-class RegionLayout:
-    """How many slots, and how a slot is split among workers (any process: a value)."""
-
-    num_slots: int
-    shard_bytes: int
-    """One worker's part of one block: all its KV tensors x blocks per chunk."""
-    num_workers: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("num_slots", "shard_bytes", "num_workers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise RegionError(
-                    f"region layout: {name} must be a positive integer, got {value!r}"
-                )
-
-    @property
-    def slot_stride(self) -> int:
-        """Bytes from one slot to the next: every worker's shard, rounded up to a page."""
-        raw = self.shard_bytes * self.num_workers
-        return -(-raw // PAGE) * PAGE
-
-    @property
-    def file_size(self) -> int:
-        return PAGE + self.num_slots * self.slot_stride
 
 
 class PrimaryRegion:
@@ -116,8 +75,7 @@ class PrimaryRegion:
         self._fd = fd
         self._mmap: mmap.mmap | None = mmap.mmap(fd, layout.file_size, mmap.MAP_SHARED)
         self._pinned_ptr: int | None = None
-        self._prefault: threading.Thread | None = None
-        self._stop_prefault = threading.Event()
+        self._prefault = Prefault()
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -142,14 +100,14 @@ class PrimaryRegion:
         available = stats.f_bavail * stats.f_frsize
         if size > available:
             raise RegionError(
-                f"primary region {path}: needs {_human(size)} ({size} bytes) but {directory} has "
-                f"{_human(available)} ({available} bytes) available; lower primary.capacity or "
-                "give the directory more space (e.g. a larger /dev/shm)"
+                f"primary region {path}: needs {human_size(size)} ({size} bytes) but {directory} "
+                f"has {human_size(available)} ({available} bytes) available; lower "
+                "primary.capacity or give the directory more space (e.g. a larger /dev/shm)"
             )
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
-            pid = _creator_pid(path)
+            pid = creator_pid(path)
             raise _RegionExists(
                 f"primary region {path} already exists and belongs to live process {pid}: "
                 "two engines share one engine id"
@@ -159,25 +117,13 @@ class PrimaryRegion:
         token = os.urandom(TOKEN_BYTES)
         try:
             os.ftruncate(fd, size)
-            header = _HEADER.pack(
-                _MAGIC,
-                _VERSION,
-                0,
-                os.getpid(),
-                layout.num_slots,
-                layout.shard_bytes,
-                layout.num_workers,
-                layout.slot_stride,
-                token,
-            )
-            os.pwrite(fd, header, 0)
-            os.pwrite(fd, struct.pack("<I", 1), _READY_OFFSET)  # ready: joiners may map now
+            write_header(fd, layout, token)  # ready: joiners may map now
             region = cls(path, layout, fd, owner=True, token=token)
         except OSError as e:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise RegionError(
-                f"primary region {path}: cannot allocate {_human(size)} ({size} bytes): "
+                f"primary region {path}: cannot allocate {human_size(size)} ({size} bytes): "
                 f"{e.strerror or e}"
             ) from e
         log.info(
@@ -214,7 +160,7 @@ class PrimaryRegion:
         path = region_path(name, Path(directory))
         deadline = time.monotonic() + timeout
         while True:
-            found = _read_header(path)
+            found = read_header(path)
             if found is not None and found[0]:
                 break
             if time.monotonic() >= deadline:
@@ -236,10 +182,7 @@ class PrimaryRegion:
         (closing would invalidate memory a tensor still points at); the file goes regardless.
         """
         self.unpin()
-        self._stop_prefault.set()
-        if self._prefault is not None:
-            self._prefault.join()  # within one chunk: never unmap under it
-            self._prefault = None
+        self._prefault.stop()  # within one chunk: never unmap under it
         if self._mmap is not None:
             try:
                 self._mmap.close()
@@ -306,51 +249,19 @@ class PrimaryRegion:
         """Map the slots' pages writable in this process, on a background thread, slot 0
         first (the order in which a fresh pool hands slots out); with `rank`, only that
         worker's shard of each slot. A first write to a fresh page of shared memory costs the
-        kernel an allocation, zeroing and a page-table entry per 4 KiB: 64 MiB copied into
-        fresh slots took ~50 ms here against ~11 ms into mapped ones (BENCHMARKS.md, "Time to
-        first token"). Nothing is written; the pages count as used from then on.
+        kernel an allocation, zeroing and a page-table entry per page (what that costs the first
+        copies: BENCHMARKS.md, "Time to first token"). Nothing is written; the pages count as
+        used from then on.
 
         Returns False (nothing started) where the kernel lacks MADV_POPULATE_WRITE (before
         Linux 5.14) or the region is closed; the copies are then as before, slower at first."""
-        if self._prefault is not None or self._mmap is None:
-            return self._prefault is not None
-        madvise = _madvise()
-        if madvise is None:
-            return False
-        layout = self.layout
-        base = self.address
-        if rank is None or layout.num_workers == 1:  # one worker's shards fill every slot
-            total = layout.num_slots * layout.slot_stride
-            ranges: Iterator[tuple[int, int]] = (
-                (base + at, min(_PREFAULT_CHUNK, total - at))
-                for at in range(0, total, _PREFAULT_CHUNK)
-            )
-        else:
-            ranges = _shard_pages(base, layout, rank)  # listed on the thread, as it goes
-        first = next(ranges, None)
-        if first is None or madvise(first[0], first[1], _MADV_POPULATE_WRITE) != 0:
-            log.debug("primary region %s: MADV_POPULATE_WRITE unavailable", self.path)
-            return False
-        stop = self._stop_prefault
-
-        def run() -> None:
-            with contextlib.suppress(OSError):  # the engine's threads come first
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-            for address, length in ranges:
-                if stop.is_set() or madvise(address, length, _MADV_POPULATE_WRITE) != 0:
-                    return
-
-        self._prefault = threading.Thread(target=run, name="kvtier-prefault", daemon=True)
-        self._prefault.start()
-        return True
+        if self._prefault.started or self._mmap is None:
+            return self._prefault.started
+        return self._prefault.start(self.address, self.layout, rank, self.path)
 
     def prefault_done(self, timeout: float | None = None) -> bool:
         """Wait up to `timeout` seconds for the prefault; whether it has ended (or none runs)."""
-        thread = self._prefault
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
-        return True
+        return self._prefault.done(timeout)
 
     # -- CUDA -----------------------------------------------------------------------------------
 
@@ -394,113 +305,3 @@ class PrimaryRegion:
 
 class _RegionExists(RegionError):
     """A live process holds a region of that name (internal: `open` joins it)."""
-
-
-def region_path(name: str, directory: Path) -> Path:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise RegionError(
-            f"primary region name {name!r}: use 1-128 letters, digits, '.', '_' or '-'"
-        )
-    return directory / f"{_PREFIX}{name}{_SUFFIX}"
-
-
-def cleanup_stale(directory: str | Path = DEFAULT_DIRECTORY) -> list[Path]:
-    """Remove region files in `directory` whose creator is dead; return what was removed."""
-    removed = []
-    for path in Path(directory).glob(f"{_PREFIX}*{_SUFFIX}"):
-        pid = _creator_pid(path)
-        if pid is not None and not _alive(pid):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                log.warning("primary region %s: stale, but cannot remove it: %s", path, e)
-                continue
-            log.warning("primary region %s: removed, its creator (pid %d) is gone", path, pid)
-            removed.append(path)
-    return removed
-
-
-def _read_header(path: Path) -> tuple[bool, RegionLayout, bytes] | None:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(_HEADER.size)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise RegionError(f"primary region {path}: cannot read: {e.strerror}") from e
-    if len(raw) < _HEADER.size:
-        return None  # being created
-    magic, version, ready, _pid, slots, shard, workers, _stride, token = _HEADER.unpack(raw)
-    if magic != _MAGIC or version != _VERSION:
-        raise RegionError(f"primary region {path}: not a kvtier region of version {_VERSION}")
-    return bool(ready), RegionLayout(slots, shard, workers), token
-
-
-def _creator_pid(path: Path) -> int | None:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(_HEADER.size)
-    except OSError:
-        return None
-    if len(raw) < _HEADER.size or raw[:8] != _MAGIC:
-        return None
-    return int(_HEADER.unpack(raw)[3])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError as e:
-        return e.errno != errno.ESRCH
-    return True
-
-
-def _human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
-def _madvise() -> Any:
-    """libc's madvise through ctypes (a foreign call: the GIL is released while the kernel
-    maps), or None where there is no libc to call."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-    function = libc.madvise
-    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
-
-
-def _shard_pages(base: int, layout: RegionLayout, rank: int) -> Iterator[tuple[int, int]]:
-    """(address, length) of the pages holding worker `rank`'s shard of each slot, merged where
-    consecutive slots' ranges touch, in chunks of at most `_PREFAULT_CHUNK`."""
-    start = rank * layout.shard_bytes
-    run_start = run_end = -1
-    for slot in range(layout.num_slots):
-        first = base + slot * layout.slot_stride + start
-        low = first - first % PAGE
-        high = first + layout.shard_bytes
-        high += -high % PAGE
-        if low <= run_end:
-            run_end = max(run_end, high)
-        else:
-            if run_end > run_start:
-                yield run_start, run_end - run_start
-            run_start, run_end = low, high
-        while run_end - run_start > _PREFAULT_CHUNK:
-            yield run_start, _PREFAULT_CHUNK
-            run_start += _PREFAULT_CHUNK
-    if run_end > run_start:
-        yield run_start, run_end - run_start

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import time
 
-from tiers.region import _PREFAULT_CHUNK, PAGE, RegionLayout, _shard_pages
+from tiers.region import PAGE, RegionLayout
+from tiers.region_prefault import PREFAULT_CHUNK, shard_pages
 
 
 def test_shard_ranges_are_at_most_one_chunk() -> None:
-    """The docstring (and close's 'within one chunk') say chunks of at most _PREFAULT_CHUNK:
+    """The docstring (and close's 'within one chunk') say chunks of at most PREFAULT_CHUNK:
     a merged run grows past it, and one shard larger than a chunk is never split."""
     layout = RegionLayout(num_slots=64, shard_bytes=3 * (1 << 20) + 1000, num_workers=1)
-    ranges = list(_shard_pages(1 << 30, layout, 0))
-    assert max(length for _, length in ranges) <= _PREFAULT_CHUNK
+    ranges = list(shard_pages(1 << 30, layout, 0))
+    assert max(length for _, length in ranges) <= PREFAULT_CHUNK
     big = RegionLayout(num_slots=2, shard_bytes=40 << 20, num_workers=1)
-    assert max(length for _, length in _shard_pages(1 << 30, big, 0)) <= _PREFAULT_CHUNK
+    assert max(length for _, length in shard_pages(1 << 30, big, 0)) <= PREFAULT_CHUNK
 
 
 def test_shard_ranges_cover_each_shard_exactly_once() -> None:
@@ -24,7 +25,7 @@ def test_shard_ranges_cover_each_shard_exactly_once() -> None:
     for workers, shard in ((1, 5000), (2, 5000), (3, 4096), (2, 20 << 20)):
         layout = RegionLayout(num_slots=37, shard_bytes=shard, num_workers=workers)
         for rank in range(workers):
-            ranges = list(_shard_pages(0, layout, rank))
+            ranges = list(shard_pages(0, layout, rank))
             assert all(a % PAGE == 0 for a, _ in ranges)
             ends = [(a, a + n) for a, n in ranges]
             assert all(e0 <= a1 for (_, e0), (a1, _) in zip(ends, ends[1:], strict=False))
