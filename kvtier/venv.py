@@ -1,6 +1,6 @@
 """The virtual environment that vLLM runs in, created on first use.
 
-vLLM brings ~140 packages and replaces process-wide torch settings when it runs in-process, so
+vLLM brings many packages and replaces process-wide torch settings when it runs in-process, so
 kvtier keeps it in its own virtual environment and drives it through a subprocess
 (`kvtier.scenario`: `kvtier demo`, the end-to-end tests, the benchmark against vLLM's own
 manager).
@@ -129,12 +129,12 @@ def ensure_vllm_tree(
     """vLLM 0.33.0's Python files, extracted from its wheel into `path` unless they are there;
     return `path` (to put ahead of the vLLM environment's own vLLM on PYTHONPATH).
 
-    The wheel (~340 MB) is fetched by `python`'s pip (the vLLM environment's, by default) into a
+    The wheel is fetched by `python`'s pip (the vLLM environment's, by default) into a
     temporary directory, removed afterwards. Only `vllm/**/*.py` and the dist-info's metadata
-    are kept (~45 MB; no `.so`, headers or bundled binaries). The tree is built beside `path`
-    and renamed into place with its marker inside, so an interrupted extraction leaves nothing
-    half-made at `path`; a tree without the current marker is replaced. `quiet` and `timeout`
-    (for the download) as for `ensure_vllm_venv`.
+    are kept (no `.so`, headers or bundled binaries; README.md says how large both are). The
+    tree is built beside `path` and renamed into place with its marker inside, so an
+    interrupted extraction leaves nothing half-made at `path`; a tree without the current marker
+    is replaced. `quiet` and `timeout` (for the download) as for `ensure_vllm_venv`.
     """
     path = default_tree_dir() if path is None else path
     marker = path / _TREE_MARKER

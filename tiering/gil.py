@@ -5,8 +5,7 @@ it gives it up: at the latest after the interpreter's switch interval, 5 ms by d
 request waits for its blocks, vLLM's engine loop runs empty steps back to back and holds the
 GIL between them, so every hand-back in kvtier's I/O path (the runtime's ticks, each read
 group of a tier, the checks of what was read, the copy engine's jobs) waited about a whole
-interval: a promotion of 64 blocks from a file tier took 0.4-0.5 s more than its I/O
-(BENCHMARKS.md, "Time to first token").
+interval (what that cost a promotion: BENCHMARKS.md, "Time to first token").
 
 While some owner has work the engine waits on (promotions or existence checks in flight, loads
 being copied), the interval is `interval` (0.5 ms by default); when none has, the interval the

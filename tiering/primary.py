@@ -89,7 +89,7 @@ class KeyState(enum.Enum):
 class StoreGrant(NamedTuple):
     """Any thread (a frozen value): the answer to a successful `prepare_store` (or
     `allocate_for_promotion`). A named tuple: one is made per store, and a frozen dataclass
-    costs twice as much to make.
+    costs more to make (BENCHMARKS.md, "Measurements behind design choices").
 
     `keys` is the order-preserving subsequence of the requested keys that must be written (the
     others were present already); `slots[i]` is where `keys[i]` goes. `evicted` lists the keys
