@@ -6,9 +6,7 @@ Each baseline works in scratch space of its own, uniquely named, and removes it 
 failed or not: a directory it creates (never one that was there), Redis keys under a prefix of
 its own (never redis-benchmark's default `key:*`, which may be a user's), S3 objects under a
 prefix of its own. No secret goes on a child's command line (see `redis_benchmark`).
-
-One module of about 400 lines: the three baselines share the scratch-space rules and the timing
-(`timed`, `gib_s`), and each is short.
+The three baselines share the scratch-space rules and the timing (`timed`, `gib_s`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The self-describing object every secondary tier stores.
 
-(Just over 400 lines: the layout, the four verification steps and the codecs they bound are one
-concept, read together when the format changes.)
-
     offset  size  field
     0       8     magic b"KVTIEROB"
     8       2     format version (`tiering.keys.FORMAT_VERSION`)

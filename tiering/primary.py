@@ -26,9 +26,6 @@ owns the states, the ref counts, the free list and the events.
 The store path (`prepare_store`, `complete_store`: every block the engine offers goes through
 both) runs in C where it was built (`tiering/_pool.c`, on this class's own containers); the
 Python methods `_prepare_store` and `_complete_store` are the same algorithm, the fallback.
-
-Over 400 lines: one state machine, kept in one class so that every transition of a slot reads
-in one place.
 """
 
 from __future__ import annotations

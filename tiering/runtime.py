@@ -18,9 +18,7 @@ too much for every step; BENCHMARKS.md, "The tiering manager on the shared trace
 The runtime refuses to be called from its own loop (a tier calling back into the scheduler's
 API would deadlock), starts afresh in a forked child (threads do not survive `fork`), and shuts
 down within a bound: in-flight jobs get `grace` seconds, then are cancelled and reported.
-
-Over 400 lines: one thread, its loop and their whole lifecycle (start, hand-off, hooks, fork,
-shutdown) read best together; the breakers live apart (`tiering.breaker`).
+Circuit breakers live apart (`tiering.breaker`).
 """
 
 from __future__ import annotations
