@@ -60,13 +60,15 @@ class Resources:
         self.roster = roster
         return self.region
 
-    def open_tiers(self, config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier]]:
-        """The runtime (`self.runtime`) and the configured secondary tiers in `namespace`."""
+    def open_tiers(
+        self, config: Config, namespace: bytes
+    ) -> tuple[Runtime, list[tuple[TierConfig, Tier]]]:
+        """The runtime and the configured secondary tiers in `namespace`."""
         from tiering.manager import build_tiers
 
-        self.runtime = Runtime(config.faults.breaker)
+        runtime = self.runtime = Runtime(config.faults.breaker)
         self.tiers = build_tiers(config, namespace)
-        return self.tiers
+        return runtime, self.tiers
 
     def open_metrics_server(self, config: Config) -> MetricsServer | None:
         """kvtier's Prometheus endpoint, with `metrics.prometheus_port` (the manager opens no

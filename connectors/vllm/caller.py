@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 __all__ = ["caller_local"]
@@ -34,6 +35,7 @@ def caller_local(
 
     A vLLM that passes these lets this function go.
     """
+    frame: FrameType | None
     try:
         frame = sys._getframe(2 + above)  # this function, its caller, then `above` more
     except ValueError:  # the stack is not that deep

@@ -149,13 +149,13 @@ class TieredOffloadingSpec(OffloadingSpec):
                 return memoryview(slots[slot, :block_bytes])
 
             server = resources.open_metrics_server(self.kvtier)
-            tiers = resources.open_tiers(self.kvtier, self.namespace.namespace())
+            runtime, tiers = resources.open_tiers(self.kvtier, self.namespace.namespace())
             resources.manager = TieringOffloadingManager(
                 pool,
                 tiers,
                 slot_view,
                 config=self.kvtier,
-                runtime=resources.runtime,
+                runtime=runtime,
                 block_tokens=self.config.groups[0].tokens_per_block * self.blocks_per_chunk,
                 publish=None if server is None else server.publish,
             )

@@ -54,9 +54,7 @@ def test_closing_a_worker_stops_the_copy_engine_threads_and_unmaps_the_region(
 
 def test_tiers_opened_without_a_manager_are_closed_with_the_runtime(tmp_path: Path) -> None:
     resources = Resources()
-    ((_, tier),) = resources.open_tiers(config(tmp_path), bytes(16))
-    runtime = resources.runtime
-    assert runtime is not None
+    runtime, ((_, tier),) = resources.open_tiers(config(tmp_path), bytes(16))
     runtime.run_sync(tier.stat, 5.0)  # the runtime's thread runs
     thread = runtime._thread
     assert thread is not None and thread.is_alive()
