@@ -150,7 +150,7 @@ class TieredOffloadingSpec(OffloadingSpec):
 
             server = resources.open_metrics_server(self.kvtier)
             runtime, tiers = resources.open_tiers(self.kvtier, self.namespace.namespace())
-            resources.manager = TieringOffloadingManager(
+            manager = resources.manager = TieringOffloadingManager(
                 pool,
                 tiers,
                 slot_view,
@@ -163,7 +163,7 @@ class TieredOffloadingSpec(OffloadingSpec):
             resources.close()
             raise
         info = config_info(self.kvtier, self.region_layout.num_slots, block_bytes)
-        return KvtierManager(resources.manager, resources, info)
+        return KvtierManager(manager, resources, info)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         rank = 0 if self.replicated_layout else self.config.parallel.rank
