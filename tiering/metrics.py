@@ -2,7 +2,7 @@
 
 vLLM's stats path carries the same figures to vLLM's `/metrics`; this endpoint is for
 deployments that scrape kvtier apart, or run it outside vLLM. The connector starts it
-(`connectors.vllm.spec`); the manager publishes a snapshot at the end of every step (`publish`);
+(`connectors.resources`); the manager publishes a snapshot at the end of every step (`publish`);
 the HTTP thread only ever reads the latest snapshot.
 """
 

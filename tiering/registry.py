@@ -1,96 +1,71 @@
-"""Secondary tier types by name, imported lazily.
+"""Secondary tier types by name, and the one factory of a tier from its configuration entry.
 
 Built in: `memory`, `file`, `redis`, `s3`. Third-party tiers register in the entry-point group
-`kvtier.tiers` (`mytier = "mypackage.tiers:MyTier"`) or at run time with `register_tier`. A tier
-class that picks a concrete class from its options (the file tier's `layout`) is asked which
-(`variant(options)`) before its options are read.
+`kvtier.tiers` (`mytier = "mypackage.tiers:MyTier"`) or at run time with `register_tier`
+(`tiering.plugins.Registry`). A tier class that picks a concrete class from its options (the
+file tier's `layout`) is asked which (`variant(options)`) before its options are read.
+`tier_from_config` builds a tier of a YAML entry: the manager (`build_tiers`), the operator
+commands and the tests all build theirs with it.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import importlib.metadata
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tiering.errors import ConfigError, MissingDependencyError, UnknownNameError
+from tiering.errors import ConfigError
+from tiering.plugins import Registry
 from tiering.tier import Tier
 
-__all__ = ["builtin_tier_types", "create_tier", "get_tier_class", "register_tier", "tier_types"]
+if TYPE_CHECKING:
+    from tiering.config import Config, TierConfig
 
-ENTRY_POINT_GROUP = "kvtier.tiers"
+__all__ = [
+    "TIERS",
+    "builtin_tier_types",
+    "create_tier",
+    "get_tier_class",
+    "register_tier",
+    "tier_from_config",
+    "tier_types",
+]
 
-# type -> (import path, the extra that brings its dependencies)
-_BUILTIN: dict[str, tuple[str, str | None]] = {
-    "memory": ("tiers.memory:MemoryTier", None),
-    "file": ("tiers.file:FileTier", None),
-    "redis": ("tiers.redis:RedisTier", "redis"),
-    "s3": ("tiers.s3:S3Tier", "s3"),
-}
-_registered: dict[str, str | type[Tier]] = {}
+TIERS: Registry[Tier] = Registry(
+    "tier type",
+    Tier,
+    "kvtier.tiers",
+    {
+        "memory": "tiers.memory:MemoryTier",
+        "file": "tiers.file:FileTier",
+        "redis": "tiers.redis:RedisTier",
+        "s3": "tiers.s3:S3Tier",
+    },
+    extras={"redis": "redis", "s3": "s3"},  # the extra that brings the type's dependencies
+)
+"""Every tier type."""
 
 
 def register_tier(name: str, tier: str | type[Tier], *, replace: bool = False) -> None:
     """Register a tier class, or a lazy `"package.module:Class"` path, under a type name."""
-    if name in tier_types() and not replace:
-        raise ConfigError(f"tier type {name!r} is already registered (pass replace=True)")
-    _registered[name] = tier
-
-
-def _entry_points() -> dict[str, str]:
-    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    TIERS.register(name, tier, replace=replace)
 
 
 def tier_types() -> list[str]:
-    return sorted({*_BUILTIN, *_entry_points(), *_registered})
+    return TIERS.names()
 
 
 def builtin_tier_types() -> list[str]:
     """The tier types kvtier itself brings (those the JSON Schema and the docs describe)."""
-    return sorted(_BUILTIN)
+    return TIERS.builtin()
 
 
 def get_tier_class(name: str, options: Mapping[str, Any] | None = None) -> type[Tier]:
     """The class of tier type `name` (given `options`, the variant they select: see
     `Tier.variant`); errors say what is unknown or what to install."""
-    cls = _tier_class(name)
+    cls = TIERS.get(name)
     if options is None:
         return cls
     return cls.variant(options)
-
-
-def _tier_class(name: str) -> type[Tier]:
-    extra = None
-    if name in _registered:
-        target: str | type[Tier] = _registered[name]
-    elif name in _BUILTIN:
-        target, extra = _BUILTIN[name]
-    else:
-        found = _entry_points().get(name)
-        if found is None:
-            close = difflib.get_close_matches(name, tier_types(), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UnknownNameError(
-                f"unknown tier type {name!r}{hint}; known: {', '.join(tier_types())}"
-            )
-        target = found
-    if not isinstance(target, str):
-        return target
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        if extra is not None:
-            package = (e.name or extra).split(".")[0]
-            raise MissingDependencyError(
-                f"tier type {name!r} needs the {package} package: pip install kvtier[{extra}]"
-            ) from e
-        raise MissingDependencyError(f"tier type {name!r}: cannot import {target!r}: {e}") from e
-    cls = getattr(module, class_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, Tier)):
-        raise ConfigError(f"tier type {name!r}: {target!r} is not a Tier subclass")
-    return cls
 
 
 _NOT_OPTIONS = ("name", "secret")
@@ -108,3 +83,26 @@ def create_tier(type_name: str, *, namespace: bytes, **options: Any) -> Tier:
         raise ConfigError(f"tier type {type_name!r}: {e}") from e
     except TypeError as e:
         raise ConfigError(f"tier type {type_name!r}: {e}") from e
+
+
+def tier_from_config(
+    entry: TierConfig,
+    namespace: bytes,
+    config: Config,
+    *,
+    timeout: float | None = None,
+    **overrides: Any,
+) -> Tier:
+    """The tier of `entry` (one of `config.tiers`) in `namespace`, with the deployment's secret
+    (`auth.secret`). Its deadline is the entry's `timeout` option, else `timeout`, else
+    `faults.timeout`; `overrides` (`read_only=True`, a scratch capacity) win over the entry's
+    options."""
+    default = config.faults.timeout if timeout is None else timeout
+    return create_tier(
+        entry.type,
+        namespace=namespace,
+        name=entry.name,
+        capacity=entry.capacity,
+        secret=config.auth.secret,
+        **{"timeout": default, **entry.options, **overrides},
+    )

@@ -7,7 +7,6 @@ not (0.32 never calls the new methods)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -34,15 +33,14 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from connectors.roles import Roster
+from connectors.resources import Resources
+from connectors.vllm.caller import caller_local
 from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
 from tiering.manager.stats import MANAGER_COUNTERS, TIER_COUNTERS
 from tiering.manager.usage import USAGE_GAUGES
-from tiering.metrics import MetricsServer
 from tiering.primary import LookupResult as KvtierLookup
-from tiers.region import PrimaryRegion
 
 __all__ = ["CONFIG_INFO_KEYS", "KvtierManager", "config_info", "metric_definitions"]
 
@@ -169,18 +167,17 @@ class KvtierManager(OffloadingManager):
     def __init__(
         self,
         manager: TieringOffloadingManager,
-        region: PrimaryRegion,
-        metrics_server: MetricsServer | None = None,
+        resources: Resources | None = None,
         info: Sequence[Mapping[str, Any]] = ({},),
-        roster: Roster | None = None,
     ) -> None:
-        """`metrics_server`: kvtier's own Prometheus endpoint, fed by the manager's `publish`
-        hook; closed at `shutdown`. `info`: the series of `config_info` (`config_info()`).
-        `roster`: the engine's roster this role joined (left at `shutdown`)."""
+        """`resources`: what the scheduler holds open (the region, the roster, the runtime,
+        the tiers, the metrics server, `manager` itself), closed at `shutdown`; None: only
+        `manager`. `info`: the series of `config_info` (`config_info()`)."""
+        if resources is None:
+            resources = Resources()
+            resources.manager = manager
         self.manager = manager
-        self.region = region
-        self.roster = roster
-        self.metrics_server = metrics_server
+        self.resources = resources
         self.medium = Medium.CPU
         self.info = [dict(series) for series in info]
         self._reported: dict[tuple[str, ...], float] = {}
@@ -323,18 +320,17 @@ class KvtierManager(OffloadingManager):
             self._reported[(name, *labels)] = total
 
     def shutdown(self) -> None:
-        if self.metrics_server is not None:
-            self.metrics_server.close()
-        self.manager.shutdown()
-        self.region.close()
-        if self.roster is not None:
-            self.roster.leave()
+        self.resources.close()
 
 
 def _empty_step() -> bool:
     """Whether the step that calls `on_schedule_end` schedules no token: vLLM's connector
     calls it from `build_connector_meta(scheduler_output)` (0.32 and 0.33), whose argument
     says. Anything else (another caller, another shape) reads as a step with work."""
-    frame = sys._getframe(2)  # this function, on_schedule_end, then vLLM's caller
-    output = frame.f_locals.get("scheduler_output") if frame is not None else None
+    output = caller_local(  # on_schedule_end's caller, only
+        "scheduler_output",
+        lambda value: hasattr(value, "total_num_scheduled_tokens"),
+        above=1,
+        depth=1,
+    )
     return getattr(output, "total_num_scheduled_tokens", None) == 0

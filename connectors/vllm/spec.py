@@ -13,7 +13,8 @@ vLLM builds the spec from `kv_connector_extra_config` in the scheduler and in ev
 The scheduler gets a `KvtierManager` over a `PrimaryPool` (and, with `metrics.prometheus_port`,
 kvtier's Prometheus endpoint, fed a snapshot every step); each worker a `KvtierWorker` over a
 copy engine (CUDA on GPUs, CPU on vLLM's CPU platform). Both map the same primary region,
-named after vLLM's engine id, so blocks never cross a pipe.
+named after vLLM's engine id, so blocks never cross a pipe. What a role holds open is opened
+through a `connectors.resources.Resources`, which the adapter's `shutdown` closes.
 
 Every role computes the namespace (`connectors.startup.namespace_layout`) from the engine's
 configuration and logs it, one line an operator can compare between processes and engines:
@@ -23,7 +24,6 @@ to vLLM's log handler.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from typing import Any
@@ -43,7 +43,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
 
-from connectors.roles import Roster
+from connectors.resources import Resources
 from connectors.startup import (
     check_block_hashing,
     check_vllm_version,
@@ -52,6 +52,7 @@ from connectors.startup import (
     primary_capacity,
     read_config,
 )
+from connectors.vllm.caller import caller_local
 from connectors.vllm.manager import (
     CONFIG_INFO_KEYS,
     KvtierManager,
@@ -61,12 +62,10 @@ from connectors.vllm.manager import (
 from connectors.vllm.worker import KvtierWorker, engine_layout
 from tiering import gil
 from tiering.errors import ConfigError
-from tiering.manager import TieringOffloadingManager, build_tiers
-from tiering.metrics import MetricsServer
+from tiering.manager import TieringOffloadingManager
 from tiering.primary import PrimaryPool
-from tiering.runtime import Runtime
 from tiers.copy import CopyEngine, CpuCopyEngine
-from tiers.region import PrimaryRegion, RegionLayout
+from tiers.region import RegionLayout
 
 __all__ = ["TieredOffloadingSpec"]
 
@@ -130,98 +129,83 @@ class TieredOffloadingSpec(OffloadingSpec):
             self.namespace.canonical_json().decode(),
         )
 
-    def _region(self, role: str) -> tuple[PrimaryRegion, Roster]:
-        """This role's mapping of the primary region, proved to be the one every other role
-        of the engine maps, under the same config (`connectors.roles`): otherwise a
-        `RegionError` stops the engine before anything reaches a tier."""
-        region = PrimaryRegion.open(
-            self.config.engine_id, self.region_layout, self.kvtier.primary.directory
-        )
-        roster = Roster(self.config.engine_id)
-        try:
-            roster.join(role, region, self.kvtier)
-        except BaseException:
-            region.close()
-            raise
-        return region, roster
-
     def get_manager(self) -> OffloadingManager:
         pool = PrimaryPool(
             self.region_layout.num_slots,
             self.kvtier.primary.eviction,
             events=self.kv_events_config.enable_kv_cache_events,
         )
-        region, roster = self._region("scheduler")
-        if self.kvtier.primary.prefault:
-            region.prefault()  # the tiers read into slots in this process
-        slots = region.slots()
-        block_bytes = self.region_layout.shard_bytes * self.region_layout.num_workers
+        resources = Resources()
+        try:
+            region = resources.open_region(
+                self.config.engine_id, self.region_layout, self.kvtier, "scheduler"
+            )
+            if self.kvtier.primary.prefault:
+                region.prefault()  # the tiers read into slots in this process
+            slots = region.slots()
+            block_bytes = self.region_layout.shard_bytes * self.region_layout.num_workers
 
-        def slot_view(slot: int) -> memoryview:
-            return memoryview(slots[slot, :block_bytes])
+            def slot_view(slot: int) -> memoryview:
+                return memoryview(slots[slot, :block_bytes])
 
-        metrics = self.kvtier.metrics
-        server = None
-        if metrics.prometheus_port is not None:  # the manager opens no socket: the connector does
-            server = MetricsServer(metrics.prometheus_port, metrics.address)
-        manager = TieringOffloadingManager(
-            pool,
-            build_tiers(self.kvtier, self.namespace.namespace()),
-            slot_view,
-            config=self.kvtier,
-            runtime=Runtime(self.kvtier.faults.breaker),
-            block_tokens=self.config.groups[0].tokens_per_block * self.blocks_per_chunk,
-            publish=None if server is None else server.publish,
-        )
+            server = resources.open_metrics_server(self.kvtier)
+            runtime, tiers = resources.open_tiers(self.kvtier, self.namespace.namespace())
+            manager = resources.manager = TieringOffloadingManager(
+                pool,
+                tiers,
+                slot_view,
+                config=self.kvtier,
+                runtime=runtime,
+                block_tokens=self.config.groups[0].tokens_per_block * self.blocks_per_chunk,
+                publish=None if server is None else server.publish,
+            )
+        except BaseException:
+            resources.close()
+            raise
         info = config_info(self.kvtier, self.region_layout.num_slots, block_bytes)
-        return KvtierManager(manager, region, server, info, roster)
+        return KvtierManager(manager, resources, info)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         rank = 0 if self.replicated_layout else self.config.parallel.rank
-        region, roster = self._region(f"worker rank {rank}")
-        tensors, groups = engine_layout(kv_caches)
-        shard = region.shard_tensor(rank)
-        engine: CopyEngine
-        if tensors and tensors[0].tensor.is_cuda:
-            from tiers.copy.cuda import CudaCopyEngine
+        resources = Resources()
+        try:
+            region = resources.open_region(
+                self.config.engine_id, self.region_layout, self.kvtier, f"worker rank {rank}"
+            )
+            tensors, groups = engine_layout(kv_caches)
+            shard = region.shard_tensor(rank)
+            engine: CopyEngine
+            if tensors and tensors[0].tensor.is_cuda:
+                from tiers.copy.cuda import CudaCopyEngine
 
-            region.pin()
-            engine = CudaCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
-        else:
-            if self.kvtier.primary.prefault:
-                region.prefault(rank)  # (pinning maps every page, for CUDA)
-            engine = CpuCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
-        return KvtierWorker(engine, region, roster)
+                region.pin()
+                engine = CudaCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
+            else:
+                if self.kvtier.primary.prefault:
+                    region.prefault(rank)  # (pinning maps every page, for CUDA)
+                engine = CpuCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
+            resources.engine = engine
+        except BaseException:
+            resources.close()
+            raise
+        return KvtierWorker(engine, resources)
 
 
 def _engine_config() -> tuple[VllmConfig, str]:
-    """The `VllmConfig` of the connector that is building this spec, and its role (`scheduler`
-    or `worker rank N`).
-
-    vLLM (0.32 and 0.33 alike) hands a spec only its `OffloadingConfig`, which lacks what the
-    namespace and the hash check need (model revision and settings, KV heads, head size, the
-    block-hash algorithm). The `OffloadingConnector` that calls `create_spec` holds the engine's
-    `VllmConfig` (`KVConnectorBase_V1.__init__` has set it before), in both roles; no global
-    holds it in the scheduler (`get_current_vllm_config_or_none()` is None there). So it is
-    taken from the calling connector, and a spec built any other way is refused rather than
-    given a namespace that would differ from the workers'.
-    """
-    frame = inspect.currentframe()
-    try:
-        while frame is not None:
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, KVConnectorBase_V1):
-                vllm_config = owner._vllm_config
-                if owner.role == KVConnectorRole.SCHEDULER:
-                    return vllm_config, "scheduler"
-                return vllm_config, f"worker rank {vllm_config.parallel_config.rank}"
-            frame = frame.f_back
-    finally:
-        del frame
-    raise ConfigError(
-        "TieredOffloadingSpec must be built by vLLM's OffloadingConnector (kv_connector "
-        "'OffloadingConnector'): it takes the engine's configuration from it"
-    )
+    """The `VllmConfig` of the connector that is building this spec (`caller_local`: vLLM hands
+    a spec only its `OffloadingConfig`), and its role (`scheduler` or `worker rank N`). A spec
+    built any other way is refused rather than given a namespace that would differ from the
+    workers'."""
+    owner = caller_local("self", lambda value: isinstance(value, KVConnectorBase_V1))
+    if owner is None:
+        raise ConfigError(
+            "TieredOffloadingSpec must be built by vLLM's OffloadingConnector (kv_connector "
+            "'OffloadingConnector'): it takes the engine's configuration from it"
+        )
+    vllm_config: VllmConfig = owner._vllm_config
+    if owner.role == KVConnectorRole.SCHEDULER:
+        return vllm_config, "scheduler"
+    return vllm_config, f"worker rank {vllm_config.parallel_config.rank}"
 
 
 def _join_vllm_logging() -> None:

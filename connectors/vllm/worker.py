@@ -10,9 +10,8 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 
-from connectors.roles import Roster
+from connectors.resources import Resources
 from tiers.copy import CopyEngine, EngineBlocks, GroupRef, KVTensor
-from tiers.region import PrimaryRegion
 
 __all__ = ["KvtierWorker", "engine_layout"]
 
@@ -39,13 +38,11 @@ class KvtierWorker(OffloadingWorker):
     copy deserves (it is a bug, not a tier fault: tier faults never reach the worker).
     """
 
-    def __init__(
-        self, engine: CopyEngine, region: PrimaryRegion, roster: Roster | None = None
-    ) -> None:
-        """`roster`: the engine's roster this role joined (left at `shutdown`)."""
+    def __init__(self, engine: CopyEngine, resources: Resources) -> None:
+        """`resources`: what the worker holds open (the region, the roster, `engine` itself),
+        closed at `shutdown`."""
         self.engine = engine
-        self.region = region
-        self.roster = roster
+        self.resources = resources
 
     def submit_store(
         self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
@@ -80,7 +77,4 @@ class KvtierWorker(OffloadingWorker):
         self.engine.wait(job_ids)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
-        self.region.close()
-        if self.roster is not None:
-            self.roster.leave()
+        self.resources.close()

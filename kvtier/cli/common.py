@@ -88,17 +88,10 @@ def tier_config(config: Config, name: str) -> TierConfig:
 
 
 def make_tier(config: Config, cfg: TierConfig, namespace: bytes, **extra: Any) -> Tier:
-    from tiering.registry import create_tier
+    """The tier of `cfg` (`tiering.registry.tier_from_config`); `extra` wins over its options."""
+    from tiering.registry import tier_from_config
 
-    options = {"timeout": config.faults.timeout, **cfg.options, **extra}
-    return create_tier(
-        cfg.type,
-        namespace=namespace,
-        name=cfg.name,
-        capacity=cfg.capacity,
-        secret=config.auth.secret,
-        **options,
-    )
+    return tier_from_config(cfg, namespace, config, **extra)
 
 
 def namespace_arg(given: str) -> bytes:

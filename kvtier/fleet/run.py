@@ -114,16 +114,11 @@ class Fleet:
             return None
 
     async def _fresh_stat(self) -> TierStat:
-        from tiering.registry import create_tier
+        from tiering.registry import tier_from_config
 
-        cfg = self.config.tiers[0]
-        fresh = create_tier(
-            cfg.type,
-            namespace=REPLAY_NAMESPACE,
-            name=cfg.name,
-            capacity=cfg.capacity,
-            secret=self.config.auth.secret,
-            **{"timeout": STAT_TIMEOUT, **cfg.options, "read_only": True},
+        config = self.config
+        fresh = tier_from_config(
+            config.tiers[0], REPLAY_NAMESPACE, config, timeout=STAT_TIMEOUT, read_only=True
         )
         async with fresh:
             return await fresh.stat()

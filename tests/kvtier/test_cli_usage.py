@@ -18,7 +18,7 @@ from kvtier.cli import main
 from kvtier.servers import RedisClusterServers, RedisServer, SeaweedS3
 from tiering.config import parse_config
 from tiering.keys import BlockKey, make_key
-from tiering.registry import create_tier
+from tiering.registry import tier_from_config
 from tiering.testing import payload
 
 pytestmark = [pytest.mark.redis, pytest.mark.s3]
@@ -46,8 +46,8 @@ class Store:
         self.peek = peek
 
     def tier(self, namespace: bytes) -> Any:
-        (cfg,) = parse_config({"tiers": [self.entry]}).tiers
-        return create_tier(cfg.type, namespace=namespace, name=cfg.name, **cfg.options)
+        config = parse_config({"tiers": [self.entry]})
+        return tier_from_config(config.tiers[0], namespace, config)
 
     def fill(self, namespace: bytes, ids: range) -> None:
         async def go() -> None:

@@ -20,7 +20,7 @@ from tiering.config.schema import Config, sections_of
 from tiering.config.tiers import option_fields, variants
 from tiering.errors import ConfigError
 from tiering.options import TierOptions, fields_of, option
-from tiering.registry import create_tier, register_tier
+from tiering.registry import create_tier, register_tier, tier_from_config
 from tiers.memory import MemoryTier
 
 NAMESPACE = bytes(range(16))
@@ -58,7 +58,7 @@ class WideShelf(Shelf):
 def _shelf(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     import tiering.registry as registry
 
-    monkeypatch.setattr(registry, "_registered", {})
+    monkeypatch.setattr(registry.TIERS, "_table", dict(registry.TIERS._table))
     register_tier("shelf", Shelf)
     yield
 
@@ -104,9 +104,7 @@ def test_the_unknown_option_message_lists_the_variants_options() -> None:
 def test_the_registry_builds_the_variant_from_the_loaded_options() -> None:
     config = parse_config(_tier(label="x", shape="wide", width="1MiB", capacity="1MiB"))
     (cfg,) = config.tiers
-    tier = create_tier(
-        cfg.type, namespace=NAMESPACE, name=cfg.name, capacity=cfg.capacity, **cfg.options
-    )
+    tier = tier_from_config(cfg, NAMESPACE, config)
     try:
         assert type(tier) is WideShelf and isinstance(tier.options, WideOptions)
         assert (tier.options.width, tier.options.capacity, tier.capacity) == (1 << 20,) + (

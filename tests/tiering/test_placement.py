@@ -3,7 +3,6 @@ names them for the YAML."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -121,14 +120,10 @@ class Nothing(AdmissionPolicy):
 
 
 @pytest.fixture
-def restored() -> Iterator[None]:
+def restored(monkeypatch: pytest.MonkeyPatch) -> None:
     """The registries as they were, after the test."""
-    gates, admission = dict(registry._gates), dict(registry._admission)
-    yield
-    registry._gates.clear()
-    registry._gates.update(gates)
-    registry._admission.clear()
-    registry._admission.update(admission)
+    for names in (registry.GATE_NAMES, registry.ADMISSION_NAMES):
+        monkeypatch.setattr(names, "_table", dict(names._table))
 
 
 def test_a_registered_policy_is_known_by_name(restored: None) -> None:

@@ -85,7 +85,7 @@ class FIFOPolicy(EvictionPolicy[object, object]):
 
 @pytest.fixture
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(policies, "_registry", dict(policies._registry))
+    monkeypatch.setattr(policies.POLICIES, "_table", dict(policies.POLICIES._table))
 
 
 class TestRegistry:

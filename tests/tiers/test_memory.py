@@ -70,7 +70,7 @@ class TestRegistry:
     def test_register_a_custom_type(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import tiering.registry as registry
 
-        monkeypatch.setattr(registry, "_registered", {})
+        monkeypatch.setattr(registry.TIERS, "_table", dict(registry.TIERS._table))
         register_tier("ram", MemoryTier)
         register_tier("ram2", "tiers.memory:MemoryTier")
         assert get_tier_class("ram") is MemoryTier and get_tier_class("ram2") is MemoryTier

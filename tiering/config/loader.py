@@ -25,7 +25,6 @@ import yaml
 from tiering import safeyaml
 from tiering.config.schema import (
     ENV_PATTERN,
-    MIN_SECRET_BYTES,
     NAME,
     SCHEMA_VERSION,
     AuthConfig,
@@ -37,6 +36,7 @@ from tiering.config.tiers import TIER_KEYS, option_fields, required, tier_class
 from tiering.errors import ConfigError
 from tiering.options import fields_of, read_fields
 from tiering.policies import get_policy_class
+from tiering.tier import MIN_SECRET_BYTES
 from tiering.units import short_repr
 
 __all__ = ["load_config", "parse_config"]

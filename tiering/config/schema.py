@@ -17,10 +17,10 @@ from typing import Any, Final
 
 from tiering.errors import ConfigError
 from tiering.options import option
+from tiering.tier import MIN_SECRET_BYTES
 from tiering.units import format_size
 
 __all__ = [
-    "MIN_SECRET_BYTES",
     "SCHEMA_VERSION",
     "SECTION",
     "WRITE_MODES",
@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Final = 1
-MIN_SECRET_BYTES: Final = 16
 WRITE_MODES: Final = ("through", "back", "selective")
 NAME_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
 """What a tier's name looks like."""

@@ -15,23 +15,10 @@ __all__ = ["TierEvent", "TierState", "build_tiers"]
 
 
 def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier]]:
-    """The configured secondary tiers, in order, each with the deployment's secret (`auth`)."""
-    from tiering.registry import create_tier
+    """The configured secondary tiers, in order (`tiering.registry.tier_from_config`)."""
+    from tiering.registry import tier_from_config
 
-    return [
-        (
-            cfg,
-            create_tier(
-                cfg.type,
-                namespace=namespace,
-                name=cfg.name,
-                capacity=cfg.capacity,
-                secret=config.auth.secret,
-                **{"timeout": config.faults.timeout, **cfg.options},
-            ),
-        )
-        for cfg in config.tiers
-    ]
+    return [(cfg, tier_from_config(cfg, namespace, config)) for cfg in config.tiers]
 
 
 @dataclass(frozen=True, slots=True)

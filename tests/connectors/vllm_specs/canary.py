@@ -27,4 +27,4 @@ class CanarySpec(TieredOffloadingSpec):
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         worker = super().get_worker(kv_caches)
         assert isinstance(worker, KvtierWorker)
-        return _NoCopyLoads(worker.engine, worker.region)
+        return _NoCopyLoads(worker.engine, worker.resources)
