@@ -10,7 +10,7 @@ from typing import Any
 
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
-from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
+from tiering.tier import Buffer, Medium, NamespaceUsage, Tier, TierStat
 
 __all__ = ["MemoryTier"]
 
@@ -22,7 +22,7 @@ class MemoryTier(Tier):
     base's (`TierOptions`). Tests reach its dict directly (tests/tiers/memory_hooks.py)."""
 
     type_name = "memory"
-    medium = "memory"
+    medium = Medium.MEMORY
     supports_listing = True
     evicts = True
     indexed = True

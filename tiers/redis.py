@@ -47,6 +47,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
+from tiering.batching import RawRead, RawWrite
 from tiering.errors import (
     ConfigError,
     CorruptObject,
@@ -58,7 +59,7 @@ from tiering.errors import (
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
 from tiering.secrets import redact_text, redact_url, url_secrets
-from tiering.tier import Buffer, KeyLike, NamespaceUsage, Tier, TierStat, as_key
+from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 from tiering.units import format_duration
 from tiers.redis_bounds import BoundsCheck, read_memory
 from tiers.redis_usage import WriteMarker, marker_name, scan_usage
@@ -67,11 +68,6 @@ from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command,
 __all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
-Stored = bool | BaseException
-"""One SET NX of a batch: whether it wrote (False: the key was there), or the error in its place."""
-Fetched = tuple[Buffer, bool] | None | BaseException
-"""One GET of a batch: `ReadsInto`'s answer, or the error in its place (a `CorruptObject`: the
-object is refused)."""
 
 URL_QUERY = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
     "password",
@@ -263,12 +259,13 @@ class RedisTier(Tier):
         """Whether the server bounds the store as `capacity` says: checked once, in the
         background of the first call of a writable tier (`tiers.redis_bounds`)."""
 
-    async def _call(self, operation: Awaitable[T]) -> T:
-        """The base's `_call`; the first one of a writable tier starts the bounds check (the
-        runtime's loop is the tier's only from its first call on)."""
+    async def _deadline(self, operation: Awaitable[T]) -> T:
+        """The base's `_deadline` (every call goes through it); the first one of a writable
+        tier starts the bounds check (the runtime's loop is the tier's only from its first
+        call on)."""
         if not self.read_only:
             self.bounds.start()
-        return await super()._call(operation)
+        return await super()._deadline(operation)
 
     def _name(self, key: BlockKey) -> bytes:
         return self._prefix + key.hex().encode()
@@ -323,20 +320,6 @@ class RedisTier(Tier):
         if (redirected or str(error).startswith(("MOVED ", "ASK "))) and not self.options.cluster:
             return TierError(f"{message} (the server is a Redis Cluster node: set cluster: true)")
         return TierError(message)
-
-    def _failed_item(self, error: BaseException, what: str, wrong_type: bool = True) -> TierError:
-        """`_error_reply` for one command of a batch, returned in its place: counted here as a
-        tier error (nothing raises it through `_call`) unless it is the object's fault."""
-        failed = self._error_reply(error, what, wrong_type)
-        if not isinstance(failed, CorruptObject):
-            self.counters["errors"] += 1
-        return failed
-
-    def _failed_batch(self, error: TierError, n: int) -> list[Any]:
-        """`error` in the place of each of a batch's `n` items, each counted as a tier error,
-        as `get` and `put` count theirs (`_call` counted the batch's call once)."""
-        self.counters["errors"] += max(0, n - 1)
-        return [error] * n
 
     async def _fast_get(self, key: BlockKey, read: Callable[[RespConnection], Awaitable[T]]) -> T:
         """GET on the fast path, its value read by `read`. An error reply is raised once the
@@ -486,23 +469,17 @@ class RedisTier(Tier):
 
     # -- pipelined batches ------------------------------------------------------------------------
 
-    async def get_many(
-        self, items: Sequence[tuple[KeyLike, memoryview | bytearray]]
-    ) -> list[bool | BaseException]:
-        """One pipeline of GETs; each object is verified like `get`'s."""
-        if not items:
-            return []
-        blocks = [as_key(k) for k, _ in items]
-        views = [memoryview(buffer).cast("B") for _, buffer in items]
+    async def _read_many(
+        self, keys: Sequence[BlockKey], payloads: Sequence[memoryview], limits: Sequence[int]
+    ) -> list[RawRead]:
+        """Pipelines of GETs, each answer as `_read_into`'s (a key that holds no string, or a
+        value too large, refused unread: a `CorruptObject` in its place)."""
         if self._fast is not None and self.codec == "raw":
-            return await self._get_many_fast(blocks, views)
+            return await self._read_many_fast(keys, payloads, limits)
+        names = [self._name(key) for key in keys]
+        what = "GET (pipelined)"
 
-        limits = [self.object_limit(len(view)) for view in views]
-
-        async def fetch() -> list[Fetched]:
-            """Each object as `_read_into` answers it (never placed), or the error in its place."""
-            names = [self._name(block) for block in blocks]
-            what = "GET (pipelined)"
+        async def fetch() -> list[Any]:
             with self._errors(what):
                 pipe = self._client.pipeline(transaction=False)
                 for name, limit in zip(names, limits, strict=True):
@@ -516,118 +493,79 @@ class RedisTier(Tier):
                     replies = _replies(await pipe.execute(raise_on_error=False))
                     for n, i in enumerate(empty):
                         heads[i] = _empty(replies[2 * n : 2 * n + 2])
-            blobs: list[Fetched] = []
-            for head, limit in zip(heads, limits, strict=True):
-                if isinstance(head, Exception):
-                    blobs.append(self._failed_item(head, what))
-                    continue
-                try:
-                    blobs.append(None if head is None else (_within(head, limit), False))
-                except CorruptObject as e:
-                    blobs.append(e)
-            return blobs
+            return heads
 
-        try:
-            blobs = await self._call(fetch())
-        except TierError as e:
-            return self._failed_batch(e, len(items))
-        return [
-            await self._settle(block, blob, view)
-            for block, blob, view in zip(blocks, blobs, views, strict=True)
-        ]
+        heads = await self._deadline(fetch())
+        answers: list[RawRead] = []
+        for head, limit in zip(heads, limits, strict=True):
+            if isinstance(head, Exception):
+                answers.append(self._error_reply(head, what))
+                continue
+            try:
+                answers.append(None if head is None else (_within(head, limit), False))
+            except CorruptObject as e:
+                answers.append(e)
+        return answers
 
-    async def put_many(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
-    ) -> list[None | BaseException]:
-        """One pipeline of SETs for small blocks; large ones go as concurrent SETs (a pipeline
-        packs and sends large values one after another on one connection; concurrent SETs
-        spread them over connections: BENCHMARKS.md, "Measurements behind design choices")."""
-        if not items:
-            return []
+    async def _write_many(
+        self, objects: Sequence[tuple[BlockKey, Sequence[Buffer]]]
+    ) -> list[RawWrite] | None:
+        """One pipeline of SET NXs for small blocks; large ones go as concurrent SETs (None:
+        the base's): a pipeline packs and sends large values one after another on one
+        connection, concurrent SETs spread them over connections (BENCHMARKS.md,
+        "Measurements behind design choices")."""
         if self._fast is not None:
-            return await self._put_many_fast(items)
-        if max(len(d) for _, d in items) > PIPELINE_MAX_VALUE:
-            return await super().put_many(items)
-        encoded = [self._encode(k, d) for k, d in items]
+            return await self._write_many_fast(objects)
+        if max(len(parts[1]) for _, parts in objects) > PIPELINE_MAX_VALUE:
+            return None
         what = "SET (pipelined)"
 
-        async def store() -> list[Stored]:
+        async def store() -> list[Any]:
             with self._errors(what):
                 pipe = self._client.pipeline(transaction=False)
-                for block, parts in encoded:
-                    pipe.set(self._name(block), b"".join(parts), px=self._px(), nx=True)
-                replies = _replies(await pipe.execute(raise_on_error=False))
-            return [
-                self._failed_item(r, what, wrong_type=False)
-                if isinstance(r, Exception)
-                else bool(r)
-                for r in replies
-            ]
+                for key, parts in objects:
+                    pipe.set(self._name(key), b"".join(parts), px=self._px(), nx=True)
+                return _replies(await pipe.execute(raise_on_error=False))
 
-        try:
-            stored = await self._call(store())
-        except TierError as e:
-            return self._failed_batch(e, len(items))
-        return self._count_stored(items, stored)
-
-    def _count_stored(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]], stored: Sequence[Stored]
-    ) -> list[None | BaseException]:
-        """`put_many`'s answer from each SET NX's outcome, each counted as `put` counts (a
-        failed one already is: `_failed_item`, `_failed_batch`)."""
-        outcomes: list[None | BaseException] = []
-        for (_, data), outcome in zip(items, stored, strict=True):
-            if isinstance(outcome, BaseException):
-                outcomes.append(outcome)
-            else:
-                self._count_put(outcome, len(data))
-                outcomes.append(None)
-        return outcomes
-
-    async def _get_many_fast(
-        self, blocks: list[BlockKey], views: list[memoryview]
-    ) -> list[bool | BaseException]:
-        """Pipelines of GETs (`PIPELINE_BYTES` of values each, on as many connections at
-        once), each value read into its buffer; a pipeline that fails fails its blocks only."""
-        spans = _spans([len(view) for view in views], PIPELINE_BYTES)
-        heads: list[Fetched] = []
-        gate = asyncio.Semaphore(self.options.streams)
-        for got in await _each(self._fetch_pipeline(blocks[s], views[s], gate) for s in spans):
-            heads += got
+        replies = await self._deadline(store())
         return [
-            await self._settle(block, head, view)
-            for block, head, view in zip(blocks, heads, views, strict=True)
+            self._error_reply(r, what, wrong_type=False) if isinstance(r, Exception) else bool(r)
+            for r in replies
         ]
 
-    async def _settle(
-        self, block: BlockKey, got: Fetched, view: memoryview
-    ) -> bool | BaseException:
-        """One item of a batch as `get` would answer it: an object refused unread (too large,
-        not a string), an error returned in its place, an object verified as `_read_into`'s
-        answer (its flag says whether the payload is already in `view`)."""
-        if isinstance(got, CorruptObject):
-            await self._refuse(block, got)
-            return False
-        if isinstance(got, BaseException):
-            return got
-        return await self._accept_into(block, got, view)
+    async def _read_many_fast(
+        self, keys: Sequence[BlockKey], payloads: Sequence[memoryview], limits: Sequence[int]
+    ) -> list[RawRead]:
+        """Pipelines of GETs (`PIPELINE_BYTES` of values each, on as many connections at
+        once), each value read into its buffer; a pipeline that fails fails its blocks only."""
+        spans = _spans([len(view) for view in payloads], PIPELINE_BYTES)
+        answers: list[RawRead] = []
+        gate = asyncio.Semaphore(self.options.streams)
+        pipelines = (self._fetch_pipeline(keys[s], payloads[s], limits[s], gate) for s in spans)
+        for got in await _each(pipelines):
+            answers += got
+        return answers
 
     async def _fetch_pipeline(
-        self, blocks: list[BlockKey], views: list[memoryview], gate: asyncio.Semaphore
-    ) -> list[Fetched]:
+        self,
+        keys: Sequence[BlockKey],
+        views: Sequence[memoryview],
+        limits: Sequence[int],
+        gate: asyncio.Semaphore,
+    ) -> list[RawRead]:
         """One pipeline of GETs, each value read into its view. An error reply (WRONGTYPE)
         answers its own GET only: the replies after it are the next GETs'. A value far too
         large for its block leaves the connection out of step (`DRAIN`): the GETs after it are
         sent again on another connection, so each block still gets its own answer."""
         assert self._fast is not None
         fast = self._fast
-        got: list[Fetched] = []
+        got: list[RawRead] = []
         what = "GET (pipelined)"
-        limits = [self.object_limit(len(view)) for view in views]
+        views, limits = list(views), list(limits)
 
         async def exchange(conn: RespConnection) -> None:
             start = len(got)  # a retry, or the rest after a connection given up, goes on
-            await conn.send([command(b"GET", self._name(block)) for block in blocks[start:]])
+            await conn.send([command(b"GET", self._name(key)) for key in keys[start:]])
             while len(got) < len(views):
                 # the common replies in bulk, by the compiled reader; then one the slow way
                 got.extend(await conn.values_into(views[len(got) :], limits[len(got) :]))
@@ -637,7 +575,7 @@ class RedisTier(Tier):
                 try:
                     got.append(await conn.value_into(view, limits[len(got)], DRAIN))
                 except ReplyError as e:
-                    got.append(self._failed_item(e, what))
+                    got.append(self._error_reply(e, what))
                 except CorruptObject as e:
                     got.append(e)
                     if conn.broken:
@@ -646,58 +584,57 @@ class RedisTier(Tier):
         async def fetch() -> None:  # the wait at `gate` too is under the deadline
             async with gate:
                 with self._errors(what):
-                    while len(got) < len(blocks):
+                    while len(got) < len(keys):
                         await fast.run(exchange)
 
         try:
-            await self._call(fetch())
+            await self._deadline(fetch())
         except TierError as e:
-            got += self._failed_batch(e, len(blocks) - len(got))
+            got += [e] * (len(keys) - len(got))
         return got
 
-    async def _put_many_fast(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
-    ) -> list[None | BaseException]:
+    async def _write_many_fast(
+        self, objects: Sequence[tuple[BlockKey, Sequence[Buffer]]]
+    ) -> list[RawWrite]:
         """Pipelines of SETs (`PIPELINE_BYTES` of values each, on as many connections at once),
         values sent from where they lie; a value the server refuses (an error reply) fails
         alone, a pipeline that fails fails its blocks only."""
-        encoded = [self._encode(k, d) for k, d in items]
-        spans = _spans([len(data) for _, data in items], PIPELINE_BYTES)
-        stored: list[Stored] = []
+        spans = _spans([len(parts[1]) for _, parts in objects], PIPELINE_BYTES)
+        stored: list[RawWrite] = []
         gate = asyncio.Semaphore(self.options.streams)
-        for got in await _each(self._store_pipeline(encoded[s], gate) for s in spans):
+        for got in await _each(self._store_pipeline(objects[s], gate) for s in spans):
             stored += got
-        return self._count_stored(items, stored)
+        return stored
 
     async def _store_pipeline(
-        self, encoded: list[tuple[BlockKey, tuple[Buffer, Buffer]]], gate: asyncio.Semaphore
-    ) -> list[Stored]:
+        self, objects: Sequence[tuple[BlockKey, Sequence[Buffer]]], gate: asyncio.Semaphore
+    ) -> list[RawWrite]:
         assert self._fast is not None
         fast = self._fast
         px = self._px()
         parts: list[Buffer] = []
-        for block, value in encoded:
-            parts += set_command(self._name(block), value, px, nx=True)
+        for key, value in objects:
+            parts += set_command(self._name(key), value, px, nx=True)
 
-        async def exchange(conn: RespConnection) -> list[Stored]:
+        async def exchange(conn: RespConnection) -> list[RawWrite]:
             await conn.send(parts)
-            outcomes: list[Stored] = []
-            for _ in encoded:
+            outcomes: list[RawWrite] = []
+            for _ in objects:
                 try:
                     outcomes.append(await conn.reply() is not None)  # nil: the key was there
                 except ReplyError as e:  # the stream stays in step after an error reply
-                    outcomes.append(self._failed_item(e, "SET", wrong_type=False))
+                    outcomes.append(self._error_reply(e, "SET", wrong_type=False))
             return outcomes
 
-        async def store() -> list[Stored]:  # the wait at `gate` is under it too
+        async def store() -> list[RawWrite]:  # the wait at `gate` is under it too
             async with gate:
                 with self._errors("SET (pipelined)"):
                     return await fast.run(exchange)
 
         try:
-            return await self._call(store())
+            return await self._deadline(store())
         except TierError as e:
-            return self._failed_batch(e, len(encoded))
+            return [e] * len(objects)
 
 
 def _wrong_type(error: BaseException) -> bool:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from tiering.envelope import MIN_SECRET_BYTES
 from tiering.errors import ConfigError
 from tiering.options import option
 from tiering.units import format_size
@@ -38,7 +39,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Final = 1
-MIN_SECRET_BYTES: Final = 16
 WRITE_MODES: Final = ("through", "back", "selective")
 NAME_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
 """What a tier's name looks like."""
