@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from tiering.counters import EVICTIONS
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, Medium, NamespaceUsage, Tier, TierStat
@@ -60,7 +61,7 @@ class MemoryTier(Tier):
             while self._bytes + len(blob) > self.capacity:
                 _, evicted = self._objects.popitem(last=False)
                 self._bytes -= len(evicted)
-                self.counters["evictions"] += 1
+                self.counters[EVICTIONS] += 1
         self._objects[key] = blob
         self._bytes += len(blob)
         self._last_write = time.time()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from tiering.batching import RawWrite
+from tiering.counters import corrupt
 from tiering.errors import ConfigError, TierFull, TierTimeout
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, fields_of, option
@@ -179,7 +180,7 @@ class FileTier(Tier):
     def _damaged_at_start(self, where: str, reason: str, detail: str, *, removed: bool) -> None:
         """A damaged object the start-up scan found at `where`, counted, listed in `damaged`
         and logged with what happens to it: `removed` (by the caller) or left in place."""
-        self.counters[f"corrupt.{reason}"] += 1
+        self.counters[corrupt(reason)] += 1
         self.damaged.append((where, reason, removed))
         verb = "removing" if removed else "leaving"
         log.warning("tier %r: %s a damaged object at start, %s: %s", self.name, verb, where, detail)

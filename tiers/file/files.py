@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tiering.batching import RawRead, RawWrite
+from tiering.counters import EVICTIONS
 from tiering.errors import CorruptObject, TierError, TierFull
 from tiering.format import REMOVABLE, check_object, decode_header
 from tiering.keys import BlockKey, key_from_hex, key_path
@@ -352,7 +353,7 @@ class BlockFileTier(FileTier, layout="files"):
             self._forget(gone.popleft())
 
     def _count_evictions(self, n: int) -> None:
-        self.counters["evictions"] += n  # (the housekeeping thread: one writer of the key)
+        self.counters[EVICTIONS] += n  # (the housekeeping thread: one writer of the key)
 
 
 def _length(got: tuple[Buffer, bool] | None, payload: int) -> int | None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
 from tiering.batching import RawRead, RawWrite
+from tiering.counters import EVICTIONS
 from tiering.errors import ConfigError, CorruptObject, TierError, TierFull
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
@@ -218,7 +219,7 @@ class SegmentFileTier(FileTier, layout="segments"):
     async def _evict_for(self, size: int) -> None:
         """Evict until `size` more bytes fit in the capacity (there is one)."""
         assert self.capacity is not None
-        self.counters["evictions"] += self._ledger.evict_for(size, self.capacity)
+        self.counters[EVICTIONS] += self._ledger.evict_for(size, self.capacity)
 
     def _placed(self, key: BlockKey, limit: int) -> Place | None:
         """Where the copy of `key` is, if any; `CorruptObject("length")` if it is over `limit`."""
