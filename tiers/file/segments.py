@@ -20,8 +20,8 @@ on a file kept open; the object format is the same, each object starting on a 4 
 The pieces: `SegmentLedger` (`tiers.file.ledger`: the bookkeeping, no I/O), `SegmentFiles`
 (`tiers.file.segment_io`: reads and writes in the thread pool), `SegmentAio`
 (`tiers.file.segment_aio`: reads and writes by kernel AIO from the loop, with O_DIRECT, where
-the kernel allows; everything else goes through the pool). What is left here, a little over 400
-lines, is the loop's side of each primitive and batch: where each goes, and what it changes.
+the kernel allows; everything else goes through the pool). What is here is the loop's side of
+each primitive and batch: where each goes, and what it changes.
 """
 
 from __future__ import annotations
