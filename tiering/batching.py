@@ -4,8 +4,8 @@ batch primitives a backend offers instead (on the event loop thread that owns th
 A backend whose store takes a batch in one request (a pipeline, a group of reads in one thread
 hop) implements `ReadsMany` and `WritesMany`. They answer *raw*: what the store gave for each
 key, unverified, or the error in its place. `Tier.get_many` and `Tier.put_many` do the rest, as
-`get` and `put` do for one key: they encode every object, verify every answer, refuse and count.
-A backend's batch primitive never counts, verifies or refuses anything itself.
+`get` and `put` do for one key: they encode every object, verify every answer with the tier's
+envelope, refuse and count. A backend's batch primitive never counts or refuses anything itself.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
+from tiering.format import Header
 from tiering.keys import BlockKey
 from tiering.tier_values import Buffer
 
@@ -21,10 +22,14 @@ __all__ = ["RawRead", "RawWrite", "ReadsMany", "WritesMany", "bounded"]
 
 T = TypeVar("T")
 
-RawRead = tuple[Buffer, bool] | None | BaseException
+RawRead = tuple[Buffer, bool] | Header | None | BaseException
 """One key of a batch read as a backend answers it: what `ReadsInto._read_into` answers (the
 object, or its header with the payload placed in the key's buffer), None for no object, or the
-error in its place (a `CorruptObject` for an object refused unread: too large, not a value)."""
+error in its place (a `CorruptObject` for an object refused unread: too large, not a value). A
+backend that reads in its own threads may open a placed payload there with the tier's envelope
+(`Envelope.open_placed`, so that the checks of one read overlap the others) and answer the
+`Header` it returned, or the `CorruptObject` it raised: the envelope verifies, the base counts
+and refuses, as for any other answer."""
 RawWrite = bool | None | BaseException
 """One object of a batch write as a backend answers it: what `_write` answers (False: the store
 held the key already, nothing written), or the error in its place."""
@@ -43,7 +48,8 @@ class ReadsMany(Protocol):
     not empty.
     The implementation must: answer for each key what `_read_into` would (placing a payload
     only under its rules); bound its requests with the tier's deadline (`Tier._deadline`, which
-    does not count); never count, verify or refuse: the base does, for every answer.
+    does not count); never count or refuse, and verify nothing but through the tier's envelope
+    (`RawRead`): the base counts and refuses, for every answer.
     """
 
     async def _read_many(

@@ -274,14 +274,17 @@ class Tier(OperatorCalls):
     async def _settle(
         self, block: BlockKey, got: RawRead, view: memoryview
     ) -> bool | BaseException:
-        """One key of a batch read as `get` would answer it: an object refused unread, an
-        error counted and returned in its place, an answer verified as `_read_into`'s."""
+        """One key of a batch read as `get` would answer it: an object refused (unread, or by
+        the envelope in the backend's thread), an error counted and returned in its place, a
+        hit the envelope opened, an answer verified as `_read_into`'s."""
         if isinstance(got, CorruptObject):
             await self._refuse(block, got)
             return False
         if isinstance(got, BaseException):
             self.counters[ERRORS] += 1
             return got
+        if isinstance(got, Header):  # placed and opened by the envelope in the backend's thread
+            return self._hit(len(view), got)
         return await self._accept_into(block, got, view)
 
     def _stored(self, outcome: RawWrite, size: int) -> None | BaseException:

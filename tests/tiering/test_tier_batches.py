@@ -96,12 +96,13 @@ def test_crafted_raw_answers_of_a_batch_read_are_refused_and_counted_by_the_base
     """Whatever a backend's batch read answers, the base verifies it: damaged whole objects,
     a header whose payload placed in the buffer is not its own, an object refused unread and a
     store's error are each a miss or an error, counted as `get` counts them, and only provable
-    damage is deleted; the one sound object is the one hit."""
+    damage is deleted; the sound object and the one the envelope opened are the hits."""
     tier = CraftedAnswers()
     data = payload(SIZE, 1)
     good = stored_object(tier, key(0), data)
     variants = corrupt_variants(tier, key(1), data)
     header = good[: len(good) - SIZE]
+    view = memoryview(bytearray(data))  # an envelope opened it in the backend's thread
     tier.answers = [
         (good, False),
         (variants["checksum"], False),
@@ -110,20 +111,21 @@ def test_crafted_raw_answers_of_a_batch_read_are_refused_and_counted_by_the_base
         CorruptObject("length", "too large, refused unread"),
         TierUnavailable("the store went away"),
         None,
+        tier.envelope.open_placed(key(7), stored_object(tier, key(7), data)[: len(header)], view),
     ]
-    tier.placed = {3: bytes(SIZE)}
+    tier.placed = {3: bytes(SIZE), 7: data}
     keys = [key(i) for i in range(len(tier.answers))]
     buffers = [bytearray(SIZE) for _ in keys]
 
     found = asyncio.run(tier.get_many(list(zip(keys, buffers, strict=True))))
 
     assert found[:5] == [True, False, False, False, False]
-    assert isinstance(found[5], TierUnavailable) and found[6] is False
+    assert isinstance(found[5], TierUnavailable) and found[6:] == [False, True]
     assert bytes(buffers[0]) == data
     counted = {name: n for name, n in tier.counters.items() if n}
     assert counted == {
-        "hits": 1,
-        "bytes_read": SIZE,
+        "hits": 2,
+        "bytes_read": 2 * SIZE,
         "misses": 5,
         "corrupt.checksum": 2,
         "corrupt.namespace": 1,

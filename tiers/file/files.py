@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from tiering.batching import RawRead, RawWrite
 from tiering.counters import EVICTIONS
 from tiering.errors import CorruptObject, TierError, TierFull
-from tiering.format import REMOVABLE, check_object, decode_header
+from tiering.format import REMOVABLE, Header, check_object, decode_header
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.options import TierOptions, option
 from tiering.tier import Buffer, ObjectInfo, TierStat
@@ -270,13 +270,15 @@ class BlockFileTier(FileTier, layout="files"):
             return None
         self._drop_gone()
         jobs = [
-            (self._path(key), view, limit)
+            (self._path(key), view, limit, key)
             for key, view, limit in zip(keys, payloads, limits, strict=True)
         ]
         answers = await self._in_groups(self._read_group, jobs)
         for key, view, answer in zip(keys, payloads, answers, strict=True):
             if answer is None:
                 self._found(key, None)
+            elif isinstance(answer, Header):
+                self._found(key, answer.object_length)
             elif isinstance(answer, tuple):
                 self._found(key, _length(answer, len(view)))
         return answers
@@ -295,13 +297,19 @@ class BlockFileTier(FileTier, layout="files"):
             answers[i] = outcome
         return answers
 
-    def _read_group(self, jobs: list[tuple[Path, memoryview, int]]) -> list[RawRead]:
-        """Each object read into its view where it is laid out for it, in the pool."""
+    def _read_group(self, jobs: list[tuple[Path, memoryview, int, BlockKey]]) -> list[RawRead]:
+        """Each object read into its view where it is laid out for it, in the pool, and a placed
+        payload opened there by the tier's envelope as soon as it is in (`RawRead`): the loop
+        then only counts, and the checks of one group overlap the reads of the others."""
         out: list[RawRead] = []
-        for path, view, limit in jobs:
+        for path, view, limit, key in jobs:
             try:
-                out.append(self._files.read_into(path, view, limit))
-            except TierError as e:  # a `CorruptObject` too: refused unread by the base
+                answer = self._files.read_into(path, view, limit)
+                if answer is not None and answer[1]:
+                    out.append(self.envelope.open_placed(key, answer[0], view))
+                else:
+                    out.append(answer)
+            except TierError as e:  # a `CorruptObject` too: refused by the base
                 out.append(e)
         return out
 
