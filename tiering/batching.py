@@ -49,7 +49,9 @@ class ReadsMany(Protocol):
     The implementation must: answer for each key what `_read_into` would (placing a payload
     only under its rules); bound its requests with the tier's deadline (`Tier._deadline`, which
     does not count); never count or refuse, and verify nothing but through the tier's envelope
-    (`RawRead`): the base counts and refuses, for every answer.
+    (`RawRead`): the base counts and refuses, for every answer. A failure of the whole batch
+    may be raised (a `TierError`: each key answers it), never a `CorruptObject`, which is one
+    object's.
     """
 
     async def _read_many(
