@@ -37,8 +37,9 @@ if str(ROOT) not in sys.path:
 
 from kvtier.servers import HOST, RedisServer  # noqa: E402
 from tiering.units import parse_size  # noqa: E402
-from tiers.redis import PIPELINE_BYTES  # noqa: E402
-from tiers.resp import RespConnection, RespPool, command, set_command  # noqa: E402
+from tiers.redis_pipelines import PIPELINE_BYTES  # noqa: E402
+from tiers.resp import RespConnection, command, set_command  # noqa: E402
+from tiers.resp_pool import RespPool  # noqa: E402
 
 
 async def batch(pool: RespPool, requests: list[list[Any]], streams: int) -> float:

@@ -8,6 +8,7 @@ exactly as a corrupt object on a real device would be.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -34,20 +35,23 @@ class ForwardingTier(Tier):
         options.setdefault("timeout", inner.timeout)
         super().__init__(namespace=inner.namespace, **options)
         self.inner = inner
-        if "secret" not in options:  # the wrapper encodes and verifies: with inner's secret
-            self._mac_key = inner._mac_key
         # One set of counters: the wrapper counts calls, the wrapped tier its own events
         # (evictions), and only its primitives are called, so nothing is counted twice.
         self.counters = inner.counters
-        # Capabilities are the wrapped tier's (class attributes of each backend otherwise).
-        self.type_name = inner.type_name  # type: ignore[misc]
-        self.persistent = inner.persistent  # type: ignore[misc]
-        self.shared = inner.shared  # type: ignore[misc]
-        self.medium = inner.medium  # type: ignore[misc]
-        self.supports_listing = inner.supports_listing  # type: ignore[misc]
-        self.evicts = inner.evicts  # type: ignore[misc]
-        self.align = inner.align  # type: ignore[misc]
-        self.indexed = inner.indexed  # type: ignore[misc]
+        # Capabilities are the wrapped tier's.
+        self.type_name = inner.type_name
+        self.persistent = inner.persistent
+        self.shared = inner.shared
+        self.medium = inner.medium
+        self.supports_listing = inner.supports_listing
+        self.evicts = inner.evicts
+        self.align = inner.align
+        self.indexed = inner.indexed
+        # The wrapper encodes and verifies: at inner's alignment, and with inner's secret
+        # unless it was given its own.
+        self.envelope = dataclasses.replace(self.envelope, align=inner.align)
+        if "secret" not in options:
+            self.use_secret_of(inner)
 
     def knows(self, key: BlockKey) -> bool | None:
         return self.inner.knows(key)

@@ -8,9 +8,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from tiering.counters import EVICTIONS
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
-from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
+from tiering.tier import Buffer, Medium, NamespaceUsage, Tier, TierStat
 
 __all__ = ["MemoryTier"]
 
@@ -22,7 +23,7 @@ class MemoryTier(Tier):
     base's (`TierOptions`). Tests reach its dict directly (tests/tiers/memory_hooks.py)."""
 
     type_name = "memory"
-    medium = "memory"
+    medium = Medium.MEMORY
     supports_listing = True
     evicts = True
     indexed = True
@@ -60,7 +61,7 @@ class MemoryTier(Tier):
             while self._bytes + len(blob) > self.capacity:
                 _, evicted = self._objects.popitem(last=False)
                 self._bytes -= len(evicted)
-                self.counters["evictions"] += 1
+                self.counters[EVICTIONS] += 1
         self._objects[key] = blob
         self._bytes += len(blob)
         self._last_write = time.time()

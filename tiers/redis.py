@@ -1,13 +1,9 @@
 """The Redis tier: blocks as Redis strings, one server or a Redis Cluster.
 
-(Over 400 lines: a third of it is the pipelined batches, on two transports; they share the
-single-key paths' error translation and verification helpers, and splitting them off would put
-one class's private protocol across two modules. The wire protocol itself is `tiers.resp`.)
-
 Keys are `kvtier:<namespace hex>:<key hex>`, so several models share a server without seeing
 each other's blocks and `kvtier ls` can scan one namespace. Batches (`contains`, `get_many`,
-`put_many`) go in pipelines: one per batch, or for large blocks one per `PIPELINE_BYTES` of
-values, on as many connections at once.
+`put_many`) go in pipelines (`tiers.redis_pipelines`); its settings are `tiers.redis_options`,
+its error translation `tiers.redis_errors`, the wire protocol `tiers.resp`.
 
 Blocks move through `tiers.resp` on a plain-TCP server: a GET lands in the primary slot with no
 intermediate copy and a SET sends header and payload from where they lie (redis-py copies a
@@ -27,133 +23,38 @@ of the tier's first call (`tiers.redis_bounds`).
 Anyone who can write to the server can put another type under a block's key (a list, say):
 reads of its value answer WRONGTYPE, which is that object's fault, not the tier's (a `magic`
 corrupt miss, refused and deleted like any foreign object; until then `SET NX` leaves it and
-counts a duplicate). Pipelines read their replies one by one, so an error reply fails its own
-command only and the others' values arrive. A reused fast-path connection the server closed
-is replaced and its exchange sent once more: a SET NX of it that had landed then answers nil
-(a duplicate of its own write: counted, harmless).
+counts a duplicate). A reused fast-path connection the server closed is replaced and its
+exchange sent once more: a SET NX of it that had landed then answers nil (a duplicate of its
+own write: counted, harmless).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
+from redis.asyncio.connection import parse_url
 
-from tiering.errors import (
-    ConfigError,
-    CorruptObject,
-    TierError,
-    TierFull,
-    TierTimeout,
-    TierUnavailable,
-)
+from tiering.batching import RawRead, RawWrite
+from tiering.errors import ConfigError
 from tiering.keys import BlockKey
-from tiering.options import TierOptions, option
-from tiering.secrets import redact_text, redact_url, url_secrets
-from tiering.tier import Buffer, KeyLike, NamespaceUsage, Tier, TierStat, as_key
-from tiering.units import format_duration
+from tiering.secrets import redact_url, url_secrets
+from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 from tiers.redis_bounds import BoundsCheck, read_memory
+from tiers.redis_errors import RedisErrors, empty, replies, within, wrong_type
+from tiers.redis_options import URL_ARGUMENTS, URL_QUERY, RedisOptions, milliseconds
+from tiers.redis_pipelines import Pipelines
 from tiers.redis_usage import WriteMarker, marker_name, scan_usage
-from tiers.resp import ReplyError, RespConnection, RespError, RespPool, command, set_command
+from tiers.resp import ReplyError, RespConnection, command, set_command
+from tiers.resp_pool import RespPool
 
 __all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
-Stored = bool | BaseException
-"""One SET NX of a batch: whether it wrote (False: the key was there), or the error in its place."""
-Fetched = tuple[Buffer, bool] | None | BaseException
-"""One GET of a batch: `ReadsInto`'s answer, or the error in its place (a `CorruptObject`: the
-object is refused)."""
-
-URL_QUERY = frozenset(URL_QUERY_ARGUMENT_PARSERS) | {
-    "password",
-    "username",
-    "client_name",
-    "ssl_cert_reqs",
-    "ssl_ca_certs",
-    "ssl_certfile",
-    "ssl_keyfile",
-}
-"""Query arguments a Redis URL may carry (redis-py reads them as connection options)."""
-URL_ARGUMENTS = URL_QUERY | {"host", "port", "path", "connection_class"}
-
-DRAIN = 1 << 20
-"""In a pipeline, a value too large for its block is dropped through the connection's buffer
-when it is at most this long (the later replies stay readable on the same connection); a longer
-one costs the connection instead, and the GETs after it are sent again on another: cheaper
-than moving hundreds of MiB only to drop them."""
-PIPELINE_MAX_VALUE = 512 << 10
-PIPELINE_BYTES = 1 << 20
-"""Value bytes per pipeline of a batch on the fast path: a batch of large blocks goes as several
-pipelines, at most `streams` of them at once on as many connections; one connection carries its
-replies one after another (BENCHMARKS.md, "Measurements behind design choices")."""
-
-
-def _unshown(field: Any) -> Any:
-    """`field` (an `option`) left out of the record's repr: a secret must not reach a log."""
-    field.repr = False
-    return field
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RedisOptions(TierOptions):
-    """The Redis tier's settings (any thread: a value)."""
-
-    url: str = _unshown(  # it may carry a password
-        option(
-            "redis://127.0.0.1:6379/0",
-            low=1,
-            what="a URL like 'redis://host:6379/0'",
-            help="The server, as redis-py reads it (`rediss://` for TLS).",
-        )
-    )
-    username: str | None = option(None, help="The user to AUTH as (null: the URL's, or none).")
-    password: str | None = _unshown(
-        option(None, help="The password to AUTH with (null: the URL's, or none); use `${ENV_VAR}`.")
-    )
-    ttl: float | None = option(
-        None,
-        kind="duration",
-        help="Blocks expire this long after they are written, in whole milliseconds (null: never).",
-    )
-    cluster: bool = option(False, help="Talk to a Redis Cluster through any of its nodes.")
-    tls_ca_file: str | None = option(None, help="CA bundle for TLS (makes the URL `rediss://`).")
-    tls_cert_file: str | None = option(None, help="Client certificate for TLS.")
-    tls_key_file: str | None = option(None, help="Client key for TLS.")
-    socket_timeout: float = option(2.0, kind="duration", help="Socket timeout of each command.")
-    connect_timeout: float = option(1.0, kind="duration", help="Timeout of each connection.")
-    streams: int = option(
-        2,
-        low=1,
-        high=256,
-        help="Connections a batch's values move on at once (fast path; more only add overhead "
-        "against one single-threaded server).",
-    )
-    fast_path: bool = option(
-        True,
-        help="Move blocks through kvtier's own RESP client on plain TCP (false: redis-py only).",
-    )
-
-    def __post_init__(self) -> None:
-        if self.ttl is not None and _milliseconds(self.ttl) is None:
-            raise ConfigError(
-                f"ttl: a whole number of milliseconds (Redis expires keys by the millisecond), "
-                f"got {format_duration(self.ttl)}"
-            )
-
-
-def _milliseconds(seconds: float) -> int | None:
-    """`seconds` in whole milliseconds (at least 1), or None where it is not that."""
-    ms = round(seconds * 1000)
-    return ms if ms >= 1 and abs(seconds * 1000 - ms) < 1e-3 else None  # (float error: < 1 µs)
 
 
 class RedisTier(Tier):
@@ -203,7 +104,9 @@ class RedisTier(Tier):
                 url = "rediss://" + url[len("redis://") :]
         self.url = redact_url(url)
         """The server's URL as messages show it: its password masked (`tiering.secrets`)."""
-        self._secrets = [password, *url_secrets(url)]
+        self._errors = RedisErrors(
+            self.name, self.url, [password, *url_secrets(url)], settings.cluster
+        )
         try:
             where = parse_url(url)
             unknown = sorted(set(where) - URL_ARGUMENTS)
@@ -219,7 +122,9 @@ class RedisTier(Tier):
             else:
                 self._client = aioredis.Redis.from_url(url, **kwargs)
         except ValueError as e:
-            raise ConfigError(self._scrub(f"tier {self.name!r}: url {self.url!r}: {e}")) from None
+            raise ConfigError(
+                self._errors.scrub(f"tier {self.name!r}: url {self.url!r}: {e}")
+            ) from None
         self._marker = WriteMarker(
             self._client,
             self.namespace,
@@ -258,85 +163,30 @@ class RedisTier(Tier):
             self.capacity,
             self.ttl,
             timeout=self.timeout or 5.0,
-            scrub=self._scrub,
+            scrub=self._errors.scrub,
         )
         """Whether the server bounds the store as `capacity` says: checked once, in the
         background of the first call of a writable tier (`tiers.redis_bounds`)."""
+        self._pipelines = Pipelines(
+            client=self._client,
+            fast=self._fast,
+            name=self._name,
+            errors=self._errors,
+            deadline=self._deadline,
+            px=self._px(),
+            streams=settings.streams,
+        )
 
-    async def _call(self, operation: Awaitable[T]) -> T:
-        """The base's `_call`; the first one of a writable tier starts the bounds check (the
-        runtime's loop is the tier's only from its first call on)."""
+    async def _deadline(self, operation: Awaitable[T]) -> T:
+        """The base's `_deadline` (every call goes through it); the first one of a writable
+        tier starts the bounds check (the runtime's loop is the tier's only from its first
+        call on)."""
         if not self.read_only:
             self.bounds.start()
-        return await super()._call(operation)
+        return await super()._deadline(operation)
 
     def _name(self, key: BlockKey) -> bytes:
         return self._prefix + key.hex().encode()
-
-    def _scrub(self, message: str) -> str:
-        """`message` without this tier's secrets, should a library or the server quote one."""
-        return redact_text(message, self._secrets)
-
-    @contextlib.contextmanager
-    def _errors(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except redis_errors.TimeoutError as e:
-            raise TierTimeout(f"tier {self.name!r}: {what} timed out ({self.url})") from e
-        except (redis_errors.ConnectionError, OSError) as e:
-            message = self._scrub(f"tier {self.name!r}: {what} failed: {e} ({self.url})")
-            raise TierUnavailable(message) from e
-        except ReplyError as e:
-            raise self._error_reply(e, what) from e
-        except redis_errors.ResponseError as e:
-            raise self._error_reply(e, what, wrong_type=False) from e
-        except (redis_errors.RedisError, RespError) as e:
-            raise TierError(self._scrub(f"tier {self.name!r}: {what} failed: {e}")) from e
-
-    @contextlib.contextmanager
-    def _one_value(self, what: str) -> Iterator[None]:
-        """`_errors` around a read of one key's value, where a key of another type is that
-        object's fault (`_not_a_string`). Batches decide reply by reply instead: raised out of
-        a pipeline, a `CorruptObject` would be taken for every block's and refuse them all."""
-        with self._errors(what):
-            try:
-                yield
-            except (redis_errors.ResponseError, ReplyError) as e:
-                if _wrong_type(e):
-                    raise _not_a_string(e) from e
-                raise
-
-    def _error_reply(self, error: BaseException, what: str, wrong_type: bool = True) -> TierError:
-        """What the server's error reply to one command means: a `magic` corrupt miss of that
-        key when it holds another type (`_wrong_type`; `wrong_type` False where the reply
-        cannot be a read's), `TierFull` when the server is out of memory (`OOM`), else a
-        `TierError` (one that says so when the server is a Cluster node and the tier is not
-        set to `cluster`)."""
-        if wrong_type and _wrong_type(error):
-            return _not_a_string(error)
-        if isinstance(error, redis_errors.OutOfMemoryError) or str(error).startswith("OOM"):
-            return TierFull(
-                self._scrub(f"tier {self.name!r}: {what} refused, the server is full: {error}")
-            )
-        message = self._scrub(f"tier {self.name!r}: {what} failed: {error}")
-        redirected = isinstance(error, redis_errors.MovedError | redis_errors.AskError)
-        if (redirected or str(error).startswith(("MOVED ", "ASK "))) and not self.options.cluster:
-            return TierError(f"{message} (the server is a Redis Cluster node: set cluster: true)")
-        return TierError(message)
-
-    def _failed_item(self, error: BaseException, what: str, wrong_type: bool = True) -> TierError:
-        """`_error_reply` for one command of a batch, returned in its place: counted here as a
-        tier error (nothing raises it through `_call`) unless it is the object's fault."""
-        failed = self._error_reply(error, what, wrong_type)
-        if not isinstance(failed, CorruptObject):
-            self.counters["errors"] += 1
-        return failed
-
-    def _failed_batch(self, error: TierError, n: int) -> list[Any]:
-        """`error` in the place of each of a batch's `n` items, each counted as a tier error,
-        as `get` and `put` count theirs (`_call` counted the batch's call once)."""
-        self.counters["errors"] += max(0, n - 1)
-        return [error] * n
 
     async def _fast_get(self, key: BlockKey, read: Callable[[RespConnection], Awaitable[T]]) -> T:
         """GET on the fast path, its value read by `read`. An error reply is raised once the
@@ -352,7 +202,7 @@ class RedisTier(Tier):
             except ReplyError as e:
                 return e
 
-        with self._one_value("GET"):
+        with self._errors.one_value("GET"):
             got = await self._fast.run(get)
             if isinstance(got, ReplyError):
                 raise got
@@ -361,14 +211,14 @@ class RedisTier(Tier):
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         if self._fast is not None:
             return await self._fast_get(key, lambda conn: conn.value(limit))
-        with self._one_value("GET"):
+        with self._errors.one_value("GET"):
             name = self._name(key)
             head: bytes = await self._client.getrange(name, 0, limit)
             if not head:
                 pipe = self._client.pipeline(transaction=False)
-                replies = await pipe.exists(name).strlen(name).execute(raise_on_error=False)
-                return _empty(_replies(replies))
-            return _within(head, limit)
+                answers = await pipe.exists(name).strlen(name).execute(raise_on_error=False)
+                return empty(replies(answers))
+            return within(head, limit)
 
     async def _read_into(
         self, key: BlockKey, payload: memoryview, limit: int
@@ -381,22 +231,22 @@ class RedisTier(Tier):
 
     async def _read_head(self, key: BlockKey, n: int) -> tuple[Buffer, int] | None:
         """Header and real size; a key that holds no string raises `CorruptObject("magic")`."""
-        with self._one_value("GETRANGE"):
+        with self._errors.one_value("GETRANGE"):
             name = self._name(key)
             pipe = self._client.pipeline(transaction=False)
             pipe.exists(name)
             pipe.strlen(name)
             pipe.getrange(name, 0, max(n, 1) - 1)  # an inclusive end; -1 would mean all of it
-            replies = await pipe.execute(raise_on_error=False)
-            for reply in replies:
+            answers = await pipe.execute(raise_on_error=False)
+            for reply in answers:
                 if isinstance(reply, Exception):
                     raise reply  # as the server worded it (no pipeline prefix): `_one_value`
-            exists, size, head = replies
+            exists, size, head = answers
         return (head, size) if exists else None
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool:
         """SET NX: False when the key was there (nothing written)."""
-        with self._errors("SET"):
+        with self._errors.around("SET"):
             if self._fast is not None:
                 request = set_command(self._name(key), parts, self._px(), nx=True)
 
@@ -411,18 +261,18 @@ class RedisTier(Tier):
             return bool(written)
 
     async def _delete(self, key: BlockKey) -> bool:
-        with self._errors("DEL"):
+        with self._errors.around("DEL"):
             return bool(await self._client.delete(self._name(key)))
 
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
-        with self._errors("EXISTS"):
+        with self._errors.around("EXISTS"):
             pipe = self._client.pipeline(transaction=False)
             for key in keys:
                 pipe.exists(self._name(key))
             return [bool(n) for n in await pipe.execute()]
 
     async def _list(self) -> AsyncIterator[BlockKey]:
-        with self._errors("SCAN"):
+        with self._errors.around("SCAN"):
             async for name in self._client.scan_iter(match=self._prefix + b"*", count=1000):
                 key = self.listed_key(name[len(self._prefix) :])
                 if key is not None:
@@ -430,7 +280,7 @@ class RedisTier(Tier):
 
     async def _namespaces(self) -> list[bytes]:
         found: set[bytes] = set()
-        with self._errors("SCAN"):
+        with self._errors.around("SCAN"):
             async for name in self._client.scan_iter(match=b"kvtier:*", count=1000):
                 parts = name.split(b":")
                 if len(parts) == 3 and len(parts[1]) == 32:
@@ -441,17 +291,17 @@ class RedisTier(Tier):
         return sorted(found)
 
     async def _stat(self) -> TierStat:
-        with self._errors("SCAN"):
+        with self._errors.around("SCAN"):
             names = [n async for n in self._client.scan_iter(match=self._prefix + b"*", count=1000)]
             pipe = self._client.pipeline(transaction=False)
             for name in names:
                 pipe.strlen(name)
-            sizes = _replies(await pipe.execute(raise_on_error=False)) if names else []
+            sizes = replies(await pipe.execute(raise_on_error=False)) if names else []
             used = 0  # a key that holds no string (WRONGTYPE) counts as an object of no bytes
             for size in sizes:
                 if isinstance(size, int):
                     used += size
-                elif not _wrong_type(size):
+                elif not wrong_type(size):
                     raise size
         return TierStat(len(names), used, self.capacity)
 
@@ -459,13 +309,13 @@ class RedisTier(Tier):
         """Every namespace under `kvtier:` on the server, every master of a Cluster
         (`tiers.redis_usage`: sizes by MEMORY USAGE, the last write from each namespace's
         marker)."""
-        tally = await scan_usage(self._client, self._errors, time.time())
+        tally = await scan_usage(self._client, self._errors.around, time.time())
         return tally.result(self.name)
 
     async def drop_usage_marks(self) -> None:
         """Delete this namespace's marker (`tiering.usage.KeepsUsageMarks`: it was purged)."""
         await self._marker.close()
-        with self._errors("DEL"):
+        with self._errors.around("DEL"):
             await self._client.delete(marker_name(self.namespace))
 
     def _count_put(self, written: bool | None, size: int) -> None:
@@ -482,286 +332,18 @@ class RedisTier(Tier):
 
     def _px(self) -> int | None:
         """The expiry of a SET, in milliseconds (None: none)."""
-        return None if self.ttl is None else _milliseconds(self.ttl)
+        return None if self.ttl is None else milliseconds(self.ttl)
 
-    # -- pipelined batches ------------------------------------------------------------------------
+    # -- pipelined batches (`tiers.redis_pipelines`) ---------------------------------------------
 
-    async def get_many(
-        self, items: Sequence[tuple[KeyLike, memoryview | bytearray]]
-    ) -> list[bool | BaseException]:
-        """One pipeline of GETs; each object is verified like `get`'s."""
-        if not items:
-            return []
-        blocks = [as_key(k) for k, _ in items]
-        views = [memoryview(buffer).cast("B") for _, buffer in items]
-        if self._fast is not None and self.codec == "raw":
-            return await self._get_many_fast(blocks, views)
+    async def _read_many(
+        self, keys: Sequence[BlockKey], payloads: Sequence[memoryview], limits: Sequence[int]
+    ) -> list[RawRead]:
+        """Pipelines of GETs, each answer as `_read_into`'s."""
+        return await self._pipelines.read(keys, payloads, limits, into=self.codec == "raw")
 
-        limits = [self.object_limit(len(view)) for view in views]
-
-        async def fetch() -> list[Fetched]:
-            """Each object as `_read_into` answers it (never placed), or the error in its place."""
-            names = [self._name(block) for block in blocks]
-            what = "GET (pipelined)"
-            with self._errors(what):
-                pipe = self._client.pipeline(transaction=False)
-                for name, limit in zip(names, limits, strict=True):
-                    pipe.getrange(name, 0, limit)
-                heads = _replies(await pipe.execute(raise_on_error=False))
-                empty = [i for i, head in enumerate(heads) if head == b""]
-                if empty:
-                    pipe = self._client.pipeline(transaction=False)
-                    for i in empty:
-                        pipe.exists(names[i]).strlen(names[i])
-                    replies = _replies(await pipe.execute(raise_on_error=False))
-                    for n, i in enumerate(empty):
-                        heads[i] = _empty(replies[2 * n : 2 * n + 2])
-            blobs: list[Fetched] = []
-            for head, limit in zip(heads, limits, strict=True):
-                if isinstance(head, Exception):
-                    blobs.append(self._failed_item(head, what))
-                    continue
-                try:
-                    blobs.append(None if head is None else (_within(head, limit), False))
-                except CorruptObject as e:
-                    blobs.append(e)
-            return blobs
-
-        try:
-            blobs = await self._call(fetch())
-        except TierError as e:
-            return self._failed_batch(e, len(items))
-        return [
-            await self._settle(block, blob, view)
-            for block, blob, view in zip(blocks, blobs, views, strict=True)
-        ]
-
-    async def put_many(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
-    ) -> list[None | BaseException]:
-        """One pipeline of SETs for small blocks; large ones go as concurrent SETs (a pipeline
-        packs and sends large values one after another on one connection; concurrent SETs
-        spread them over connections: BENCHMARKS.md, "Measurements behind design choices")."""
-        if not items:
-            return []
-        if self._fast is not None:
-            return await self._put_many_fast(items)
-        if max(len(d) for _, d in items) > PIPELINE_MAX_VALUE:
-            return await super().put_many(items)
-        encoded = [self._encode(k, d) for k, d in items]
-        what = "SET (pipelined)"
-
-        async def store() -> list[Stored]:
-            with self._errors(what):
-                pipe = self._client.pipeline(transaction=False)
-                for block, parts in encoded:
-                    pipe.set(self._name(block), b"".join(parts), px=self._px(), nx=True)
-                replies = _replies(await pipe.execute(raise_on_error=False))
-            return [
-                self._failed_item(r, what, wrong_type=False)
-                if isinstance(r, Exception)
-                else bool(r)
-                for r in replies
-            ]
-
-        try:
-            stored = await self._call(store())
-        except TierError as e:
-            return self._failed_batch(e, len(items))
-        return self._count_stored(items, stored)
-
-    def _count_stored(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]], stored: Sequence[Stored]
-    ) -> list[None | BaseException]:
-        """`put_many`'s answer from each SET NX's outcome, each counted as `put` counts (a
-        failed one already is: `_failed_item`, `_failed_batch`)."""
-        outcomes: list[None | BaseException] = []
-        for (_, data), outcome in zip(items, stored, strict=True):
-            if isinstance(outcome, BaseException):
-                outcomes.append(outcome)
-            else:
-                self._count_put(outcome, len(data))
-                outcomes.append(None)
-        return outcomes
-
-    async def _get_many_fast(
-        self, blocks: list[BlockKey], views: list[memoryview]
-    ) -> list[bool | BaseException]:
-        """Pipelines of GETs (`PIPELINE_BYTES` of values each, on as many connections at
-        once), each value read into its buffer; a pipeline that fails fails its blocks only."""
-        spans = _spans([len(view) for view in views], PIPELINE_BYTES)
-        heads: list[Fetched] = []
-        gate = asyncio.Semaphore(self.options.streams)
-        for got in await _each(self._fetch_pipeline(blocks[s], views[s], gate) for s in spans):
-            heads += got
-        return [
-            await self._settle(block, head, view)
-            for block, head, view in zip(blocks, heads, views, strict=True)
-        ]
-
-    async def _settle(
-        self, block: BlockKey, got: Fetched, view: memoryview
-    ) -> bool | BaseException:
-        """One item of a batch as `get` would answer it: an object refused unread (too large,
-        not a string), an error returned in its place, an object verified as `_read_into`'s
-        answer (its flag says whether the payload is already in `view`)."""
-        if isinstance(got, CorruptObject):
-            await self._refuse(block, got)
-            return False
-        if isinstance(got, BaseException):
-            return got
-        return await self._accept_into(block, got, view)
-
-    async def _fetch_pipeline(
-        self, blocks: list[BlockKey], views: list[memoryview], gate: asyncio.Semaphore
-    ) -> list[Fetched]:
-        """One pipeline of GETs, each value read into its view. An error reply (WRONGTYPE)
-        answers its own GET only: the replies after it are the next GETs'. A value far too
-        large for its block leaves the connection out of step (`DRAIN`): the GETs after it are
-        sent again on another connection, so each block still gets its own answer."""
-        assert self._fast is not None
-        fast = self._fast
-        got: list[Fetched] = []
-        what = "GET (pipelined)"
-        limits = [self.object_limit(len(view)) for view in views]
-
-        async def exchange(conn: RespConnection) -> None:
-            start = len(got)  # a retry, or the rest after a connection given up, goes on
-            await conn.send([command(b"GET", self._name(block)) for block in blocks[start:]])
-            while len(got) < len(views):
-                # the common replies in bulk, by the compiled reader; then one the slow way
-                got.extend(await conn.values_into(views[len(got) :], limits[len(got) :]))
-                if len(got) == len(views):
-                    return
-                view = views[len(got)]
-                try:
-                    got.append(await conn.value_into(view, limits[len(got)], DRAIN))
-                except ReplyError as e:
-                    got.append(self._failed_item(e, what))
-                except CorruptObject as e:
-                    got.append(e)
-                    if conn.broken:
-                        return
-
-        async def fetch() -> None:  # the wait at `gate` too is under the deadline
-            async with gate:
-                with self._errors(what):
-                    while len(got) < len(blocks):
-                        await fast.run(exchange)
-
-        try:
-            await self._call(fetch())
-        except TierError as e:
-            got += self._failed_batch(e, len(blocks) - len(got))
-        return got
-
-    async def _put_many_fast(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
-    ) -> list[None | BaseException]:
-        """Pipelines of SETs (`PIPELINE_BYTES` of values each, on as many connections at once),
-        values sent from where they lie; a value the server refuses (an error reply) fails
-        alone, a pipeline that fails fails its blocks only."""
-        encoded = [self._encode(k, d) for k, d in items]
-        spans = _spans([len(data) for _, data in items], PIPELINE_BYTES)
-        stored: list[Stored] = []
-        gate = asyncio.Semaphore(self.options.streams)
-        for got in await _each(self._store_pipeline(encoded[s], gate) for s in spans):
-            stored += got
-        return self._count_stored(items, stored)
-
-    async def _store_pipeline(
-        self, encoded: list[tuple[BlockKey, tuple[Buffer, Buffer]]], gate: asyncio.Semaphore
-    ) -> list[Stored]:
-        assert self._fast is not None
-        fast = self._fast
-        px = self._px()
-        parts: list[Buffer] = []
-        for block, value in encoded:
-            parts += set_command(self._name(block), value, px, nx=True)
-
-        async def exchange(conn: RespConnection) -> list[Stored]:
-            await conn.send(parts)
-            outcomes: list[Stored] = []
-            for _ in encoded:
-                try:
-                    outcomes.append(await conn.reply() is not None)  # nil: the key was there
-                except ReplyError as e:  # the stream stays in step after an error reply
-                    outcomes.append(self._failed_item(e, "SET", wrong_type=False))
-            return outcomes
-
-        async def store() -> list[Stored]:  # the wait at `gate` is under it too
-            async with gate:
-                with self._errors("SET (pipelined)"):
-                    return await fast.run(exchange)
-
-        try:
-            return await self._call(store())
-        except TierError as e:
-            return self._failed_batch(e, len(encoded))
-
-
-def _wrong_type(error: BaseException) -> bool:
-    """Whether an error reply says that the key holds another type than a string: WRONGTYPE,
-    which only a command on one key's value (GET, GETRANGE, STRLEN) answers. Other error
-    replies (LOADING, NOPERM, ...) are the server's state, not the object's: tier errors."""
-    is_reply = isinstance(error, redis_errors.ResponseError | ReplyError)
-    return is_reply and str(error).startswith("WRONGTYPE")
-
-
-def _not_a_string(error: BaseException) -> CorruptObject:
-    return CorruptObject("magic", f"not a string value: {error}")
-
-
-def _replies(results: list[Any]) -> list[Any]:
-    """The replies of a redis-py pipeline run with `raise_on_error=False`, each command's error
-    reply in its place; any other failure raised, as without that flag (a Cluster pipeline puts
-    a node's connection error in the list too)."""
-    for result in results:
-        if isinstance(result, Exception) and not isinstance(result, redis_errors.ResponseError):
-            raise result
-    return results
-
-
-def _empty(replies: Sequence[Any]) -> bytes | None:
-    """After an empty GETRANGE, EXISTS and STRLEN tell a missing key (None) from an empty value
-    (b"", a corrupt object: refused and deleted); a value that appeared in between (or another
-    type: STRLEN's error reply) is a miss, not an object to delete."""
-    exists, size = replies
-    return b"" if exists and size == 0 else None
-
-
-def _within(head: bytes, limit: int) -> bytes:
-    """A value read by `GETRANGE name 0 limit` (at most `limit + 1` bytes: a GET of a crafted
-    512 MiB value would make redis-py read and allocate all of it), refused when it is longer
-    than `limit` bytes."""
-    if len(head) > limit:
-        raise CorruptObject(
-            "length", f"object of more than {limit} bytes, at most {limit} expected"
-        )
-    return head
-
-
-def _spans(sizes: list[int], limit: int) -> list[slice]:
-    """Consecutive slices of `sizes` of at most `limit` bytes each (at least one item)."""
-    spans: list[slice] = []
-    start, total = 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and total + size > limit:
-            spans.append(slice(start, i))
-            start, total = i, 0
-        total += size
-    spans.append(slice(start, len(sizes)))
-    return spans
-
-
-async def _each(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """The results of `calls`, run at once (one call runs without a task); an exception is
-    raised only once every call has ended (they read into the caller's buffers)."""
-    pending = list(calls)
-    if len(pending) == 1:
-        return [await pending[0]]
-    results = await asyncio.gather(*pending, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results  # type: ignore[return-value]
+    async def _write_many(
+        self, objects: Sequence[tuple[BlockKey, Sequence[Buffer]]]
+    ) -> list[RawWrite] | None:
+        """Pipelines of SET NXs (None: large values without the fast path, sent one by one)."""
+        return await self._pipelines.write(objects)

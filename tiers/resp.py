@@ -2,10 +2,9 @@
 SET from one without joining header and payload, on the runtime's event loop (non-blocking
 sockets, no threads, no intermediate copies of a block).
 
-(Just over 400 lines: one connection, its pool and the reply parser are one protocol; the
-bounded reads of values that may be planted take the most room.)
-
-It speaks to one plain-TCP server and only the commands the tier's data path needs (GET, SET,
+This module is the connection and its reply parser; the pool of connections is
+`tiers.resp_pool`, the commands and the protocol's errors `tiers.resp_commands`. It speaks to
+one plain-TCP server and only the commands the tier's data path needs (GET, SET,
 AUTH, SELECT, PING); redis-py stays for everything else (EXISTS, DEL, SCAN, TLS, Cluster). A
 connection whose exchange did not finish (an error, a timeout, a cancellation) is closed, never
 reused: its position in the reply stream is unknown.
@@ -17,25 +16,23 @@ import asyncio
 import ctypes
 import os
 import socket
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from tiering.errors import CorruptObject
 from tiering.format import peek_lengths
 from tiering.tier import Buffer
 from tiers.native import load_function
+from tiers.resp_commands import HandshakeError, ReplyError, RespError, command, set_command
 
 __all__ = [
     "HandshakeError",
     "ReplyError",
     "RespConnection",
     "RespError",
-    "RespPool",
     "command",
     "set_command",
 ]
-
-T = TypeVar("T")
 
 HEADER_PEEK = 512
 """Bytes of a value read before its payload is placed (an object header is ~100 bytes)."""
@@ -86,49 +83,6 @@ def _address(view: memoryview) -> int:
 
 def _addresses(values: Sequence[int]) -> Any:
     return (ctypes.c_uint64 * len(values))(*values)
-
-
-class RespError(Exception):
-    """The server answered with an error reply, or broke the protocol."""
-
-
-class ReplyError(RespError):
-    """The server answered one command with an error reply (`WRONGTYPE` to a GET of a key that
-    holds a list, say): a whole reply, so the stream is still in step and the next reply is the
-    next command's. Any other `RespError` leaves the connection's place in the stream unknown."""
-
-
-class HandshakeError(RespError, ConnectionError):
-    """The server refused a new connection's AUTH or SELECT (a wrong password, say): the
-    connection is unusable, as if it had not opened."""
-
-
-def command(*args: bytes | str | int) -> bytes:
-    """A small command as one RESP array (keys, numbers: not block values)."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-def set_command(
-    name: bytes, value_parts: Sequence[Buffer], px: int | None, *, nx: bool = False
-) -> list[Buffer]:
-    """SET name value [NX] [PX px] (milliseconds), the value given in parts (sent by one
-    `sendmsg`, not joined). With `nx` the server answers nil, and writes nothing, when the key
-    exists."""
-    size = sum(len(p) for p in value_parts)
-    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (
-        3 + nx + (0 if px is None else 2),
-        len(name),
-        name,
-        size,
-    )
-    tail = b"\r\n" + (b"$2\r\nNX\r\n" if nx else b"")
-    if px is not None:
-        tail += b"$2\r\nPX\r\n$%d\r\n%d\r\n" % (len(str(px)), px)
-    return [head, *value_parts, tail]
 
 
 class RespConnection:
@@ -435,114 +389,3 @@ class RespConnection:
         await self.read_into(memoryview(rest))
         await self._crlf()
         return bytes(head + rest), False
-
-
-class RespPool:
-    """Up to `size` connections to one server, on the runtime's event loop thread (one event
-    loop at a time); opened on demand and kept while they are healthy."""
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        *,
-        size: int,
-        username: str | None = None,
-        password: str | None = None,
-        db: int = 0,
-        connect_timeout: float = 1.0,
-    ) -> None:
-        self.host, self.port, self.size = host, port, size
-        self._hello: list[bytes] = []
-        if password is not None:
-            auth = ("AUTH", username, password) if username else ("AUTH", password)
-            self._hello.append(command(*auth))
-        if db:
-            self._hello.append(command("SELECT", db))
-        self.connect_timeout = connect_timeout
-        self._idle: list[RespConnection] = []
-        self._gates: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
-
-    def _gate(self) -> asyncio.Semaphore:
-        loop = asyncio.get_running_loop()
-        gate = self._gates.get(loop)
-        if gate is None:
-            self._gates = {loop: asyncio.Semaphore(self.size)}  # a new loop: forget the old
-            gate = self._gates[loop]
-        return gate
-
-    async def run(self, exchange: Callable[[RespConnection], Awaitable[T]]) -> T:
-        """`exchange` on a pooled connection; once more on a new one if a reused connection
-        turns out closed by the server (idle timeout, restart): for idempotent exchanges. A
-        connection whose exchange did not finish is closed (its reply stream is out of step)."""
-        gate = self._gate()
-        await gate.acquire()
-        try:
-            conn = self._idle.pop() if self._idle else await self._connect()
-            conn.uses += 1
-            try:
-                result = await exchange(conn)
-            except (ConnectionError, OSError):
-                conn.close()
-                if conn.uses == 1:
-                    raise
-                conn = await self._connect()
-                conn.uses += 1
-                try:
-                    result = await exchange(conn)
-                except BaseException:
-                    conn.close()
-                    raise
-            except BaseException:
-                conn.close()
-                raise
-            if conn.broken:
-                conn.close()
-            else:
-                self._idle.append(conn)
-            return result
-        finally:
-            gate.release()
-
-    async def _connect(self) -> RespConnection:
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        family, kind, proto, _, address = infos[0]
-        sock = socket.socket(family, kind, proto)
-        conn: RespConnection | None = None
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
-            if family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # the handshake too: a server that accepts and never answers AUTH must not hang us
-            async with asyncio.timeout(self.connect_timeout):
-                await loop.sock_connect(sock, address)
-                conn = RespConnection(sock)
-                for hello in self._hello:
-                    await conn.send([hello])
-                    try:
-                        await conn.reply()
-                    except RespError as e:
-                        raise HandshakeError(str(e)) from None
-        except TimeoutError:
-            self._discard(sock, conn)
-            raise ConnectionError(
-                f"no connection to {self.host}:{self.port} within {self.connect_timeout:g}s"
-            ) from None
-        except BaseException:
-            self._discard(sock, conn)
-            raise
-        return conn
-
-    @staticmethod
-    def _discard(sock: socket.socket, conn: RespConnection | None) -> None:
-        if conn is not None:
-            conn.close()  # its reader is registered: a bare sock.close() would leave it behind
-        else:
-            sock.close()
-
-    def close(self) -> None:
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()

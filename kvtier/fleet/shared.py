@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from tiering.keys import BlockKey
-from tiering.tier import Buffer, Tier, TierStat
+from tiering.tier import Buffer, Medium, Tier, TierStat
 from tiering.wrappers import ForwardingTier
 
 __all__ = ["EngineTier", "Holds", "Write", "WriteLedger"]
@@ -113,8 +113,8 @@ class EngineTier(ForwardingTier):
         self._lock = shared_lock
         self._holds = holds or self._inner_holds
         if shared_lock is not None:
-            self.indexed = False  # type: ignore[misc]
-            self.medium = "remote"  # type: ignore[misc]
+            self.indexed = False
+            self.medium = Medium.REMOTE
 
     async def _inner_holds(self, key: BlockKey, last: Write) -> bool:
         known = self.inner.knows(key)

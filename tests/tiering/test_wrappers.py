@@ -143,3 +143,17 @@ def test_a_wrapper_passes_on_what_the_store_said_of_a_write() -> None:
             assert usage.objects == 1
 
     asyncio.run(body())
+
+
+def test_a_wrapper_takes_every_capability_and_writes_at_its_alignment() -> None:
+    """Capabilities are the wrapped tier's, whatever it declares (here set on the instance),
+    and the wrapper's objects are laid out at the wrapped tier's alignment."""
+    inner = MemoryTier(namespace=NAMESPACE)
+    inner.persistent, inner.shared, inner.align, inner.indexed = True, True, 4096, False
+    wrapper = ForwardingTier(inner)
+    names = ("type_name", "persistent", "shared", "medium", "supports_listing", "evicts")
+    for name in (*names, "align", "indexed"):
+        assert getattr(wrapper, name) == getattr(inner, name), name
+    asyncio.run(wrapper.put(key(1), payload(100)))
+    blob = stored(inner, key(1))
+    assert blob is not None and int.from_bytes(blob[14:18], "little") == 4096

@@ -268,12 +268,12 @@ def test_a_value_the_server_refuses_fails_alone_and_the_pipeline_stays_in_step(
 ) -> None:
     """Out of memory mid-pipeline: the refused SETs fail one by one, the stored ones are
     readable on the same connections afterwards (no reply is read out of order)."""
-    import tiers.redis
+    import tiers.redis_pipelines
 
     # The whole batch in one pipeline, as this test is about: split over several connections,
     # the values waiting in their query buffers count as used memory too, and the server may
     # refuse every SET before running any (it did, in one CI run).
-    monkeypatch.setattr(tiers.redis, "PIPELINE_BYTES", 64 << 20)
+    monkeypatch.setattr(tiers.redis_pipelines, "PIPELINE_BYTES", 64 << 20)
     flush(redis_server.port)
     admin = redis.Redis(host="127.0.0.1", port=redis_server.port)
     used = int(admin.info("memory")["used_memory"])
@@ -365,9 +365,10 @@ def test_a_batch_of_large_blocks_goes_as_several_pipelines_at_most_streams_at_on
     `concurrency` allows: against one single-threaded server, 32 connections at once halved a
     64 MiB batch's throughput (BENCHMARKS.md)."""
     import tiers.redis
+    import tiers.redis_pipelines
 
     flush(redis_server.port)
-    monkeypatch.setattr(tiers.redis, "PIPELINE_BYTES", 100_000)  # about one 64 KiB block each
+    monkeypatch.setattr(tiers.redis_pipelines, "PIPELINE_BYTES", 100_000)  # one 64 KiB block each
     size = 64 << 10
     opened = 0
     connect = tiers.redis.RespPool._connect
@@ -405,9 +406,10 @@ def test_a_batch_waiting_for_its_streams_is_bounded_by_the_deadline(
     connection pool's wait does: a slow server fails the blocks still queued within the
     deadline (misses), instead of a batch taking its pipelines' count times as long."""
     import tiers.redis
+    import tiers.redis_pipelines
 
     flush(redis_server.port)
-    monkeypatch.setattr(tiers.redis, "PIPELINE_BYTES", 100_000)  # about one 64 KiB block each
+    monkeypatch.setattr(tiers.redis_pipelines, "PIPELINE_BYTES", 100_000)  # one 64 KiB block each
     size = 64 << 10
     run = tiers.redis.RespPool.run
 
@@ -615,7 +617,7 @@ def test_an_oversized_object_in_a_batch_fails_alone_and_the_others_arrive(
 ) -> None:
     """In one pipeline: a value a little too large is drained (the replies after it stay in
     step and are read into their own buffers), memory stays bounded."""
-    import tiers.redis
+    import tiers.redis_pipelines
 
     flush(redis_server.port)
     size = 64 << 10
@@ -624,7 +626,7 @@ def test_an_oversized_object_in_a_batch_fails_alone_and_the_others_arrive(
         tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
         async with tier:
             await tier.put_many([(key(i), payload(size, i)) for i in (1, 3)])
-            plant(redis_server.port, key(2), bytes(tiers.redis.DRAIN))
+            plant(redis_server.port, key(2), bytes(tiers.redis_pipelines.DRAIN))
             pooled = set(map(id, tier._fast._idle)) if tier._fast is not None else set()
             buffers = [bytearray(size) for _ in range(3)]
             found, peak = await peak_of(
@@ -646,7 +648,7 @@ def test_a_huge_object_in_a_fast_pipeline_costs_a_connection_not_its_size(
 ) -> None:
     """Past `DRAIN` the value is not read at all: its connection is dropped and the GETs after
     it are sent again on another, so every other block of the batch still arrives."""
-    import tiers.redis
+    import tiers.redis_pipelines
 
     flush(redis_server.port)
     size = 64 << 10
@@ -657,7 +659,7 @@ def test_a_huge_object_in_a_fast_pipeline_costs_a_connection_not_its_size(
             await tier.put_many([(key(i), payload(size, i)) for i in (1, 3, 5)])
             for i in (2, 4):
                 plant(redis_server.port, key(i), bytes(BIG))
-            assert BIG > tiers.redis.DRAIN
+            assert BIG > tiers.redis_pipelines.DRAIN
             buffers = [bytearray(size) for _ in range(5)]
             found, peak = await peak_of(
                 tier.get_many([(key(i + 1), b) for i, b in enumerate(buffers)])

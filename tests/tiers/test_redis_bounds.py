@@ -22,8 +22,9 @@ from tiering.errors import TierError, TierFull
 from tiering.primary import LookupResult
 from tiering.testing import NAMESPACE, key, payload
 from tiers import redis_bounds
-from tiers.redis import PIPELINE_MAX_VALUE, RedisTier
+from tiers.redis import RedisTier
 from tiers.redis_bounds import ServerMemory, judge, redis_size
+from tiers.redis_pipelines import PIPELINE_MAX_VALUE
 
 pytestmark = pytest.mark.redis
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from tiering.envelope import MIN_SECRET_BYTES
 from tiering.errors import ConfigError
 from tiering.options import option
 from tiering.tier import MIN_SECRET_BYTES

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from tiering.errors import ConfigError, CorruptObject, TierFull, TierTimeout
-from tiering.format import Header
+from tiering.batching import RawWrite
+from tiering.counters import corrupt
+from tiering.errors import ConfigError, TierFull, TierTimeout
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, fields_of, option
-from tiering.tier import Buffer, KeyLike, NamespaceUsage, Tier, TierStat
+from tiering.tier import Buffer, Medium, NamespaceUsage, Tier, TierStat
 from tiers.file.direct import (
     BLOCK,
     BounceBuffers,
@@ -76,7 +77,7 @@ class FileTier(Tier):
 
     type_name = "file"
     persistent = True
-    medium = "disk"
+    medium = Medium.DISK
     supports_listing = True
     evicts = True
     align = BLOCK
@@ -179,7 +180,7 @@ class FileTier(Tier):
     def _damaged_at_start(self, where: str, reason: str, detail: str, *, removed: bool) -> None:
         """A damaged object the start-up scan found at `where`, counted, listed in `damaged`
         and logged with what happens to it: `removed` (by the caller) or left in place."""
-        self.counters[f"corrupt.{reason}"] += 1
+        self.counters[corrupt(reason)] += 1
         self.damaged.append((where, reason, removed))
         verb = "removing" if removed else "leaving"
         log.warning("tier %r: %s a damaged object at start, %s: %s", self.name, verb, where, detail)
@@ -237,50 +238,22 @@ class FileTier(Tier):
 
     # -- batches --------------------------------------------------------------------------------
 
-    async def _finish_reads(
-        self,
-        blocks: list[BlockKey],
-        views: list[memoryview],
-        answers: list[Any],
-        touch: Callable[[int], None],
-    ) -> list[bool | BaseException]:
-        """Each batch read's answer (what `_read_into` returns, or an error) verified,
-        counted and treated as a miss where corrupt, as a single read's; `touch(i)` for each
-        block found."""
-        results: list[bool | BaseException] = []
-        for i, (block, view, answer) in enumerate(zip(blocks, views, answers, strict=True)):
-            if isinstance(answer, CorruptObject):
-                await self._refuse(block, answer)
-                results.append(False)
-            elif isinstance(answer, BaseException):
-                self.counters["errors"] += 1
-                results.append(answer)
-            elif isinstance(answer, Header):  # read into its view and checked in the pool
-                touch(i)
-                results.append(self._hit(len(view), answer))
-            else:
-                if answer is not None:
-                    touch(i)
-                results.append(await self._accept_into(block, answer, view))
-        return results
-
-    def _encode_batch(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
-    ) -> tuple[list[tuple[BlockKey, tuple[Buffer, Buffer]]], list[int], list[Any], list[int]]:
-        """The objects of a batch of puts, their sizes, the results so far (objects larger than
-        the capacity fail alone) and the indexes of those to write."""
-        encoded = [self._encode(k, d) for k, d in items]
-        sizes = [sum(len(p) for p in parts) for _, parts in encoded]
-        results: list[None | BaseException] = [None] * len(items)
+    def _room_for(
+        self, objects: Sequence[tuple[BlockKey, Sequence[Buffer]]]
+    ) -> tuple[list[int], list[RawWrite], list[int]]:
+        """A batch write's object sizes, its answers so far (an object larger than the
+        capacity fails alone, `TierFull`) and the indexes of the objects to write."""
+        sizes = [sum(len(p) for p in parts) for _, parts in objects]
+        answers: list[RawWrite] = [None] * len(objects)
         todo = []
         for i, size in enumerate(sizes):
             if self.capacity is not None and size > self.capacity:
-                results[i] = TierFull(
+                answers[i] = TierFull(
                     f"tier {self.name!r}: an object of {size} bytes exceeds the capacity"
                 )
             else:
                 todo.append(i)
-        return encoded, sizes, results, todo
+        return sizes, answers, todo
 
     async def _in_groups(
         self, work: Callable[[list[Any]], list[Any]], jobs: list[Any]

@@ -33,11 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from tiering.batching import RawRead, RawWrite
+from tiering.counters import EVICTIONS
 from tiering.errors import CorruptObject, TierError, TierFull
 from tiering.format import REMOVABLE, Header, check_object, decode_header
 from tiering.keys import BlockKey, key_from_hex, key_path
 from tiering.options import TierOptions, option
-from tiering.tier import Buffer, KeyLike, ObjectInfo, TierStat, as_key
+from tiering.tier import Buffer, ObjectInfo, TierStat
 from tiers.file.base import FileOptions, FileTier, log
 from tiers.file.block_io import BlockFiles, object_size
 from tiers.file.direct import BLOCK
@@ -258,58 +260,56 @@ class BlockFileTier(FileTier, layout="files"):
 
     # -- batches: one thread hop per group of blocks ----------------------------------------------
 
-    async def get_many(
-        self, items: Sequence[tuple[KeyLike, memoryview | bytearray]]
-    ) -> list[bool | BaseException]:
+    async def _read_many(
+        self, keys: Sequence[BlockKey], payloads: Sequence[memoryview], limits: Sequence[int]
+    ) -> list[RawRead] | None:
         """Reads in at most `concurrency` groups, each group in one pool call (a hop between
-        threads costs about as much as reading a 256 KiB block: BENCHMARKS.md, "Secondary tiers
-        against raw baselines"); verified on the loop."""
-        if len(items) < 2 or self.codec != "raw":
-            return await super().get_many(items)
+        threads costs about as much as reading a block: BENCHMARKS.md, "Secondary tiers against
+        raw baselines"); each answer as `_read_into`'s, verified by the base."""
+        if len(keys) < 2 or self.codec != "raw":
+            return None
         self._drop_gone()
-        blocks = [as_key(k) for k, _ in items]
-        views = [memoryview(buffer).cast("B") for _, buffer in items]
-        jobs = [(self._path(block), view, block) for block, view in zip(blocks, views, strict=True)]
-        answers = await self._in_groups(self._read_and_verify, jobs)
-        for block, view, answer in zip(blocks, views, answers, strict=True):
+        jobs = [
+            (self._path(key), view, limit, key)
+            for key, view, limit in zip(keys, payloads, limits, strict=True)
+        ]
+        answers = await self._in_groups(self._read_group, jobs)
+        for key, view, answer in zip(keys, payloads, answers, strict=True):
             if answer is None:
-                self._found(block, None)
+                self._found(key, None)
             elif isinstance(answer, Header):
-                self._found(block, answer.object_length)
+                self._found(key, answer.object_length)
             elif isinstance(answer, tuple):
-                self._found(block, _length(answer, len(view)))
-        return await self._finish_reads(blocks, views, answers, lambda i: None)
+                self._found(key, _length(answer, len(view)))
+        return answers
 
-    async def put_many(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
-    ) -> list[None | BaseException]:
+    async def _write_many(
+        self, objects: Sequence[tuple[BlockKey, Sequence[Buffer]]]
+    ) -> list[RawWrite] | None:
         """Writes in at most `concurrency` groups, each group in one pool call."""
-        if len(items) < 2 or self.read_only:
-            return await super().put_many(items)
-        encoded, sizes, results, todo = self._encode_batch(items)
-        jobs = [(self._path(encoded[i][0]), encoded[i][1], sizes[i]) for i in todo]
+        if len(objects) < 2:
+            return None
+        sizes, answers, todo = self._room_for(objects)
+        jobs = [(self._path(objects[i][0]), objects[i][1], sizes[i]) for i in todo]
         for i, outcome in zip(todo, await self._in_groups(self._write_group, jobs), strict=True):
             if isinstance(outcome, bool):
-                self._add_to_index(encoded[i][0], sizes[i])
-                self._count_put(outcome, len(items[i][1]))
-            else:
-                self.counters["errors"] += 1
-                results[i] = outcome
-        return results
+                self._add_to_index(objects[i][0], sizes[i])
+            answers[i] = outcome
+        return answers
 
-    def _read_and_verify(self, jobs: list[tuple[Path, memoryview, BlockKey]]) -> list[Any]:
-        """Each block read into its view and checked there, in the pool (its `Header`), each
-        block as soon as it is in: the loop then only counts, and the checks of one group
-        overlap the reads of the others."""
-        out: list[Any] = []
-        for path, view, block in jobs:
+    def _read_group(self, jobs: list[tuple[Path, memoryview, int, BlockKey]]) -> list[RawRead]:
+        """Each object read into its view where it is laid out for it, in the pool, and a placed
+        payload opened there by the tier's envelope as soon as it is in (`RawRead`): the loop
+        then only counts, and the checks of one group overlap the reads of the others."""
+        out: list[RawRead] = []
+        for path, view, limit, key in jobs:
             try:
-                answer = self._files.read_into(path, view, self.object_limit(len(view)))
+                answer = self._files.read_into(path, view, limit)
                 if answer is not None and answer[1]:
-                    out.append(self.verify_placed(block, answer[0], view))
+                    out.append(self.envelope.open_placed(key, answer[0], view))
                 else:
                     out.append(answer)
-            except (TierError, CorruptObject) as e:
+            except TierError as e:  # a `CorruptObject` too: refused by the base
                 out.append(e)
         return out
 
@@ -361,7 +361,7 @@ class BlockFileTier(FileTier, layout="files"):
             self._forget(gone.popleft())
 
     def _count_evictions(self, n: int) -> None:
-        self.counters["evictions"] += n  # (the housekeeping thread: one writer of the key)
+        self.counters[EVICTIONS] += n  # (the housekeeping thread: one writer of the key)
 
 
 def _length(got: tuple[Buffer, bool] | None, payload: int) -> int | None:

@@ -20,8 +20,8 @@ on a file kept open; the object format is the same, each object starting on a 4 
 The pieces: `SegmentLedger` (`tiers.file.ledger`: the bookkeeping, no I/O), `SegmentFiles`
 (`tiers.file.segment_io`: reads and writes in the thread pool), `SegmentAio`
 (`tiers.file.segment_aio`: reads and writes by kernel AIO from the loop, with O_DIRECT, where
-the kernel allows; everything else goes through the pool). What is left here is the loop's
-side of each primitive and batch: where each goes, and what it changes.
+the kernel allows; everything else goes through the pool). What is here is the loop's side of
+each primitive and batch: where each goes, and what it changes.
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
+from tiering.batching import RawRead, RawWrite
+from tiering.counters import EVICTIONS
 from tiering.errors import ConfigError, CorruptObject, TierError, TierFull
 from tiering.keys import BlockKey
 from tiering.options import TierOptions, option
-from tiering.tier import Buffer, KeyLike, ObjectInfo, as_key
+from tiering.tier import Buffer, ObjectInfo
 from tiers.file.aio import PREADV, PWRITEV
 from tiers.file.base import FileOptions, FileTier, log
 from tiers.file.direct import BLOCK
@@ -217,7 +219,7 @@ class SegmentFileTier(FileTier, layout="segments"):
     async def _evict_for(self, size: int) -> None:
         """Evict until `size` more bytes fit in the capacity (there is one)."""
         assert self.capacity is not None
-        self.counters["evictions"] += self._ledger.evict_for(size, self.capacity)
+        self.counters[EVICTIONS] += self._ledger.evict_for(size, self.capacity)
 
     def _placed(self, key: BlockKey, limit: int) -> Place | None:
         """Where the copy of `key` is, if any; `CorruptObject("length")` if it is over `limit`."""
@@ -324,61 +326,57 @@ class SegmentFileTier(FileTier, layout="segments"):
 
     # -- batches: runs of blocks back to back, one request each ---------------------------------
 
-    async def get_many(
-        self, items: Sequence[tuple[KeyLike, memoryview | bytearray]]
-    ) -> list[bool | BaseException]:
-        if len(items) < 2 or self.codec != "raw":
-            return await super().get_many(items)
-        blocks = [as_key(k) for k, _ in items]
-        views = [memoryview(buffer).cast("B") for _, buffer in items]
-        places = [self._index.get(block) for block in blocks]
+    async def _read_many(
+        self, keys: Sequence[BlockKey], payloads: Sequence[memoryview], limits: Sequence[int]
+    ) -> list[RawRead] | None:
+        """Each object read into its view where it is laid out for it, runs of them in one
+        request each (`_in_runs`); each answer as `_read_into`'s, verified by the base."""
+        if len(keys) < 2 or self.codec != "raw":
+            return None
+        places = [self._index.get(key) for key in keys]
         oversized: dict[int, CorruptObject] = {}
-        for i, (place, view) in enumerate(zip(places, views, strict=True)):
-            if place is not None and place.length > self.object_limit(len(view)):
+        for i, (place, limit) in enumerate(zip(places, limits, strict=True)):
+            if place is not None and place.length > limit:
                 oversized[i] = CorruptObject("length", f"object of {place.length} bytes")
                 places[i] = None
-        jobs = list(zip(places, views, strict=True))
+        jobs = list(zip(places, payloads, strict=True))
         fits = [place is not None and self._files.laid_out(place, view) for place, view in jobs]
         with self._ledger.using(*(place.segment for place in places if place is not None)):
-            answers = await self._in_runs(PREADV, jobs, fits)
+            answers: list[RawRead] = await self._in_runs(PREADV, jobs, fits)
         for i, error in oversized.items():
             answers[i] = error
-
-        def touch(i: int) -> None:
-            place = places[i]
-            if place is not None:
+        for place, answer in zip(places, answers, strict=True):
+            if place is not None and answer is not None and not isinstance(answer, BaseException):
                 self._ledger.touch(place.segment)
+        return answers
 
-        return await self._finish_reads(blocks, views, answers, touch)
-
-    async def put_many(
-        self, items: Sequence[tuple[KeyLike, Buffer | bytearray]]
-    ) -> list[None | BaseException]:
-        if len(items) < 2 or self.read_only:
-            return await super().put_many(items)
-        encoded, sizes, results, todo = self._encode_batch(items)
+    async def _write_many(
+        self, objects: Sequence[tuple[BlockKey, Sequence[Buffer]]]
+    ) -> list[RawWrite] | None:
+        """Runs of records back to back in one request each (`_in_runs`)."""
+        if len(objects) < 2:
+            return None
+        sizes, answers, todo = self._room_for(objects)
         if self.capacity is not None:
             growth = sum(record_size(sizes[i]) for i in todo)
             await self._evict_for(min(growth, self.capacity))
         places = []
         for i in todo:
             place = self._ledger.reserve(sizes[i])
-            self._ledger.begin_put(encoded[i][0], place)
+            self._ledger.begin_put(objects[i][0], place)
             places.append(place)
-        jobs = [(place, encoded[i][1]) for i, place in zip(todo, places, strict=True)]
+        jobs = [(place, objects[i][1]) for i, place in zip(todo, places, strict=True)]
         fits = [self._files.whole_blocks(parts) for _, parts in jobs]
         with self._ledger.using(*(place.segment for place in places)):
             outcomes = await self._in_runs(PWRITEV, jobs, fits)
         for i, place, outcome in zip(todo, places, outcomes, strict=True):
-            block = encoded[i][0]
+            key = objects[i][0]
             if outcome is None:
-                await self._landed(block, place)
-                self._count_put(None, len(items[i][1]))
+                await self._landed(key, place)
             else:
-                self._ledger.abandon_put(block, place)
-                self.counters["errors"] += 1
-                results[i] = outcome
-        return results
+                self._ledger.abandon_put(key, place)
+            answers[i] = outcome
+        return answers
 
     async def _in_runs(
         self, op: int, jobs: Sequence[tuple[Place | None, Any]], fits: list[bool]

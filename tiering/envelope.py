@@ -1,0 +1,120 @@
+"""The object envelope: how a tier seals a block into a stored object and opens one it reads
+back (any thread: an immutable value, pure functions of its settings).
+
+A tier holds one (`Tier.envelope`): its namespace, codec, checksum kind, payload alignment,
+writer id and, with a deployment secret, the MAC key. Sealing is `tiering.format.encode` with
+those settings; opening applies every step of `tiering.format`'s verification (header, real
+size, checksum, MAC, bounded decoding) and raises `CorruptObject` at the first that fails. The
+tier decides what a refusal means (a counted miss, a deletion); the envelope only answers
+whether an object is sound. Encryption of payloads, when it comes, goes here too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Final
+
+from tiering.errors import ConfigError, CorruptObject
+from tiering.format import (
+    WRITER_BYTES,
+    Header,
+    check_object,
+    decode_header,
+    decompress,
+    encode,
+    mac_key,
+    verify_payload,
+)
+from tiering.keys import BlockKey
+
+__all__ = ["MIN_SECRET_BYTES", "Envelope"]
+
+Buffer = bytes | memoryview
+
+MIN_SECRET_BYTES: Final = 16
+"""The shortest deployment secret a tier accepts for authenticated objects."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Envelope:
+    """One tier's way of sealing and opening objects (any thread: a value). Build it with
+    `of`; a wrapper that verifies with another tier's secret takes that tier's `mac`
+    (`dataclasses.replace`)."""
+
+    namespace: bytes
+    """The namespace digest every object carries and every read expects."""
+    codec: str = "raw"
+    """How payloads are compressed when written (`tiering.format.CODECS`)."""
+    checksum: str = "xxh3"
+    """The payload checksum written (`tiering.format.CHECKSUMS`)."""
+    align: int = 1
+    """Payload offset alignment of written objects."""
+    writer: bytes = field(default_factory=lambda: os.urandom(WRITER_BYTES))
+    """The id written in every object's writer tag (`Tier.writer`)."""
+    mac: bytes | None = field(default=None, repr=False)
+    """The MAC key derived from the deployment's secret (`tiering.format.mac_key`); None:
+    objects are written without a MAC and read without checking one."""
+
+    @classmethod
+    def of(
+        cls,
+        namespace: bytes,
+        *,
+        secret: bytes | None = None,
+        codec: str = "raw",
+        checksum: str = "xxh3",
+        align: int = 1,
+    ) -> Envelope:
+        """The envelope for `namespace`, with `secret` (at least `MIN_SECRET_BYTES`, else
+        `ConfigError`) authenticating every object, and a fresh writer id."""
+        if secret is not None and len(secret) < MIN_SECRET_BYTES:
+            raise ConfigError(f"secret: at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
+        key = None if secret is None else mac_key(bytes(secret))
+        return cls(namespace=namespace, codec=codec, checksum=checksum, align=align, mac=key)
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether objects are written with, and required to carry, a MAC."""
+        return self.mac is not None
+
+    def seal(self, key: BlockKey, data: Buffer | bytearray) -> tuple[Buffer, Buffer]:
+        """The stored object of block `data` under `key`, as its parts (header, payload: the
+        payload is `data` itself with the `raw` codec, not a copy)."""
+        return encode(
+            key,
+            self.namespace,
+            memoryview(data),
+            codec=self.codec,
+            checksum_kind=self.checksum,
+            align=self.align,
+            secret_key=self.mac,
+            writer=self.writer,
+        )
+
+    def header(self, key: BlockKey, head: Buffer) -> Header:
+        """The checked header of the object of `key` whose first bytes are `head`."""
+        return decode_header(head, key, self.namespace)
+
+    def open(self, key: BlockKey, blob: Buffer, size: int | None = None) -> tuple[Header, Buffer]:
+        """The checked header and the block a stored object of `key` holds, verified in every
+        step (`size`: the block size expected). Raises `CorruptObject`."""
+        blob = memoryview(blob)
+        header = decode_header(blob, key, self.namespace)
+        check_object(header, len(blob), size)
+        payload = blob[header.payload_offset : header.object_length]
+        verify_payload(header, payload, self.mac)
+        return header, decompress(header.codec, payload, header.raw_length)
+
+    def open_placed(self, key: BlockKey, header_bytes: Buffer, view: memoryview) -> Header:
+        """Check a header and the payload a backend read straight into `view` (`ReadsInto`):
+        `CorruptObject` unless they are `key`'s, of this namespace, raw, with a matching
+        checksum (and MAC); the checked header."""
+        header = decode_header(header_bytes, key, self.namespace)
+        if header.payload_offset != len(header_bytes):
+            raise CorruptObject("length", "the payload was read from another offset than its own")
+        if header.codec != "raw":
+            raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
+        check_object(header, header.payload_offset + len(view), len(view))
+        verify_payload(header, view, self.mac)
+        return header
