@@ -18,7 +18,6 @@ from typing import Any, Final
 from tiering.envelope import MIN_SECRET_BYTES
 from tiering.errors import ConfigError
 from tiering.options import option
-from tiering.tier import MIN_SECRET_BYTES
 from tiering.units import format_size
 
 __all__ = [
