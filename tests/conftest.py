@@ -1,3 +1,8 @@
+"""The whole test session's fixtures: its own home, vLLM's environment, the trace, and the real
+servers (Redis, a Redis Cluster, SeaweedFS) started once on loopback. The conformance suite's
+store-down test kills and restarts them (`store_down` in the backends' test modules): a test
+keeps no data on them across tests."""
+
 from __future__ import annotations
 
 import contextlib
