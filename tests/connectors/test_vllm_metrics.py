@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.connectors.test_vllm import vllm_python  # noqa: F401 - fixture
+from tests.helpers.paths import ROOT
 
 pytestmark = [pytest.mark.vllm]
 
@@ -50,7 +49,7 @@ print(json.dumps({
 
 
 def test_usage_and_other_writer_metrics_are_defined_and_reported(
-    vllm_python: Path,  # noqa: F811
+    vllm_python: Path,
     tmp_path: Path,
 ) -> None:
     (tmp_path / "nvme" / ("ab" * 16) / "ab" / "cd").mkdir(parents=True)

@@ -32,7 +32,7 @@ import pytest
 
 from kvtier.scenario import run_scenario
 from kvtier.venv import ensure_vllm_venv
-from tests.connectors.test_vllm import namespaces
+from tests.helpers.vllm_runs import namespaces
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

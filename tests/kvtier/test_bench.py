@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 def test_manager_benchmark_runs(tmp_path: Path, mooncake_trace: Path) -> None:

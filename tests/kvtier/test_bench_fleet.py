@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bench.fleet import figures, summarize
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 
 def out(turn: int, ttft: float, seconds: float, cached: int = 0) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import pytest
 
 from bench.ttft import SETUPS, rotated
 from kvtier.venv import ensure_vllm_venv
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 SOURCES = {
     "primary": "host_cached_tokens",

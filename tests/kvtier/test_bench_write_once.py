@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 pytestmark = [pytest.mark.redis, pytest.mark.s3, pytest.mark.slow]
 

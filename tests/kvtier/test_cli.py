@@ -16,7 +16,7 @@ import pytest
 import kvtier
 from kvtier.cli import build_parser, main
 from kvtier.demo import DEFAULT_CONFIG
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tiering.config import load_config
 
 

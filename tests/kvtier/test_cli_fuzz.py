@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier.cli import main
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tiering.keys import make_key
 
 FUZZ = settings(

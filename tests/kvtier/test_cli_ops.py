@@ -17,7 +17,7 @@ import redis
 
 from kvtier.cli import main
 from kvtier.servers import RedisServer, SeaweedS3
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tiering.keys import BlockKey, make_key
 from tiering.testing import payload
 from tiering.tier import Tier
@@ -415,7 +415,7 @@ def test_the_default_journal_is_in_the_test_home(
 ) -> None:
     """No test writes to the user's home: HOME points at the session's own (conftest), and a
     migration's default journal lands there."""
-    from tests.conftest import REAL_HOME
+    from tests.helpers.paths import REAL_HOME
 
     real = REAL_HOME / ".cache" / "kvtier" / "migrations"
     before = sorted(real.iterdir()) if real.is_dir() else []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 PACKAGES = ("tiering", "tiers", "connectors", "kvtier")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"

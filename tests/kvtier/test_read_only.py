@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.cli import main
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tiering.testing import NAMESPACE, key, payload
 from tiers.file import BlockFileTier, FileTier
 

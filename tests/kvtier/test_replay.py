@@ -14,7 +14,7 @@ import pytest
 from kvtier.cli import main
 from kvtier.replay import replay
 from kvtier.trace import TraceRequest, load_trace
-from tests.conftest import ROOT, SHARED_TRACES, SHIPPED_TRACES
+from tests.helpers.paths import ROOT, SHARED_TRACES, SHIPPED_TRACES
 from tiering.errors import TraceError
 
 CAPACITIES = (1638, 3276, 6553, 13107, 26214)

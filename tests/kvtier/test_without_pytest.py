@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 # A child in which `import pytest` fails as it does where pytest is not installed.
 _NO_PYTEST = "import sys; sys.modules['pytest'] = None; sys.modules['_pytest'] = None\n"

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tiering.config import markdown_table, parse_config
 from tiering.config.__main__ import main
 from tiering.config.generate import _tier_branches

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 
-from tests.tiering.test_gil import interval as interval  # noqa: F401  (autouse fixture)
-from tests.tiering.test_manager import HIT, MISS, PENDING, Harness, k
-from tests.tiering.test_manager import make as make  # noqa: F401  (the fixture)
+from tests.helpers.manager import HIT, MISS, PENDING, Harness, k, memory_tier
 from tests.tiers.memory_hooks import plant
 from tiering import gil
 from tiering.config import TierConfig
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE
 from tiers.memory import MemoryTier
+
+pytestmark = pytest.mark.usefixtures("interval")  # (tests/tiering/conftest.py)
 
 
 class DelayTier(MemoryTier):
@@ -175,8 +175,6 @@ def test_a_second_shutdown_does_not_raise(make: Callable[..., Harness]) -> None:
     """`_flush` submits to the runtime without a guard: on a runtime already shut down (a second
     shutdown, after a store completed meanwhile) `submit_many` raises StateError out of
     `shutdown`, and the tiers are not closed (the vLLM adapter's region.close is skipped)."""
-    from tests.tiering.test_manager import memory_tier
-
     cfg, tier = memory_tier(indexed=True)
     h = make([(cfg, tier)])
     h.store(1)

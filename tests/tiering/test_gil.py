@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 from tiering import gil
 
-
-@pytest.fixture(autouse=True)
-def interval() -> Iterator[float]:
-    """The process's own interval, put back after each test (and kvtier's default config)."""
-    before = sys.getswitchinterval()
-    gil.configure(gil.DEFAULT_INTERVAL)
-    yield before
-    gil.configure(gil.DEFAULT_INTERVAL)
-    sys.setswitchinterval(before)
+pytestmark = pytest.mark.usefixtures("interval")  # (tests/tiering/conftest.py)
 
 
 def test_a_claim_shortens_the_interval_and_its_release_restores_it(interval: float) -> None:

@@ -13,7 +13,7 @@ import pytest
 import tiering.policies as policies
 import tiering.policies.arc as arc_module
 from kvtier.trace import load_trace, trace_keys
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tests.tiering.arc_reference import ReferenceARC
 from tiering.errors import ConfigError, UnknownNameError
 from tiering.keys import BlockKey

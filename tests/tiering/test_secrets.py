@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from kvtier.servers import RedisServer
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tiering.errors import ConfigError, TierUnavailable
 from tiering.secrets import MASK, redact_data, redact_text, redact_url, url_secrets
 from tiering.testing import NAMESPACE, key, payload

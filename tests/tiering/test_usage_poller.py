@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiering.test_manager import HIT, Harness, k
-from tests.tiering.test_manager import make as make  # noqa: F401  (the fixture)
+from tests.helpers.manager import HIT, Harness, k
 from tiering.config import MetricsConfig, TierConfig, parse_config
 from tiering.errors import ConfigError, TierUnavailable
 from tiering.metrics import render

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.tiering.test_manager import HIT, MISS, PENDING, Harness, k, memory_tier
-from tests.tiering.test_manager import make as make  # noqa: F401  (the fixture)
+from tests.helpers.manager import HIT, MISS, PENDING, Harness, k, memory_tier
 from tiering.config import BreakerConfig, PrimaryConfig, TierConfig
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
@@ -431,7 +430,7 @@ def test_warm_batches_do_not_open_the_tiers_latency_breaker(
     """With `faults.breaker.latency` set, each bulk warm batch slower than it counts as a
     breaker failure: a few in a row open the tier's breaker, which then refuses the engine's
     own promotions (and demotions) for `cooldown`, and the warm start stops."""
-    import tests.tiering.test_manager as tm
+    import tests.helpers.manager as tm
 
     def breaker(failures: int) -> BreakerConfig:
         return BreakerConfig(failures=3, latency=0.02)

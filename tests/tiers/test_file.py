@@ -4,9 +4,10 @@ crashed writes and a full disk."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,24 @@ import pytest
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
-from tiering.testing.tier import MakeTier, TierConformance
+from tiering.testing.tier import MakeTier, StoreDown, TierConformance
 from tiering.tier import Tier
 from tiers.file import BlockFileTier, FileTier, SegmentFileTier
 from tiers.file.files import TMP_MAX_AGE
+
+
+@contextlib.contextmanager
+def directory_gone(path: Path) -> Iterator[None]:
+    """The tier's directory moved away and a plain file in its place (root ignores file modes,
+    so a chmod would not keep it out): every path under it fails with ENOTDIR."""
+    away = path.with_name(path.name + ".away")
+    path.rename(away)
+    path.write_bytes(b"not a directory")
+    try:
+        yield
+    finally:
+        path.unlink()
+        away.rename(path)
 
 
 class TestFileTier(TierConformance):
@@ -32,6 +47,10 @@ class TestFileTier(TierConformance):
             )
 
         return make
+
+    @pytest.fixture
+    def store_down(self, tmp_path: Path) -> StoreDown:
+        return lambda tier: directory_gone(tmp_path)
 
     @staticmethod
     def path_of(tier: Tier, key: BlockKey) -> Path:
@@ -77,6 +96,13 @@ class TestSegmentFileTier(TierConformance):
             )
 
         return make
+
+    @pytest.fixture
+    def store_down(self) -> StoreDown:
+        pytest.skip(
+            "segments: the tier holds its segment files open, and nothing in the file system "
+            "takes an open file away from a process running as root"
+        )
 
     @staticmethod
     def location(tier: Tier, key: BlockKey) -> tuple[Path, int, int] | None:

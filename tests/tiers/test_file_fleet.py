@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.tiering.test_manager import PENDING, Harness, k
+from tests.helpers.manager import PENDING, Harness, k
 from tiering.config import TierConfig
 from tiering.errors import ConfigError
 from tiering.manager.locator import NEGATIVE_TTL
@@ -55,7 +55,7 @@ def wait_for_go():
 _WRITER = (
     _PRELUDE
     + """
-from tests.tiering.test_manager import k
+from tests.helpers.manager import k
 
 async def main():
     async with BlockFileTier(namespace=NAMESPACE, path=args["path"], min_free=0) as tier:

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from kvtier.servers import RedisClusterServers, RedisServer
-from tests.tiering.test_breaker_servers import FAILURES, Engine, k
+from tests.helpers.breaker_engine import FAILURES, Engine, k
 from tiering.errors import TierError, TierFull
 from tiering.primary import LookupResult
 from tiering.testing import NAMESPACE, key, payload

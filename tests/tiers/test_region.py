@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tiering.errors import RegionError
 from tiers.region import PAGE, PrimaryRegion, RegionLayout, cleanup_stale, region_path
 

@@ -5,9 +5,11 @@ ranged reads of packs, restarts, and a server that stops in the middle of a run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +19,7 @@ from tests.tiers.s3_tiers import s3_tier
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
-from tiering.testing.tier import MakeTier, TierConformance
+from tiering.testing.tier import MakeTier, StoreDown, TierConformance
 from tiering.tier import Tier
 from tiers.s3 import S3Tier
 
@@ -30,17 +32,33 @@ def name(prefix: str, k: BlockKey) -> str:
     return f"{prefix}{NAMESPACE.hex()}/{text[:2]}/{text}"
 
 
+@contextlib.contextmanager
+def stopped(server: SeaweedS3) -> Iterator[None]:
+    """The server stopped, then started again on the same ports and directory."""
+    server.stop()
+    try:
+        yield
+    finally:
+        server.start()
+
+
 class S3Hooks(TierConformance):
     """The white-box hooks: a raw boto3 client on the tier's bucket, and the tier's blocks
     in packs (pending in memory, or at a byte range of a pack object)."""
 
     raw: Any
+    server: SeaweedS3
     bucket: str
     prefix: str
 
     def hooked(self, server: SeaweedS3, prefix: str) -> MakeTier:
         self.raw, self.bucket, self.prefix = server.client(), server.bucket, prefix
+        self.server = server
         return lambda **options: s3_tier(server, prefix, **options)
+
+    @pytest.fixture
+    def store_down(self) -> StoreDown:
+        return lambda tier: stopped(self.server)
 
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
         """Store object bytes as they are, as a single object."""
@@ -91,6 +109,8 @@ class TestS3TierThatReplaces(S3Hooks):
 
 
 class TestPackedS3Tier(S3Hooks):
+    writes_behind = True
+
     @pytest.fixture
     def make_tier(self, s3_server: SeaweedS3) -> MakeTier:
         make = self.hooked(s3_server, f"p-{uuid.uuid4().hex[:8]}/")

@@ -3,7 +3,10 @@
 This package imports no pytest: it re-exports the plain data and tools below. The suites, which
 need pytest, are its modules:
 
-- `tiering.testing.tier`: `TierConformance`, the conformance suite every tier inherits;
+- `tiering.testing.tier`: `TierConformance`, the conformance suite every tier inherits, made
+  of `tiering.testing.hooks` (what a backend's test class provides, `asynctest`),
+  `tiering.testing.contract`, `tiering.testing.attacks`, `tiering.testing.index` and
+  `tiering.testing.faults`;
 - `tiering.testing.policies`: `PolicyContract`, the eviction-policy contract;
 - `tiering.testing.stateful`: `TierStateMachine`, random calls against a dict model (Hypothesis),
   run by the suite;

@@ -1,0 +1,2 @@
+"""What the test modules share, imported by them and by the conftest files (never one test
+module by another)."""
