@@ -46,7 +46,9 @@ class RedisErrors:
             yield
         except redis_errors.TimeoutError as e:
             raise TierTimeout(f"tier {self.tier!r}: {what} timed out ({self.url})") from e
-        except (redis_errors.ConnectionError, OSError) as e:
+        except (redis_errors.ConnectionError, OSError, redis_errors.RedisClusterException) as e:
+            # RedisClusterException is not a RedisError: redis-py raises it when no node of
+            # the Cluster answers (its start, or every node's connection refused).
             message = self.scrub(f"tier {self.tier!r}: {what} failed: {e} ({self.url})")
             raise TierUnavailable(message) from e
         except ReplyError as e:

@@ -180,15 +180,7 @@ class TestRedisClusterTier(RedisHooks):
             yield make
 
     @pytest.fixture
-    def store_down(self, request: pytest.FixtureRequest) -> StoreDown:
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=redis.exceptions.RedisClusterException,
-                strict=True,
-                reason="with no node reachable, redis-py's RedisClusterException (not a "
-                "RedisError) passes through the tier's error translation (tiers/redis.py _errors)",
-            )
-        )
+    def store_down(self) -> StoreDown:
         return lambda tier: stopped(self.server)
 
 
