@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 from tiering.errors import ConfigError, UnknownNameError
 from tiering.plugins import Registry
 from tiering.policies import LRUPolicy, get_policy_class, policy_names
