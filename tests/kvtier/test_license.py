@@ -9,7 +9,7 @@ import re
 import tomllib
 from typing import Any
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 APACHE_2_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
 """SHA-256 of the Apache License 2.0 as the ASF publishes it

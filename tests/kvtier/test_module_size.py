@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.paths import ROOT
 
 PACKAGES = ("kvtier", "tiering", "tiers", "connectors")
 MAX_LINES = 500
