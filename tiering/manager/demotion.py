@@ -8,9 +8,10 @@
   primary, their slots are held while a tier reads them) and demotes those each tier admits
   (not held there already, then its admission policies: `selective`'s hits, `min_age`). A
   slot goes back to the free list when the last demotion reading it ends.
-- At shutdown (`demote_resident`), the blocks still resident go to the write-back tiers that
-  outlive the engine (disk and remote media), newest first, as many as the flush's time allows:
-  they would otherwise reach such a tier only on an eviction that never comes.
+- At shutdown (`flush`: the loop of rounds; `demote_resident`: one round), the blocks still
+  resident go to the write-back tiers that outlive the engine (disk and remote media), newest
+  first, as many as the flush's time allows: they would otherwise reach such a tier only on an
+  eviction that never comes.
 - A block evicted on the store path itself (no slot was reserved in time) has its bytes in a
   slot that now belongs to a new block: they are copied out at once and the copies demoted
   (`evicted_on_store`).
