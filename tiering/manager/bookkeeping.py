@@ -112,7 +112,7 @@ class Bookkeeping:
         if self.work_queued or (arrivals.queue and arrivals.since < step - 1):
             self.counters["bookkeeping_on_scheduler"] += 1
             self.between()
-            return self.sink.take(), False
+            return self.sink.take(), False  # (the facade submits them after the step)
         if not self.work_queued and self.between_due():
             self.work_queued = True
             return [], True

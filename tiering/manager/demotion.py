@@ -94,7 +94,7 @@ class Demoter:
         """Reclaimed slot -> demotions still reading it."""
         self.events: list[TierEvent] = []
 
-    def stored(self, keys: list[BlockKey]) -> None:
+    def stored(self, keys: Sequence[BlockKey]) -> None:
         """The engine's store of `keys` completed."""
         if self.write_through:
             self.through += keys

@@ -204,6 +204,8 @@ class TieringOffloadingManager:
         self._publish = publish
         self._indexed = [(t.tier.knows, t) for t in self.tiers if t.indexed]
         """The indexed tiers' `knows`, in order: a lookup asks them without I/O."""
+        self._write_through = bool(self.demoter.write_through)
+        """Some tier is written through: a completed store is queued for it."""
         runtime.add_hook(self.bookkeeping.on_tick)
         if self.warm.budget:
             runtime.nudge()  # the warm start begins at the runtime's first tick
@@ -233,7 +235,8 @@ class TieringOffloadingManager:
             if result is _PENDING:
                 if key in self.promoter.late:
                     return _MISS  # its promotion is late: recomputing is sooner
-                self.warm.ask(key)  # the engine may now wait on a warm start's read
+                if key in self.warm.keys:  # the engine now waits on a warm start's read
+                    self.warm.ask(key)
             return result
         if not self.tiers:
             return result
@@ -281,12 +284,13 @@ class TieringOffloadingManager:
         return grant, self.sink.take()
 
     def complete_store(self, keys: Iterable[BlockKey], ok: bool = True) -> None:
-        self.lock.call(self._complete_store, list(keys), ok)
+        keys = keys if isinstance(keys, list | tuple) else list(keys)
+        self.lock.call(self._complete_store, keys, ok)
 
-    def _complete_store(self, keys: list[BlockKey], ok: bool) -> None:
+    def _complete_store(self, keys: Sequence[BlockKey], ok: bool) -> None:
         assert self.lock.owned()
         self.pool.complete_store(keys, ok=ok)
-        if ok:
+        if ok and self._write_through:
             self.demoter.stored(keys)  # pinned and demoted by the runtime, between steps
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
