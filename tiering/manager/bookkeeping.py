@@ -57,6 +57,28 @@ class Bookkeeping:
     """Applies finished jobs and does the between-step work. Scheduler process: `on_tick` on the
     runtime's thread, `step_end` on the scheduler's, the rest under the step lock."""
 
+    __slots__ = (
+        "arrivals",
+        "clock",
+        "closed",
+        "counters",
+        "demoter",
+        "fences",
+        "history",
+        "locator",
+        "lock",
+        "progress",
+        "promoter",
+        "runtime",
+        "sink",
+        "ticking",
+        "tiers",
+        "urgency",
+        "warm",
+        "work_queued",
+        "write_back",
+    )
+
     def __init__(
         self,
         tiers: Sequence[TierState],

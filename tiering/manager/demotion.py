@@ -57,6 +57,26 @@ class Demoter:
     runtime thread): `stored` and `evicted_on_store` on the store path, the rest between
     steps."""
 
+    __slots__ = (
+        "_held",
+        "clock",
+        "counters",
+        "events",
+        "history",
+        "locator",
+        "max_inflight",
+        "outliving",
+        "pool",
+        "reserve",
+        "sink",
+        "slot_view",
+        "through",
+        "tiers",
+        "timeout",
+        "write_back",
+        "write_through",
+    )
+
     def __init__(
         self,
         pool: PrimaryPool,

@@ -31,6 +31,18 @@ class ResetFences:
     """The manager's resets and the slots they hold. Scheduler process: `reset` outside a step
     (it waits), the rest under the step lock (scheduler or runtime thread)."""
 
+    __slots__ = (
+        "_fence_until",
+        "_fenced",
+        "_quarantined",
+        "clock",
+        "counters",
+        "lock",
+        "pool",
+        "runtime",
+        "stuck",
+    )
+
     def __init__(
         self,
         pool: PrimaryPool,

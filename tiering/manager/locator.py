@@ -39,6 +39,18 @@ class TierLocator:
     probe.
     """
 
+    __slots__ = (
+        "_found",
+        "checked",
+        "checking",
+        "indexed",
+        "known",
+        "sink",
+        "tiers",
+        "timeout",
+        "to_check",
+    )
+
     def __init__(self, tiers: Sequence[TierState], sink: JobSink, timeout: float) -> None:
         """`sink` takes the checks; `timeout` is a check's deadline (`faults.timeout`)."""
         self.tiers = list(tiers)

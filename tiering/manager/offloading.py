@@ -107,6 +107,29 @@ class TieringOffloadingManager:
     are called from one thread (the scheduler's); the runtime's thread works alongside under
     `lock` (module docstring)."""
 
+    __slots__ = (
+        "_indexed",
+        "_publish",
+        "_write_through",
+        "bookkeeping",
+        "clock",
+        "config",
+        "counters",
+        "demoter",
+        "fences",
+        "history",
+        "locator",
+        "lock",
+        "pool",
+        "promoter",
+        "refusals",
+        "runtime",
+        "sink",
+        "tiers",
+        "usage",
+        "warm",
+    )
+
     def __init__(
         self,
         pool: PrimaryPool,

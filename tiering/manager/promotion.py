@@ -39,6 +39,30 @@ class Promoter:
     """The promotions queued and in flight. Scheduler process: `request` on the scheduler
     thread inside a step, the rest under the step lock (scheduler or runtime thread)."""
 
+    __slots__ = (
+        "_batch_of",
+        "_deadlines",
+        "_gate_allows",
+        "_submissions",
+        "clock",
+        "counters",
+        "deadline",
+        "failed",
+        "gate",
+        "history",
+        "late",
+        "locator",
+        "pool",
+        "promoting",
+        "queued",
+        "recompute_per_block",
+        "refused",
+        "sink",
+        "slot_view",
+        "tiers",
+        "write_back",
+    )
+
     def __init__(
         self,
         pool: PrimaryPool,

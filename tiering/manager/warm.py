@@ -50,6 +50,23 @@ class WarmStart:
     made then), the rest under the step lock (mostly the runtime's thread); `due` and
     `unasked` are read without it."""
 
+    __slots__ = (
+        "_began",
+        "_over",
+        "_plan",
+        "_retried",
+        "asked",
+        "block_bytes",
+        "budget",
+        "counters",
+        "keys",
+        "pool",
+        "promoter",
+        "reserve",
+        "tiers",
+        "warming",
+    )
+
     def __init__(
         self,
         pool: PrimaryPool,
