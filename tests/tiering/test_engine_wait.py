@@ -98,8 +98,8 @@ def test_shutdown_leaves_no_claim_behind(make: Callable[..., Harness], interval:
 def test_an_idle_step_wakes_when_its_promotion_turns_late(
     make: Callable[..., Harness], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past its deadline a promotion's key reads MISS (the request may recompute now), but
-    `_drain` sets `_progress` only for arrivals: the idle step sleeps its whole IDLE_WAIT."""
+    """Past its deadline a promotion's key reads MISS (the request may recompute now), but a
+    drain that set `progress` only for arrivals let the idle step sleep its whole IDLE_WAIT."""
     from tiering.manager import offloading
 
     monkeypatch.setattr(offloading, "IDLE_WAIT", 3.0)  # stands for 5 ms, made visible

@@ -10,7 +10,15 @@ import pytest
 
 from tiering.config import TierConfig
 from tiering.keys import BlockKey, make_key
-from tiering.manager.jobs import Demotion, ExistenceCheck, Promotion, SlotHold, TierJob, answers
+from tiering.manager.jobs import (
+    Demotion,
+    ExistenceCheck,
+    JobSink,
+    Promotion,
+    SlotHold,
+    TierJob,
+    answers,
+)
 from tiering.manager.locator import ABSENT, NEGATIVE_TTL, POSITIVE_TTL, TierLocator
 from tiering.manager.steplock import STEP_WARN_AFTER, StepLock
 from tiering.manager.tierstate import TierState
@@ -133,17 +141,17 @@ class TestTierLocator:
         states = tier_states(False, False)
         for state in states:
             state.indexed = False
-        locator = TierLocator(states)
+        sink = JobSink(lambda result: None)
+        locator = TierLocator(states, sink, 1.0)
         locator.queue_check(k(1))
         locator.queue_check(k(1))  # once
-        outbox: list[object] = []
-        locator.submit_checks(
-            outbox,  # type: ignore[arg-type]
-            lambda i, keys: ExistenceCheck(0, i, keys),
-            lambda result: None,
-            1.0,
-        )
+        locator.submit_checks()
+        outbox = sink.take()
         assert len(outbox) == 2 and locator.to_check == []
+        assert [job.tag for job in outbox] == [
+            ExistenceCheck(0, 0, [k(1)]),
+            ExistenceCheck(0, 1, [k(1)]),
+        ]
         locator.answered(states[1], [k(1)], [True], now=10.0)
         assert k(1) not in locator.known  # the first tier has not answered
         locator.answered(states[0], [k(1)], [True], now=10.0)
@@ -156,9 +164,9 @@ class TestTierLocator:
     def test_a_block_found_nowhere_is_absent_for_a_while(self) -> None:
         (state,) = tier_states(False)
         state.indexed = False
-        locator = TierLocator([state])
+        locator = TierLocator([state], JobSink(print), 1.0)
         locator.queue_check(k(2))
-        locator.submit_checks([], lambda i, keys: ExistenceCheck(0, i, keys), print, 1.0)
+        locator.submit_checks()
         locator.answered(state, [k(2)], [False], now=5.0)
         assert locator.known[k(2)] == (ABSENT, 5.0 + NEGATIVE_TTL)
         assert locator.where(k(2)) is None and state.counters["misses"] == 1

@@ -80,8 +80,8 @@ def wait_for(h: Harness, done: Callable[[], bool], timeout: float = 10.0) -> Non
 
 
 def warm_ended(h: Harness) -> Callable[[], bool]:
-    promoter = h.manager.promoter
-    return lambda: promoter.warm_budget == 0 and not promoter.warming
+    warm = h.manager.warm
+    return lambda: warm.budget == 0 and not warm.warming
 
 
 class SlowReads(FaultyTier):
@@ -150,7 +150,7 @@ def test_blocks_the_engine_stored_meanwhile_are_not_read_again(
 ) -> None:
     """The warm start skips blocks already in the primary: blocks the engine stored while the
     first batch (5 and 4) was being read are not read over by the next ones."""
-    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", 2 * BLOCK)
+    monkeypatch.setattr("tiering.manager.warm.WARM_BATCH_BYTES", 2 * BLOCK)
     cfg = written(make, tmp_path, layout, range(6))
     slow = SlowReads(file_tier(tmp_path, layout))
     h = make([(cfg, slow)], slots=8, primary=warm(6), promotion_deadline=30.0)
@@ -197,13 +197,13 @@ def test_a_request_for_a_block_being_warmed_waits_on_that_read(
     cfg = written(make, tmp_path, layout, range(4))
     slow = SlowReads(file_tier(tmp_path, layout))
     h = make([(cfg, slow)], slots=16, primary=warm(4), promotion_deadline=30.0)
-    wait_for(h, lambda: h.manager.promoter.warming)
+    wait_for(h, lambda: h.manager.warm.warming)
     wait_for(h, lambda: slow.reads >= 1)
     assert not h.manager.has_pending_work()  # the warm batch alone keeps no step going
     with h.manager.quiet():
-        assert not h.manager._urgent()
+        assert not h.manager.bookkeeping.urgent()
     assert h.manager.lookup(k(2)) is PENDING
-    assert h.manager._urgent()  # a request now waits on the warm batch
+    assert h.manager.bookkeeping.urgent()  # a request now waits on the warm batch
     h.manager.on_schedule_end()
     assert h.manager.has_pending_work()
     slow.open()
@@ -231,7 +231,7 @@ def test_a_warm_start_stops_when_its_tier_fails(
 ) -> None:
     """A warm batch that fails as a whole ends the warm start: its slots are freed, the next
     batches are not tried, and the engine's lookups go on."""
-    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", 4 * BLOCK)
+    monkeypatch.setattr("tiering.manager.warm.WARM_BATCH_BYTES", 4 * BLOCK)
     cfg = written(make, tmp_path, "files", range(10))
     down = FailingBatches(file_tier(tmp_path, "files"))
     h = make([(cfg, down)], slots=16, primary=warm(10))
@@ -251,7 +251,7 @@ def test_a_warm_start_reads_in_batches_of_at_most_warm_batch_bytes(
     make: Callable[..., Harness], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Nine blocks, batches of four blocks' bytes: three batches, one in flight at a time."""
-    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", 4 * BLOCK)
+    monkeypatch.setattr("tiering.manager.warm.WARM_BATCH_BYTES", 4 * BLOCK)
     cfg = written(make, tmp_path, "files", range(9))
     h = make([(cfg, file_tier(tmp_path, "files"))], slots=12, primary=warm(9))
     wait_for(h, warm_ended(h))
@@ -265,7 +265,7 @@ def test_a_reset_ends_the_warm_start(
 ) -> None:
     """vLLM's cache reset forgets the primary: the batch in flight is dropped and no other
     batch follows."""
-    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", 2 * BLOCK)
+    monkeypatch.setattr("tiering.manager.warm.WARM_BATCH_BYTES", 2 * BLOCK)
     cfg = written(make, tmp_path, "files", range(6))
     slow = SlowReads(file_tier(tmp_path, "files"))
     h = make([(cfg, slow)], slots=8, primary=warm(6), promotion_deadline=30.0)
@@ -275,7 +275,7 @@ def test_a_reset_ends_the_warm_start(
     time.sleep(0.1)
     assert resident(h) == set()
     assert slow.reads == 2  # the first batch only
-    assert h.manager.promoter.warm_budget == 0 and not h.manager.promoter.warming
+    assert h.manager.warm.budget == 0 and not h.manager.warm.warming
 
 
 @pytest.mark.parametrize("case", ["no_budget", "unindexed"])
@@ -292,7 +292,7 @@ def test_no_warm_start_without_a_budget_or_an_indexed_tier(
         h = make([(mem_cfg, mem)], slots=8, primary=warm(4))
     time.sleep(0.1)
     assert resident(h) == set()
-    assert h.manager.promoter.warm_budget == 0
+    assert h.manager.warm.budget == 0
 
 
 class Sleepy(FaultyTier):
@@ -334,7 +334,7 @@ def test_no_warm_batch_is_submitted_once_reset_began(
     """reset() drains the jobs in flight without the lock; meanwhile each tick applies the
     warm batch that ended and submits the next one, so the warm start goes on (and prolongs
     the drain) until reset takes the lock. The design says a reset ends it."""
-    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", BLOCK)
+    monkeypatch.setattr("tiering.manager.warm.WARM_BATCH_BYTES", BLOCK)
     cfg, mem = indexed_mem(40)
     rcfg, remote = slow_writes(0.3)
     h = make(
@@ -345,7 +345,7 @@ def test_no_warm_batch_is_submitted_once_reset_began(
     )
     h.store(45)  # its write-through demotion to `remote` takes 0.3 s
     h.manager.on_schedule_end()
-    wait_for(h, lambda: h.manager.promoter.warming)
+    wait_for(h, lambda: h.manager.warm.warming)
     before = warm_batches(h)
     h.manager.reset(drain_timeout=5.0)
     time.sleep(0.05)
@@ -358,7 +358,7 @@ def test_no_warm_batch_is_submitted_once_shutdown_began(
     """shutdown()'s flush waits on runtime.pending() without the lock; the warm start keeps
     reading (useless reads, on the medium the flush writes to) until the flush ends, and a
     batch may still be in flight when the tiers are closed."""
-    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", BLOCK)
+    monkeypatch.setattr("tiering.manager.warm.WARM_BATCH_BYTES", BLOCK)
     cfg, mem = indexed_mem(60)
     rcfg, remote = slow_writes(0.3)
     h = make(
@@ -368,7 +368,7 @@ def test_no_warm_batch_is_submitted_once_shutdown_began(
         promotion_deadline=30.0,
     )
     h.store(62)  # queued for the write-through tiers: the flush writes it (0.3 s)
-    wait_for(h, lambda: h.manager.promoter.warming)
+    wait_for(h, lambda: h.manager.warm.warming)
     before = warm_batches(h)
     h.manager.shutdown(flush=5.0)
     assert h.manager.counters["warm_batches"] - before == 0
@@ -388,7 +388,7 @@ def test_a_late_warm_batch_nobody_asked_for_keeps_no_step_going(
     now[0] += 60.0  # past the batch's deadline; the tier has not let go yet
     wait_for(h, lambda: bool(h.manager.promoter.late))
     with h.manager.quiet():
-        assert not h.manager._urgent()
+        assert not h.manager.bookkeeping.urgent()
     try:
         assert not h.manager.has_pending_work()
     finally:
@@ -414,10 +414,10 @@ def test_a_slow_but_healthy_tier_is_warmed(
     """A warm batch's deadline is not the promotion deadline (0.2 s, for a request waiting)
     but its bytes at `WARM_MIN_RATE`: a tier reading 12 blocks in 0.1 s is warmed from, and
     its measured time per block (the `auto` gate's) is not the bulk read's."""
-    monkeypatch.setattr("tiering.manager.promotion.WARM_MIN_RATE", 12 * BLOCK / 0.5)
+    monkeypatch.setattr("tiering.manager.warm.WARM_MIN_RATE", 12 * BLOCK / 0.5)
     cfg, mem = indexed_mem(40)
     h = make([(cfg, Bandwidth(mem, 0.008))], slots=48, primary=warm(40), promotion_deadline=0.2)
-    wait_for(h, lambda: h.manager.promoter.warm_budget == 0 and not h.manager.promoter.warming)
+    wait_for(h, lambda: h.manager.warm.budget == 0 and not h.manager.warm.warming)
     h.manager.on_schedule_end()
     c = h.manager.counters
     assert (c["warm_stopped"], c["blocks_warmed"]) == (0, 40)
@@ -436,10 +436,10 @@ def test_warm_batches_do_not_open_the_tiers_latency_breaker(
         return BreakerConfig(failures=3, latency=0.02)
 
     monkeypatch.setattr(tm, "BreakerConfig", breaker)
-    monkeypatch.setattr("tiering.manager.promotion.WARM_BATCH_BYTES", 8 * BLOCK)
+    monkeypatch.setattr("tiering.manager.warm.WARM_BATCH_BYTES", 8 * BLOCK)
     cfg, mem = indexed_mem(40)
     h = make([(cfg, Bandwidth(mem, 0.004))], slots=48, primary=warm(40), promotion_deadline=2.0)
-    wait_for(h, lambda: h.manager.promoter.warm_budget == 0 and not h.manager.promoter.warming)
+    wait_for(h, lambda: h.manager.warm.budget == 0 and not h.manager.warm.warming)
     h.manager.on_schedule_end()
     assert h.runtime.breaker_state("mem") == "closed"
     assert h.manager.counters["blocks_warmed"] == 40

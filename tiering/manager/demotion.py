@@ -8,9 +8,10 @@
   primary, their slots are held while a tier reads them) and demotes those each tier admits
   (not held there already, then its admission policies: `selective`'s hits, `min_age`). A
   slot goes back to the free list when the last demotion reading it ends.
-- At shutdown (`demote_resident`), the blocks still resident go to the write-back tiers that
-  outlive the engine (disk and remote media), newest first, as many as the flush's time allows:
-  they would otherwise reach such a tier only on an eviction that never comes.
+- At shutdown (`flush`: the loop of rounds; `demote_resident`: one round), the blocks still
+  resident go to the write-back tiers that outlive the engine (disk and remote media), newest
+  first, as many as the flush's time allows: they would otherwise reach such a tier only on an
+  eviction that never comes.
 - A block evicted on the store path itself (no slot was reserved in time) has its bytes in a
   slot that now belongs to a new block: they are copied out at once and the copies demoted
   (`evicted_on_store`).
@@ -22,24 +23,24 @@ dropped and counted (`demotions_dropped`): a slow tier never blocks the primary.
 from __future__ import annotations
 
 import functools
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tiering.errors import TierError
 from tiering.keys import BlockKey
-from tiering.manager.jobs import Demotion, SlotHold, answers, put_from
+from tiering.manager.jobs import Demotion, JobSink, SlotHold, answers, put_from
 from tiering.manager.locator import TierLocator, known_at
+from tiering.manager.steplock import StepLock
 from tiering.manager.tierstate import TierEvent, TierState
 from tiering.placement import BlockHistory
 from tiering.primary import LookupResult, PrimaryPool, StoreGrant
-from tiering.runtime import Job, JobResult
+from tiering.runtime import JobResult, Runtime
 
 __all__ = ["Demoter", "ResidentFlush"]
 
 _HIT = LookupResult.HIT
-
-DemotionTag = Callable[[int, list[BlockKey], list[int], SlotHold], Demotion]
 
 
 @dataclass
@@ -56,12 +57,33 @@ class Demoter:
     runtime thread): `stored` and `evicted_on_store` on the store path, the rest between
     steps."""
 
+    __slots__ = (
+        "_held",
+        "clock",
+        "counters",
+        "events",
+        "history",
+        "locator",
+        "max_inflight",
+        "outliving",
+        "pool",
+        "reserve",
+        "sink",
+        "slot_view",
+        "through",
+        "tiers",
+        "timeout",
+        "write_back",
+        "write_through",
+    )
+
     def __init__(
         self,
         pool: PrimaryPool,
         tiers: Sequence[TierState],
         locator: TierLocator,
         history: BlockHistory,
+        sink: JobSink,
         *,
         slot_view: Callable[[int], memoryview],
         timeout: float,
@@ -74,6 +96,7 @@ class Demoter:
         self.tiers = list(tiers)
         self.locator = locator
         self.history = history
+        self.sink = sink
         self.slot_view = slot_view
         self.timeout = timeout
         """Seconds per block a demotion job may take (`faults.timeout`)."""
@@ -91,7 +114,7 @@ class Demoter:
         """Reclaimed slot -> demotions still reading it."""
         self.events: list[TierEvent] = []
 
-    def stored(self, keys: list[BlockKey]) -> None:
+    def stored(self, keys: Sequence[BlockKey]) -> None:
         """The engine's store of `keys` completed."""
         if self.write_through:
             self.through += keys
@@ -103,9 +126,7 @@ class Demoter:
             self.through or (self.write_back and pool.num_free + pool.num_held < self.reserve)
         )
 
-    def demote_through(
-        self, outbox: list[Job], tag: DemotionTag, done: Callable[[JobResult], None]
-    ) -> None:
+    def demote_through(self) -> None:
         """Pin the blocks stored since the last time and demote them to the write-through
         tiers. One evicted meanwhile (it was not pinned yet) is dropped and counted."""
         if not self.through:
@@ -129,11 +150,9 @@ class Demoter:
             batch = keys[:room]
             state.counters["demotions_dropped"] += len(keys) - len(batch)
             slots = self.pool.pin_for_demotion(batch)  # released when the tier has them
-            self._submit(outbox, tag, done, state, batch, slots, SlotHold.PINNED)
+            self._submit(state, batch, slots, SlotHold.PINNED)
 
-    def reclaim(
-        self, outbox: list[Job], tag: DemotionTag, done: Callable[[JobResult], None]
-    ) -> None:
+    def reclaim(self) -> None:
         """Take blocks from the policy's end until `reserve` slots are free or held, and
         demote each to the write-back tiers that admit it."""
         if not self.write_back:
@@ -155,7 +174,7 @@ class Demoter:
                 slots = [s for _, s in chosen]
                 for slot in slots:
                     held[slot] = held.get(slot, 0) + 1
-                self._submit(outbox, tag, done, state, [k for k, _ in chosen], slots, SlotHold.HELD)
+                self._submit(state, [k for k, _ in chosen], slots, SlotHold.HELD)
         self.history.forget(key for key, _ in victims)
         release = [slot for _, slot in victims if slot not in held]
         if release:
@@ -166,13 +185,7 @@ class Demoter:
         (none without `resident`: `shutdown.resident`)."""
         return ResidentFlush(self.pool.ready_keys() if resident else [])
 
-    def demote_resident(
-        self,
-        flush: ResidentFlush,
-        outbox: list[Job],
-        tag: DemotionTag,
-        done: Callable[[JobResult], None],
-    ) -> None:
+    def demote_resident(self, flush: ResidentFlush) -> None:
         """At shutdown: pin the next of `flush`'s blocks still resident, as many as each
         write-back tier whose medium outlives the engine (not memory) has room for
         (`max_inflight`), and demote those it admits. Each call goes on where the last one
@@ -190,19 +203,48 @@ class Demoter:
             batch = [key for key, _ in self.admit(state, blocks, now)]
             if batch:
                 slots = self.pool.pin_for_demotion(batch)  # released when the tier has them
-                self._submit(outbox, tag, done, state, batch, slots, SlotHold.PINNED)
+                self._submit(state, batch, slots, SlotHold.PINNED)
 
     def flush_left(self, flush: ResidentFlush) -> bool:
         """Whether a write-back tier that outlives the engine has blocks of `flush` to go."""
         return any(flush.sent.get(state.index, 0) < len(flush.keys) for state in self.outliving)
 
-    def evicted_on_store(
+    def flush(
         self,
-        grant: StoreGrant,
-        outbox: list[Job],
-        tag: DemotionTag,
-        done: Callable[[JobResult], None],
+        timeout: float,
+        *,
+        resident: bool,
+        runtime: Runtime,
+        lock: StepLock,
+        drain: Callable[[], None],
     ) -> None:
+        """At shutdown, off the runtime's thread: submit the queued write-through demotions,
+        then the resident blocks to the write-back tiers that outlive the engine (unless
+        `resident` is off: `shutdown.resident`), in rounds of each tier's `max_inflight`, until
+        none is left or `timeout` has passed; wait for the jobs in flight until then, applying
+        their results (`drain`, under `lock`). A `timeout` of 0 submits nothing."""
+        if timeout <= 0:
+            return
+        deadline = time.monotonic() + timeout  # (not `clock`: a test's may stand still)
+        with lock.held():
+            drain()
+            self.demote_through()
+            flush = self.resident_flush(resident)
+            self.demote_resident(flush)
+            jobs = self.sink.take()
+        while True:
+            if jobs:
+                runtime.submit_many(jobs)
+            while runtime.pending() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            with lock.held():
+                drain()
+                if not (self.flush_left(flush) and time.monotonic() < deadline):
+                    return
+                self.demote_resident(flush)
+                jobs = self.sink.take()
+
+    def evicted_on_store(self, grant: StoreGrant) -> None:
         """Blocks evicted on the store path, whose slots now belong to new blocks: their bytes
         stay there until the engine's copy runs (a later step), so copy them out now and demote
         the copies. A memcpy per block on the scheduler's thread: background reclaim keeps
@@ -223,16 +265,13 @@ class Demoter:
                 chosen.append((key, copies[slot]))
             if chosen:
                 state.inflight += len(chosen)
-                keys = [key for key, _ in chosen]
-                outbox.append(
-                    Job(
-                        state.config.name,
-                        functools.partial(state.tier.put_many, chosen),
-                        self.timeout * len(chosen),
-                        tag=tag(state.index, keys, [], SlotHold.COPY),
-                        done=done,
-                        writes=True,
-                    )
+                self.sink.demotion(
+                    state,
+                    functools.partial(state.tier.put_many, chosen),
+                    [key for key, _ in chosen],
+                    [],
+                    SlotHold.COPY,
+                    self.timeout * len(chosen),
                 )
 
     def admit(
@@ -254,25 +293,16 @@ class Demoter:
         return chosen
 
     def _submit(
-        self,
-        outbox: list[Job],
-        tag: DemotionTag,
-        done: Callable[[JobResult], None],
-        state: TierState,
-        keys: list[BlockKey],
-        slots: list[int],
-        hold: SlotHold,
+        self, state: TierState, keys: list[BlockKey], slots: list[int], hold: SlotHold
     ) -> None:
         state.inflight += len(keys)
-        outbox.append(
-            Job(
-                state.config.name,
-                functools.partial(put_from, state.tier, self.slot_view, keys, slots),
-                self.timeout * max(1, len(keys)),
-                tag=tag(state.index, keys, slots, hold),
-                done=done,
-                writes=True,
-            )
+        self.sink.demotion(
+            state,
+            functools.partial(put_from, state.tier, self.slot_view, keys, slots),
+            keys,
+            slots,
+            hold,
+            self.timeout * max(1, len(keys)),
         )
 
     def demoted(self, state: TierState, job: Demotion, result: JobResult) -> None:

@@ -1,7 +1,10 @@
-"""The manager's job records: what each job it submits to the runtime was for.
+"""The manager's jobs: the sink its pieces put them in, and the records of what each was for.
 
-A record rides in `Job.tag` and comes back in `JobResult.tag`; the manager dispatches on its
-type with `match` (`TieringOffloadingManager._drain`). The records are typed named tuples, not
+The locator, the promoter and the demoter are each handed the manager's one `JobSink` when
+they are built: they add their jobs to its outbox (submitted together, at the end of the step
+or of the runtime's tick), and the sink stamps each with the generation and the done handler.
+A record rides in `Job.tag` and comes back in `JobResult.tag`; the bookkeeping dispatches on
+its type with `match` (`Bookkeeping.drain`). The records are typed named tuples, not
 frozen dataclasses: one is made for every job, and a frozen dataclass's constructor costs
 several times a tuple's on the runtime's bookkeeping (BENCHMARKS.md, "The tiering manager on
 the shared trace": the runtime's thread per block). Each carries the `generation` it was
@@ -12,16 +15,19 @@ their slot views on the runtime's thread, so a job costs the scheduler no view.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
 from tiering.keys import BlockKey
-from tiering.runtime import JobResult
+from tiering.manager.tierstate import TierState
+from tiering.runtime import Job, JobResult
 from tiering.tier import Tier
 
 __all__ = [
     "Demotion",
     "ExistenceCheck",
+    "JobSink",
     "Promotion",
     "SlotHold",
     "TierJob",
@@ -61,8 +67,9 @@ class Promotion(NamedTuple):
     tier: int
     batch: list[tuple[BlockKey, int]]
     """(key, slot) pairs."""
-    warm: bool = False
-    """Read at start (`primary.warm_start`), not for a lookup."""
+    bulk: bool = False
+    """A background read no lookup asked for (the warm start's): its time says nothing of a
+    request's promotion."""
 
 
 class Demotion(NamedTuple):
@@ -78,6 +85,81 @@ class Demotion(NamedTuple):
 
 
 TierJob = ExistenceCheck | Promotion | Demotion
+
+
+class JobSink:
+    """The manager's outbox of jobs for the runtime. Scheduler process, under the step lock
+    (scheduler or runtime thread); `done` runs on the runtime's thread.
+
+    `generation` is bumped by a reset (a result of an older job is dropped); `done` receives
+    every job's result (`Arrivals.arrived`). The outbox is emptied by `take` alone."""
+
+    __slots__ = ("done", "generation", "outbox")
+
+    def __init__(self, done: Callable[[JobResult], None]) -> None:
+        self.done = done
+        self.generation = 0
+        self.outbox: list[Job] = []
+
+    def check(self, state: TierState, keys: list[BlockKey], timeout: float) -> None:
+        """A batched existence check of `keys` in `state`'s tier."""
+        self.outbox.append(
+            Job(
+                state.config.name,
+                functools.partial(state.tier.contains, keys),
+                timeout,
+                tag=ExistenceCheck(self.generation, state.index, keys),
+                done=self.done,
+            )
+        )
+
+    def promotion(
+        self,
+        state: TierState,
+        slot_view: Callable[[int], memoryview],
+        batch: list[tuple[BlockKey, int]],
+        deadline: float,
+        bulk: bool,
+    ) -> None:
+        """A promotion of `batch` (allocated slots) from `state`'s tier; a `bulk` one is a
+        background transfer."""
+        self.outbox.append(
+            Job(
+                state.config.name,
+                functools.partial(get_into, state.tier, slot_view, batch),
+                deadline,
+                tag=Promotion(self.generation, state.index, batch, bulk),
+                done=self.done,
+                bulk=bulk,
+            )
+        )
+
+    def demotion(
+        self,
+        state: TierState,
+        run: Callable[[], Awaitable[Any]],
+        keys: list[BlockKey],
+        slots: list[int],
+        hold: SlotHold,
+        timeout: float,
+    ) -> None:
+        """A demotion of `keys` (read from `slots`, or copies: `run` writes them) to `state`'s
+        tier, the primary's bytes held as `hold`."""
+        self.outbox.append(
+            Job(
+                state.config.name,
+                run,
+                timeout,
+                tag=Demotion(self.generation, state.index, keys, slots, hold),
+                done=self.done,
+                writes=True,
+            )
+        )
+
+    def take(self) -> list[Job]:
+        """The jobs added since the last call, to submit."""
+        jobs, self.outbox = self.outbox, []
+        return jobs
 
 
 def get_into(

@@ -13,13 +13,11 @@ order, that has it. A block another engine stores is therefore found within `NEG
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from tiering.keys import BlockKey
-from tiering.manager.jobs import ExistenceCheck
+from tiering.manager.jobs import JobSink
 from tiering.manager.tierstate import TierState
-from tiering.runtime import Job, JobResult
 
 __all__ = ["ABSENT", "NEGATIVE_TTL", "POSITIVE_TTL", "TierLocator"]
 
@@ -41,8 +39,23 @@ class TierLocator:
     probe.
     """
 
-    def __init__(self, tiers: Sequence[TierState]) -> None:
+    __slots__ = (
+        "_found",
+        "checked",
+        "checking",
+        "indexed",
+        "known",
+        "sink",
+        "tiers",
+        "timeout",
+        "to_check",
+    )
+
+    def __init__(self, tiers: Sequence[TierState], sink: JobSink, timeout: float) -> None:
+        """`sink` takes the checks; `timeout` is a check's deadline (`faults.timeout`)."""
         self.tiers = list(tiers)
+        self.sink = sink
+        self.timeout = timeout
         self.checked = [t for t in self.tiers if not t.indexed]
         """The tiers asked by every existence check."""
         self.indexed = [t for t in self.tiers if t.indexed]
@@ -58,14 +71,8 @@ class TierLocator:
             self.checking[key] = set()
             self.to_check.append(key)
 
-    def submit_checks(
-        self,
-        outbox: list[Job],
-        tag: Callable[[int, list[BlockKey]], ExistenceCheck],
-        done: Callable[[JobResult], None],
-        timeout: float,
-    ) -> None:
-        """Add one existence check per tier to ask, of the keys queued, to `outbox`: every
+    def submit_checks(self) -> None:
+        """Add one existence check per tier to ask, of the keys queued, to the sink: every
         checked tier gets them all, an indexed tier those it cannot say (a key no tier is left
         to ask is looked up afresh at its next lookup)."""
         if not self.to_check:
@@ -87,16 +94,9 @@ class TierLocator:
         for key in keys:
             if not self.checking[key]:
                 del self.checking[key], self._found[key]
+        check, timeout = self.sink.check, self.timeout
         for state, ask in asked:
-            outbox.append(
-                Job(
-                    state.config.name,
-                    functools.partial(state.tier.contains, ask),
-                    timeout,
-                    tag=tag(state.index, ask),
-                    done=done,
-                )
-            )
+            check(state, ask, timeout)
             state.counters["lookups"] += len(ask)
 
     def answered(

@@ -10,57 +10,58 @@ recomputing its blocks would take (at `promotion.prefill_rate`) when that is lon
 sooner would only make the request wait longer. A failed promotion frees the slot and the
 block is remembered as absent for a while (`TierLocator.absent`).
 
-**Warm start** (`primary.warm_start`): after a restart the primary is empty while the file
-tiers hold what the last engine wrote (its resident blocks too: `shutdown.resident`). The
-newest of the indexed tiers' blocks, up to the budget, are read into free slots in the
-background, one batch (`WARM_BATCH_BYTES`) at a time, as promotions that no lookup asked for:
-a request that looks one up meanwhile waits on it like on its own promotion. Warming takes only
-free slots above the write-back reserve (it never evicts), skips blocks the primary has or is
-promoting, and stops for good when the primary has no room left, when a batch fails as a whole
-(the tier is down: the engine's own promotions are not crowded out by retries; the breaker's
-rule, `fault_of`, says what "as a whole" is), or when a reset or the shutdown begins. A batch
-is a bulk job with a deadline of its own (`WARM_MIN_RATE`), and its time does not feed the
-gate's estimate of the tier.
+A warm start's batches (`warm.WarmStart`) go through the same `submit_batch`, as bulk jobs:
+their time does not feed the gate's estimate of the tier.
 """
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
-import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tiering.keys import BlockKey
-from tiering.manager.jobs import Promotion, answers, get_into
+from tiering.manager.jobs import JobSink, Promotion, answers
 from tiering.manager.locator import TierLocator
 from tiering.manager.tierstate import TierState
 from tiering.placement import BlockHistory, PromotionGate
 from tiering.primary import LookupResult, PrimaryPool, StoreGrant
-from tiering.runtime import Job, JobResult
+from tiering.runtime import JobResult
 
 __all__ = ["Promoter"]
 
-log = logging.getLogger(__name__)
-
 _PENDING, _MISS = LookupResult.PENDING, LookupResult.MISS
-
-WARM_BATCH_BYTES = 64 << 20
-"""Bytes one warm-start batch reads (at least one block): large enough for the tier to read at
-its full rate, small enough that the engine's own promotions meanwhile share the medium with
-one batch at most."""
-WARM_MIN_RATE = 32 << 20
-"""Bytes per second below which a warm-start batch times out (and the warm start ends): a
-batch's deadline is its bytes at this rate, when that is longer than a promotion's. A disk
-read beside a starting engine is far slower than alone (BENCHMARKS.md, "Time to first
-token"), and no request waits on the batch."""
 
 
 class Promoter:
     """The promotions queued and in flight. Scheduler process: `request` on the scheduler
     thread inside a step, the rest under the step lock (scheduler or runtime thread)."""
+
+    __slots__ = (
+        "_batch_of",
+        "_deadlines",
+        "_gate_allows",
+        "_submissions",
+        "clock",
+        "counters",
+        "deadline",
+        "failed",
+        "gate",
+        "history",
+        "late",
+        "locator",
+        "pool",
+        "promoting",
+        "queued",
+        "recompute_per_block",
+        "refused",
+        "sink",
+        "slot_view",
+        "tiers",
+        "write_back",
+    )
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class Promoter:
         locator: TierLocator,
         history: BlockHistory,
         gate: PromotionGate,
+        sink: JobSink,
         *,
         slot_view: Callable[[int], memoryview],
         deadline: float,
@@ -82,6 +84,7 @@ class Promoter:
         self.locator = locator
         self.history = history
         self.gate = gate
+        self.sink = sink
         self._gate_allows = None if gate.always_open else gate.allows
         self.slot_view = slot_view
         self.deadline = deadline
@@ -113,22 +116,6 @@ class Promoter:
         self._batch_of: dict[BlockKey, int] = {}
         """Key -> the submission number of the batch in flight promoting it (a heap entry of
         a batch that has ended must not mark a later promotion of its keys late)."""
-        self.warm_budget = 0
-        """Blocks a warm start may still read (`primary.warm_start`); 0: none, or it ended."""
-        self._warm_plan: list[tuple[int, BlockKey]] = []
-        """(tier index, key) still to read, the newest last (`plan_warm`)."""
-        self.warming = False
-        """A warm-start batch is in flight."""
-        self.warm_keys: set[BlockKey] = set()
-        """The keys of the warm-start batch in flight that no lookup has asked for (the
-        engine waits on none of them), none of them late."""
-        self.warm_asked = False
-        """A lookup found a block of the warm-start batch in flight (the engine waits on it)."""
-        self._warm_began = 0.0
-        self._warm_over = False  # ended: nothing is read again
-        self._warm_retried: set[BlockKey] = set()
-        """Blocks whose warm read failed on its own (a tier call past its deadline beside a
-        starting engine, say) and were queued once more."""
 
     def request(self, key: BlockKey, state: TierState) -> LookupResult:
         """A lookup found `key` in `state`'s tier: PENDING once queued, MISS when gated."""
@@ -144,27 +131,21 @@ class Promoter:
         """Whether a promotion in flight passed its deadline (checked without the lock)."""
         return bool(self._deadlines) and self._deadlines[0][0] <= self.clock()
 
-    def mark_late(self, now: float) -> bool:
-        """The promotions in flight past their deadline become late; whether any did."""
+    def mark_late(self, now: float) -> list[BlockKey]:
+        """The promotions in flight past their deadline become late: their keys."""
         deadlines, batch_of = self._deadlines, self._batch_of
-        marked = False
+        marked: list[BlockKey] = []
         while deadlines and deadlines[0][0] <= now:
             _, seq, keys = heapq.heappop(deadlines)
             late = [key for key in keys if batch_of.get(key) == seq]
             self.late.update(late)
-            self.warm_keys.difference_update(late)
             self.counters["promotions_late"] += len(late)
-            marked = marked or bool(late)
+            marked += late
         return marked
 
-    def submit(
-        self,
-        outbox: list[Job],
-        tag: Callable[..., Promotion],
-        done: Callable[[JobResult], None],
-    ) -> None:
-        """Allocate primary slots for each tier's queued promotions and add their jobs to
-        `outbox`. Keys that get no slot read as MISS during the next step."""
+    def submit(self) -> None:
+        """Allocate primary slots for each tier's queued promotions and add their jobs to the
+        sink. Keys that get no slot read as MISS during the next step."""
         pool = self.pool
         for index, keys in self.queued.items():
             if not keys:
@@ -187,133 +168,21 @@ class Promoter:
                     self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
             if grant.keys:
                 batch = list(zip(grant.keys, grant.slots, strict=True))
-                self._submit_batch(outbox, tag, done, index, batch)
+                self.submit_batch(index, batch)
         self.queued.clear()
 
-    def warm_unasked(self) -> bool:
-        """A warm-start batch is in flight and no request waits on any of its blocks."""
-        return self.warming and not self.warm_asked
-
-    def warm_due(self) -> bool:
-        """Whether a warm-start batch could be submitted now (read without the lock)."""
-        return self.warm_budget > 0 and not self.warming
-
-    def submit_warm(
+    def submit_batch(
         self,
-        outbox: list[Job],
-        tag: Callable[..., Promotion],
-        done: Callable[[JobResult], None],
-        *,
-        room: int,
-        block_bytes: int,
-    ) -> None:
-        """Add the next warm-start batch to `outbox`: blocks of one tier, newest first, at
-        most `room` of them (free slots above the reserve) and `WARM_BATCH_BYTES`. Without
-        room or blocks left, the warm start ends."""
-        if not self.warm_due():
-            return
-        plan = self._warm_plan
-        n = min(
-            room,
-            self.warm_budget,
-            max(1, WARM_BATCH_BYTES // max(1, block_bytes)),
-            max(1, self.pool.num_slots // 4),  # the engine's stores keep slots to evict
-        )
-        lookup, promoting = self.pool.lookup, self.promoting
-        keys: list[BlockKey] = []
-        index = -1
-        while plan and len(keys) < n:
-            tier, key = plan[-1]
-            if lookup(key) is not _MISS or key in promoting:
-                plan.pop()  # resident, or promoted for a request meanwhile
-                continue
-            if keys and tier != index:
-                break  # one tier per batch
-            plan.pop()
-            index = tier
-            keys.append(key)
-        if not keys:
-            self.end_warm("no room left" if plan else "done")
-            return
-        grant = self.pool.allocate_for_promotion(keys)
-        assert grant is not None and not grant.evicted, "a warm start took a slot in use"
-        self.warm_budget -= len(grant.keys)
-        self.warming = True
-        self.warm_keys.update(grant.keys)
-        self.warm_asked = False
-        self.counters["warm_batches"] += 1
-        batch = list(zip(grant.keys, grant.slots, strict=True))
-        self._submit_batch(
-            outbox,
-            tag,
-            done,
-            index,
-            batch,
-            warm=True,
-            deadline=len(batch) * block_bytes / WARM_MIN_RATE,
-        )
-
-    def plan_warm(self) -> None:
-        """What the warm start will read: up to its budget of the blocks the indexed tiers hold
-        now, each from the first tier that has it, the newest of the first tier first; kept
-        reversed (popped from the end). Made once, when the manager is built (before the
-        engine's requests: blocks the engine writes later are its own, not the last engine's).
-        A tier whose listing fails is left out (logged)."""
-        budget = self.warm_budget
-        plan: dict[BlockKey, int] = {}
-        for state in self.tiers:
-            if len(plan) >= budget:
-                break
-            if not state.indexed:
-                continue
-            try:
-                newest = state.tier.newest(budget)
-            except Exception:  # a tier's bug must not stop the engine from starting
-                log.exception("kvtier: warm start: tier %r cannot list its blocks", state.tier.name)
-                continue
-            for key in newest:
-                plan.setdefault(key, state.index)
-                if len(plan) >= budget:
-                    break
-        self._warm_plan = [(index, key) for key, index in reversed(plan.items())]
-        self.warm_budget = min(budget, len(plan))
-        self._warm_began = time.monotonic()
-        if plan:
-            log.info(
-                "kvtier: warm start: reading %d blocks into the primary from %s",
-                len(plan),
-                ", ".join(sorted({self.tiers[i].config.name for i in plan.values()})),
-            )
-
-    def end_warm(self, why: str = "stopped") -> None:
-        """No more warm-start batches (one in flight still ends as it would)."""
-        if self.warm_budget or self.warming:
-            self._said_end(why)
-        self.warm_budget = 0
-        self._warm_plan = []
-        self._warm_over = True
-
-    def _said_end(self, why: str) -> None:
-        log.info(
-            "kvtier: warm start ended (%s): %d blocks read in %.2f s",
-            why,
-            self.counters["blocks_warmed"],
-            time.monotonic() - self._warm_began,
-        )
-
-    def _submit_batch(
-        self,
-        outbox: list[Job],
-        tag: Callable[..., Promotion],
-        done: Callable[[JobResult], None],
         index: int,
         batch: list[tuple[BlockKey, int]],
-        warm: bool = False,
+        *,
+        bulk: bool = False,
         deadline: float = 0.0,
     ) -> None:
         """One `get_many` job of `batch` (allocated WRITING) from tier `index`, with its
-        deadline (at least `deadline`). A warm start's is a bulk job: the tier's latency
-        breaker does not count its length."""
+        deadline (at least `deadline`). A `bulk` one (a warm start's) is a background
+        transfer: the tier's latency breaker does not count its length, nor the gate its
+        time."""
         state = self.tiers[index]
         promoting = self.promoting
         for key, _ in batch:
@@ -323,16 +192,7 @@ class Promoter:
         keys = [key for key, _ in batch]
         self._batch_of.update(dict.fromkeys(keys, seq))
         heapq.heappush(self._deadlines, (self.clock() + deadline, seq, keys))
-        outbox.append(
-            Job(
-                state.config.name,
-                functools.partial(get_into, state.tier, self.slot_view, batch),
-                deadline,
-                tag=tag(index, batch, warm),
-                done=done,
-                bulk=warm,
-            )
-        )
+        self.sink.promotion(state, self.slot_view, batch, deadline, bulk)
 
     def _allocate_some(self, keys: list[BlockKey]) -> StoreGrant:
         """As many of `keys` as the primary can take, in order (a batch that does not fit)."""
@@ -348,9 +208,9 @@ class Promoter:
             evicted += grant.evicted
         return StoreGrant(tuple(new), tuple(slots), tuple(evicted))
 
-    def promoted(self, state: TierState, job: Promotion, result: JobResult) -> None:
+    def promoted(self, state: TierState, job: Promotion, result: JobResult) -> list[Any]:
         """A promotion's result: the blocks that arrived become ready, the others free their
-        slots and are remembered as absent."""
+        slots and are remembered as absent. The tier's answer per block (True: arrived)."""
         batch = job.batch
         found = answers(result, len(batch), False)
         arrived: list[BlockKey] = []
@@ -363,32 +223,12 @@ class Promoter:
             batch_of.pop(key, None)
         if self.late:
             self.late.difference_update(key for key, _ in batch)
-        if job.warm:
-            self.warming = False
-            self.warm_keys.difference_update(key for key, _ in batch)
-            self.counters["blocks_warmed"] += len(arrived)
-            if not result.ok or result.fault is not None:
-                self.counters["warm_stopped"] += 1
-                self.end_warm(f"tier {state.config.name!r} failed")  # retrying would crowd it
-            elif not self._warm_over:
-                again = [
-                    (job.tier, key)
-                    for (key, _), ok in zip(batch, found, strict=True)
-                    if isinstance(ok, BaseException) and key not in self._warm_retried
-                ]
-                if again:  # a block that failed alone (not absent, not corrupt): once more
-                    self._warm_retried.update(key for _, key in again)
-                    self._warm_plan += again
-                    self.warm_budget += len(again)
-                    self.counters["warm_retries"] += len(again)
-                elif not self.warm_budget:
-                    self._said_end("done")
         state.counters["promotion_seconds"] += result.seconds
         if arrived:
             self.pool.complete_promotion(arrived)
             state.counters["promotions"] += len(arrived)
             state.counters["bytes_promoted"] += len(arrived) * len(self.slot_view(batch[0][1]))
-            if not job.warm:  # (a bulk read beside a starting engine says nothing of a request's)
+            if not job.bulk:  # (a bulk read beside a starting engine says nothing of a request's)
                 per_block = result.seconds / len(batch)
                 previous = state.seconds_per_block
                 state.seconds_per_block = (
@@ -400,6 +240,7 @@ class Promoter:
                 self.failed += missing
             state.counters["promotion_failures"] += len(missing)
             self.locator.absent(missing, self.clock())
+        return found
 
     def pending(self) -> bool:
         """Queued promotions not yet submitted."""
@@ -423,6 +264,3 @@ class Promoter:
         self._deadlines.clear()
         self._batch_of.clear()
         self.late.clear()
-        self.warming = False
-        self.warm_keys.clear()
-        self.end_warm()

@@ -250,8 +250,8 @@ def scenario_warm(workdir: Path) -> dict[str, Any]:
     warm = kvtier_extra(workdir, primary={**primary, "warm_start": 16 * SLOT_BYTES}, tiers=[tier])
     with engine(workdir, warm) as e:
         manager = e.scheduler.connector.connector_scheduler.manager.manager
-        promoter = manager.promoter
-        _wait_until(lambda: promoter.warm_budget == 0 and not promoter.warming)
+        warming = manager.warm
+        _wait_until(lambda: warming.budget == 0 and not warming.warming)
         warmed = manager.snapshot()["manager"]["blocks_warmed"]
         e.add_request("again", requests["again"], MAX_TOKENS)
         e.run()
