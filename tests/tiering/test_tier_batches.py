@@ -16,7 +16,7 @@ from tiering.errors import CorruptObject, TierError, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
 from tiering.testing.crafted import corrupt_variants, stored_object
-from tiering.testing.tier import MakeTier, TierConformance
+from tiering.testing.tier import MakeTier, StoreDown, TierConformance
 from tiering.tier import Buffer, Tier
 from tiers.memory import MemoryTier
 
@@ -173,6 +173,10 @@ class TestBatchMemoryTier(TierConformance):
             return BatchMemoryTier(namespace=NAMESPACE, **options)
 
         return make
+
+    @pytest.fixture
+    def store_down(self) -> StoreDown:
+        pytest.skip("memory: the store is the tier's own dict, which cannot go down")
 
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
         plant(tier, key, blob)
