@@ -124,7 +124,10 @@ class Registry(Generic[T]):
             raise MissingDependencyError(
                 f"{self.what} {name!r} needs the {package} package: pip install kvtier[{extra}]"
             ) from e
-        found: Any = getattr(module, class_name, None)
+        try:
+            found: Any = getattr(module, class_name)
+        except AttributeError as e:
+            raise ConfigError(f"{self.what} {name!r}: cannot import {target!r}: {e}") from e
         if not (isinstance(found, type) and issubclass(found, self.base)):
             raise ConfigError(f"{self.what} {name!r}: {self._not_base(target)}")
         return cast("type[T]", found)

@@ -90,14 +90,14 @@ def tier_from_config(
     namespace: bytes,
     config: Config,
     *,
-    timeout: float | None = None,
+    default_timeout: float | None = None,
     **overrides: Any,
 ) -> Tier:
     """The tier of `entry` (one of `config.tiers`) in `namespace`, with the deployment's secret
-    (`auth.secret`). Its deadline is the entry's `timeout` option, else `timeout`, else
-    `faults.timeout`; `overrides` (`read_only=True`, a scratch capacity) win over the entry's
-    options."""
-    default = config.faults.timeout if timeout is None else timeout
+    (`auth.secret`). Its deadline is the entry's `timeout` option, else `default_timeout`, else
+    `faults.timeout`; `overrides` (`read_only=True`, a `timeout`, scratch options) win over the
+    entry's options."""
+    default = config.faults.timeout if default_timeout is None else default_timeout
     return create_tier(
         entry.type,
         namespace=namespace,

@@ -47,6 +47,7 @@ class ForwardingTier(Tier):
         self.evicts = inner.evicts
         self.align = inner.align
         self.indexed = inner.indexed
+        self.writes_once = inner.writes_once  # its `_write` answers the wrapper's puts
         # The wrapper encodes and verifies: at inner's alignment, and with inner's secret
         # unless it was given its own.
         self.envelope = dataclasses.replace(self.envelope, align=inner.align)

@@ -118,7 +118,7 @@ class Fleet:
 
         config = self.config
         fresh = tier_from_config(
-            config.tiers[0], REPLAY_NAMESPACE, config, timeout=STAT_TIMEOUT, read_only=True
+            config.tiers[0], REPLAY_NAMESPACE, config, default_timeout=STAT_TIMEOUT, read_only=True
         )
         async with fresh:
             return await fresh.stat()

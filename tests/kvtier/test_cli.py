@@ -130,3 +130,23 @@ def test_an_installed_kvtier_finds_the_demo_config(tmp_path: Path) -> None:
         env=env,
     )
     assert done.returncode == 0 and "usage: kvtier demo" in done.stdout, done.stderr
+
+
+def test_the_cli_tier_factory_lets_every_extra_win_over_the_entry_options() -> None:
+    """`make_tier(config, entry, namespace, **extra)`: `extra` wins over the entry's options,
+    a deadline too (as before the one factory, `tiering.registry.tier_from_config`)."""
+    import asyncio
+
+    from kvtier.cli.common import make_tier
+    from tiering.config import parse_config
+
+    config = parse_config(
+        {"tiers": [{"name": "m", "type": "memory", "timeout": "1s", "capacity": "1MiB"}]}
+    )
+    (entry,) = config.tiers
+    tier = make_tier(config, entry, bytes(16), timeout=9.0, read_only=True)
+    try:
+        assert (tier.timeout, tier.read_only) == (9.0, True)
+        assert make_tier(config, entry, bytes(16)).timeout == 1.0
+    finally:
+        asyncio.run(tier.close())

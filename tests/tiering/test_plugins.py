@@ -63,6 +63,18 @@ def test_the_errors_say_what_is_wrong() -> None:
         widgets.get("odd")
 
 
+def test_a_path_to_a_class_its_module_lacks_says_so() -> None:
+    """As the gates' and policies' registries said before they were one: the class is missing,
+    not of the wrong kind."""
+    widgets = registry(paths=True)
+    with pytest.raises(
+        ConfigError,
+        match="widget 'collections:Nope': cannot import 'collections:Nope': "
+        "module 'collections' has no attribute 'Nope'",
+    ):
+        widgets.get("collections:Nope")
+
+
 def test_a_built_in_name_is_resolved_without_importlib_metadata() -> None:
     code = (
         "import sys\n"

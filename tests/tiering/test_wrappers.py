@@ -154,9 +154,10 @@ def test_a_wrapper_takes_every_capability_and_writes_at_its_alignment() -> None:
     and the wrapper's objects are laid out at the wrapped tier's alignment."""
     inner = MemoryTier(namespace=NAMESPACE)
     inner.persistent, inner.shared, inner.align, inner.indexed = True, True, 4096, False
+    inner.writes_once = True
     wrapper = ForwardingTier(inner)
     names = ("type_name", "persistent", "shared", "medium", "supports_listing", "evicts")
-    for name in (*names, "align", "indexed"):
+    for name in (*names, "align", "indexed", "writes_once"):
         assert getattr(wrapper, name) == getattr(inner, name), name
     asyncio.run(wrapper.put(key(1), payload(100)))
     blob = stored(inner, key(1))
