@@ -42,6 +42,8 @@ from tiers.region_prefault import Prefault
 if TYPE_CHECKING:
     import torch
 
+    from tiers.copy.cuda_driver import CudaDriver
+
 __all__ = [
     "DEFAULT_DIRECTORY",
     "PAGE",
@@ -53,6 +55,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+MAX_REGISTRATION = 64 << 30
+"""The most bytes `PrimaryRegion.pin` registers in one call (vLLM's bound, V32 `gpu_worker.py`)."""
 
 
 class PrimaryRegion:
@@ -74,7 +79,8 @@ class PrimaryRegion:
         maps this file, and in no other region."""
         self._fd = fd
         self._mmap: mmap.mmap | None = mmap.mmap(fd, layout.file_size, mmap.MAP_SHARED)
-        self._pinned_ptr: int | None = None
+        self._pinned: list[int] = []  # where each registration starts
+        self._driver: CudaDriver | None = None
         self._prefault = Prefault()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -265,42 +271,88 @@ class PrimaryRegion:
 
     # -- CUDA -----------------------------------------------------------------------------------
 
-    def pin(self) -> bool:
-        """Register the slots with the CUDA driver (page-locked, for async DMA). Idempotent.
+    def pin(
+        self,
+        rank: int | None = None,
+        *,
+        driver: CudaDriver | None = None,
+        chunk_bytes: int = MAX_REGISTRATION,
+    ) -> bool:
+        """Register the slots with the CUDA driver (page-locked, for async DMA), through the
+        driver API (`cuMemHostRegister_v2`): a failure leaves no error pending in the CUDA
+        runtime, where torch's next launch would raise it against an unrelated op. Idempotent.
 
-        Returns False, and the copies stay pageable (slower, still correct), when CUDA is not
-        available or registration fails.
+        - With `rank`, only that worker's shard of each slot, where the shards are whole pages
+          (else every slot: registration locks whole pages, and a copy must not straddle a
+          registered and an unregistered page).
+        - In chunks of at most `chunk_bytes` that end on slot boundaries, so no copy straddles
+          two registrations (`cuMemcpyBatchAsync` refuses a range part registered and part
+          not) and no single registration reaches the driver's ceiling (vLLM measured one
+          registration of 512 GiB failing with free memory to spare).
+        - A failed chunk unregisters the chunks before it.
+
+        Returns False, logged, and the copies stay pageable (slower, still correct), when CUDA
+        is not available or registration fails. `driver`: None is libcuda's.
         """
-        if self._pinned_ptr is not None:
+        if self._pinned:
             return True
-        try:
-            import torch
+        if driver is None:
+            try:
+                import torch
 
-            if not torch.cuda.is_available():
+                if not torch.cuda.is_available():
+                    return False
+                torch.cuda.synchronize()  # a current context on this thread: driver calls need one
+                from tiers.copy.cuda_driver import CudaDriver
+
+                driver = CudaDriver()
+            except Exception as e:  # a driver problem must not stop the engine
+                log.warning("primary region %s: cannot pin: %s", self.path, e)
                 return False
-            ptr = self.address
-            size = self.layout.num_slots * self.layout.slot_stride
-            err = torch.cuda.cudart().cudaHostRegister(ptr, size, 0)  # type: ignore[no-untyped-call]
-            if int(err) != 0:
-                log.warning("primary region %s: cudaHostRegister failed (%s)", self.path, err)
+        done: list[int] = []
+        for start, size in self._pin_ranges(rank, chunk_bytes):
+            err = driver.host_register(start, size)
+            if err:
+                for address in reversed(done):
+                    driver.host_unregister(address)
+                log.warning(
+                    "primary region %s: cuMemHostRegister of %s at offset %d failed (CUresult "
+                    "%d); copies stay pageable (slower)",
+                    self.path,
+                    human_size(size),
+                    start - self.address,
+                    err,
+                )
                 return False
-        except Exception as e:  # a driver problem must not stop the engine: copies stay pageable
-            log.warning("primary region %s: cannot pin: %s", self.path, e)
-            return False
-        self._pinned_ptr = ptr
+            done.append(start)
+        self._pinned, self._driver = done, driver
         return True
 
-    def unpin(self) -> None:
-        if self._pinned_ptr is None:
-            return
-        import torch
+    def _pin_ranges(self, rank: int | None, chunk_bytes: int) -> list[tuple[int, int]]:
+        """(address, bytes) of each registration `pin` makes."""
+        layout, base = self.layout, self.address
+        stride = layout.slot_stride
+        if rank is not None and layout.num_workers > 1 and layout.shard_bytes % PAGE == 0:
+            offset = base + rank * layout.shard_bytes
+            return [(offset + s * stride, layout.shard_bytes) for s in range(layout.num_slots)]
+        per = max(1, chunk_bytes // stride)
+        return [
+            (base + s * stride, min(per, layout.num_slots - s) * stride)
+            for s in range(0, layout.num_slots, per)
+        ]
 
-        torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)  # type: ignore[no-untyped-call]
-        self._pinned_ptr = None
+    def unpin(self) -> None:
+        if self._driver is None:
+            return
+        for address in self._pinned:
+            err = self._driver.host_unregister(address)
+            if err:
+                log.warning("primary region %s: cuMemHostUnregister failed (%d)", self.path, err)
+        self._pinned, self._driver = [], None
 
     @property
     def pinned(self) -> bool:
-        return self._pinned_ptr is not None
+        return bool(self._pinned)
 
 
 class _RegionExists(RegionError):

@@ -178,8 +178,10 @@ class TieredOffloadingSpec(OffloadingSpec):
             if tensors and tensors[0].tensor.is_cuda:
                 from tiers.copy.cuda import CudaCopyEngine
 
-                region.pin()
-                engine = CudaCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
+                pinned = region.pin(rank)  # this worker's shard; False: logged, pageable
+                engine = CudaCopyEngine(
+                    tensors, groups, shard, self.blocks_per_chunk, pinned=pinned
+                )
             else:
                 if self.kvtier.primary.prefault:
                     region.prefault(rank)  # (pinning maps every page, for CUDA)

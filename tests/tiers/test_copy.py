@@ -1,19 +1,23 @@
-"""The copy engines and the byte mapping they share. Every engine test runs on the CPU engine
-and, on a machine with CUDA (marker `gpu`), on the CUDA engine."""
+"""The copy engines and the byte mapping they share. Every engine test runs on the CPU engine,
+on the CUDA engine over the fake CUDA layer (`tests/helpers/fake_cuda.py`; its shard pinned,
+and pageable) and, on a machine with CUDA (marker `gpu`), on the CUDA engine."""
 
 from __future__ import annotations
 
 import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.helpers.fake_cuda import FakeCuda  # noqa: E402
 from tiering.errors import StateError  # noqa: E402
 from tiers.copy import (  # noqa: E402
     CpuCopyEngine,
@@ -36,8 +40,15 @@ class Setup:
     shard: torch.Tensor
     bpc: int
     offsets: list[int]
+    fake: FakeCuda | None = None
 
     def engine(self, **kw: object) -> CopyEngine:
+        if self.fake is not None:
+            from tiers.copy.cuda import CudaCopyEngine
+
+            return CudaCopyEngine(
+                self.tensors, self.groups, self.shard, self.bpc, cuda=self.fake, **kw
+            )  # type: ignore[arg-type]
         if self.tensors[0].tensor.is_cuda:
             from tiers.copy.cuda import CudaCopyEngine
 
@@ -45,11 +56,32 @@ class Setup:
         return CpuCopyEngine(self.tensors, self.groups, self.shard, self.bpc, **kw)  # type: ignore[arg-type]
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+FAKES: list[FakeCuda] = []
+"""The fake CUDA layers this test made (`make_setup`): their stream threads end after it."""
+
+
+@pytest.fixture(autouse=True)
+def _close_fakes() -> Iterator[None]:
+    yield
+    while FAKES:
+        fake = FAKES.pop()
+        fake.close()
+        assert not fake.callback_errors, fake.callback_errors
+
+
+@pytest.fixture(
+    params=["cpu", "fake-cuda", "fake-pageable", pytest.param("cuda", marks=pytest.mark.gpu)]
+)
 def device(request: pytest.FixtureRequest) -> str:
     if request.param == "cuda" and not torch.cuda.is_available():
         pytest.skip("CUDA is not available on this machine")
     return str(request.param)
+
+
+def new_fake(**kw: Any) -> FakeCuda:
+    fake = FakeCuda(**kw)
+    FAKES.append(fake)
+    return fake
 
 
 def make_setup(
@@ -59,13 +91,18 @@ def make_setup(
     shard: torch.Tensor | None = None,
     seed: int = 0,
     device: str = "cpu",
+    fake: FakeCuda | None = None,
 ) -> Setup:
+    """`device`: cpu, cuda, or fake-cuda / fake-pageable (CPU tensors as the fake's device
+    memory, the shard pinned or not; `fake`: that fake, else a new one)."""
+    if device.startswith("fake") and fake is None:
+        fake = new_fake()
     gen = torch.Generator().manual_seed(seed)
     pages = [256, 512, 128]
     tensors = []
     for page in pages:  # rows padded beyond the page, as vLLM's views may be
         base = torch.randint(-128, 127, (num_blocks, page + 64), dtype=torch.int8, generator=gen)
-        tensors.append(KVTensor(base.to(device)[:, :page], page))
+        tensors.append(KVTensor(base.to("cuda" if device == "cuda" else "cpu")[:, :page], page))
     # Group 0 uses tensors 0 and 1 (tensor 1 twice: aliased layers); group 1 uses tensor 2,
     # with fewer bytes than its page (an unpadded size).
     groups = [[GroupRef(0, 256), GroupRef(1, 512), GroupRef(1, 512)], [GroupRef(2, 100)]]
@@ -75,9 +112,11 @@ def make_setup(
         buffer = torch.zeros((num_slots, 2 * shard_bytes + 32), dtype=torch.uint8)
         if device == "cuda":
             buffer = buffer.pin_memory()
+        elif device == "fake-cuda" and fake is not None:
+            fake.pin(buffer)
         shard = buffer[:, shard_bytes : 2 * shard_bytes]
     offsets = list(np.cumsum([0] + [p * bpc for p in pages])[:-1])
-    return Setup(tensors, groups, shard, bpc, [int(o) for o in offsets])
+    return Setup(tensors, groups, shard, bpc, [int(o) for o in offsets], fake)
 
 
 def reference_store(setup: Setup, blocks: EngineBlocks, slots: list[int]) -> torch.Tensor:
@@ -170,15 +209,18 @@ def test_writes_into_a_shared_region_shard(device: str, tmp_path: Path) -> None:
     pages_total = 256 + 512 + 128
     layout = RegionLayout(num_slots=8, shard_bytes=pages_total, num_workers=2)
     with PrimaryRegion.create("engine", layout, tmp_path) as region:
+        fake = new_fake() if device.startswith("fake") else None
         if device == "cuda":
-            assert region.pin()
-        setup = make_setup(num_slots=8, shard=region.shard_tensor(1), device=device)
+            assert region.pin(1)
+        elif device == "fake-cuda" and fake is not None:
+            assert region.pin(1, driver=fake.driver)
+        setup = make_setup(num_slots=8, shard=region.shard_tensor(1), device=device, fake=fake)
         engine = setup.engine()
         engine.submit_store(1, EngineBlocks.of([3], [1, 0], [0, 0]), [6])
         engine.wait([1])
         engine.shutdown()
         slot = region.slots()[6]  # the scheduler's view of the same pages
-        block = setup.tensors[0].tensor[3].view(torch.uint8).numpy()
+        block = setup.tensors[0].tensor[3].view(torch.uint8).cpu().numpy()
         assert bytes(slot[pages_total : pages_total + 256]) == block.tobytes()
         assert not slot[:pages_total].any()  # rank 0's shard untouched
         del setup, engine, slot
@@ -261,8 +303,9 @@ def test_wait_blocks_until_a_held_job_finishes() -> None:
 
 class Hold:
     """Keeps one lane of an engine busy until released: on the CPU engine a fault hook that
-    blocks the held job's copy thread; on CUDA a sleep kernel queued on the lane's stream
-    before the job (it then ends on its own, about a second later)."""
+    blocks the held job's copy thread; on the fake CUDA layer a gate queued on the lane's
+    stream before the job; on CUDA a sleep kernel queued on the lane's stream before the job
+    (it then ends on its own, about a second later)."""
 
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
@@ -274,13 +317,15 @@ class Hold:
             if job.job_id in self.held:
                 assert self.gate.wait(10), "held job never released"
 
-        if self.setup.tensors[0].tensor.is_cuda:
+        if self.setup.tensors[0].tensor.is_cuda or self.setup.fake is not None:
             return self.setup.engine()
         return self.setup.engine(fault=hold)
 
     def before(self, engine: CopyEngine, job_id: int, lane: str) -> None:
         """Hold job `job_id`, about to be submitted to `lane` (store, load, expedited)."""
-        if self.setup.tensors[0].tensor.is_cuda:
+        if self.setup.fake is not None:  # a gate queued on the lane's stream before the job
+            self.setup.fake.launch(engine._streams[lane], lambda: self.gate.wait(10))  # type: ignore[attr-defined]
+        elif self.setup.tensors[0].tensor.is_cuda:
             with torch.cuda.stream(engine._streams[lane]):  # type: ignore[attr-defined]
                 torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU cycles
         else:
@@ -528,8 +573,8 @@ def test_a_dead_copy_thread_fails_its_job_and_later_ones_and_counts_loads_right(
     engine.shutdown()
 
 
-def test_submitting_after_shutdown_fails_the_job() -> None:
-    setup = make_setup()
+def test_submitting_after_shutdown_fails_the_job(device: str) -> None:
+    setup = make_setup(device=device)
     engine = setup.engine()
     engine.shutdown()
     engine.submit_store(1, EngineBlocks.of([1], [1, 0], [0, 0]), [0])
@@ -587,6 +632,9 @@ def test_engine_rejects_a_bad_geometry() -> None:
         CpuCopyEngine(setup.tensors, [[GroupRef(2, 129)]], setup.shard, 1)
     with pytest.raises(ValueError, match="refers to KV tensor 3"):
         CpuCopyEngine(setup.tensors, [[GroupRef(3, 1)]], setup.shard, 1)
+    flat = [KVTensor(torch.zeros(64, dtype=torch.int8), 8)]  # 1-D: refused, not an IndexError
+    with pytest.raises(ValueError, match="must be \\(num_blocks, row\\)"):
+        CpuCopyEngine(flat, [[GroupRef(0, 8)]], setup.shard, 1)
 
 
 def test_fallback_without_the_compiled_helper(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -212,3 +212,20 @@ def test_closing_during_a_prefault_stops_it_before_unmapping(tmp_path: Path) -> 
     region.close()  # joins the thread within a chunk; no access to the unmapped pages follows
     assert not region.path.exists()
     assert region.prefault_done(0)
+
+
+@pytest.mark.gpu
+def test_a_failed_pin_leaves_no_cuda_error_pending(tmp_path: Path) -> None:
+    """A second registration of the same pages fails (712); through the driver API it leaves
+    nothing pending for torch's next launch to raise."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available on this machine")
+    with PrimaryRegion.create("pin-twice", LAYOUT, tmp_path) as region:
+        assert region.pin()
+        held, driver = region._pinned, region._driver
+        region._pinned, region._driver = [], None
+        assert region.pin() is False
+        region._pinned, region._driver = held, driver
+        torch.ones(4, device="cuda").add_(1)
+        torch.cuda.synchronize()

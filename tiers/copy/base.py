@@ -176,9 +176,9 @@ class CopyEngine(ABC):
         self.slot_stride = int(shard.stride(0))
         offsets, offset = [], 0
         for t, kv in enumerate(self.tensors):
-            row_bytes = kv.tensor.shape[1] * kv.tensor.element_size()
             if kv.tensor.dim() != 2 or kv.tensor.stride(1) != 1:
                 raise ValueError(f"KV tensor {t} must be (num_blocks, row) with rows contiguous")
+            row_bytes = kv.tensor.shape[1] * kv.tensor.element_size()
             if not 0 < kv.page_bytes <= row_bytes:
                 raise ValueError(
                     f"KV tensor {t}: page of {kv.page_bytes} bytes, rows of {row_bytes}"

@@ -1,11 +1,11 @@
 """The CUDA copy engine: GPU KV cache <-> the (pinned) primary region, on CUDA streams.
 
-Only constructed on a machine with CUDA; importing this module needs neither CUDA nor torch.
+Only constructed on a machine with CUDA, or over a fake `CudaApi` in tests; importing this module
+needs neither CUDA nor torch.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tiers.copy.base import CopyEngine, CopyJob, CopyResult, Direction, KVTensor, Pieces
-from tiers.copy.mapping import GroupRef, IntArray
+from tiers.copy.cuda_api import CudaApi, TorchCuda
+from tiers.copy.cuda_driver import CudaDriver
+from tiers.copy.mapping import GroupRef
 
 if TYPE_CHECKING:
     import torch
@@ -24,121 +26,10 @@ __all__ = ["CudaCopyEngine", "CudaDriver"]
 
 log = logging.getLogger(__name__)
 
-# CUmemcpySrcAccessOrder and CUmemLocationType (cuda.h, CUDA >= 12.8).
-_ORDER_STREAM, _ORDER_ANY = 1, 3
-_LOC_DEVICE, _LOC_HOST = 1, 2
-
-
-class _MemLocation(ctypes.Structure):
-    """`CUmemLocation` of the driver API (worker process: passed to the driver)."""
-
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class _MemcpyAttributes(ctypes.Structure):
-    """`CUmemcpyAttributes` of the driver API (worker process: passed to the driver)."""
-
-    _fields_ = [
-        ("srcAccessOrder", ctypes.c_int),
-        ("srcLocHint", _MemLocation),
-        ("dstLocHint", _MemLocation),
-        ("flags", ctypes.c_uint),
-    ]
-
-
-class CudaDriver:
-    """The few CUDA driver calls the engine makes, through ctypes on libcuda (worker process,
-    the engine's thread).
-
-    ctypes rather than `cuda.bindings`: the pointer arrays go to the driver as the numpy buffers
-    they already are (no per-element conversion), the API did not change shape between
-    cuda-python releases, and there is no extra package to install.
-    """
-
-    def __init__(self) -> None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        self._memcpy_async = lib.cuMemcpyAsync
-        self._memcpy_async.argtypes = [
-            ctypes.c_uint64,
-            ctypes.c_uint64,
-            ctypes.c_size_t,
-            ctypes.c_void_p,
-        ]
-        self._memcpy_async.restype = ctypes.c_int
-        # CUDA 13 renamed the batch entry point (`_v2`, no failIdx); 12.8 and 12.9 have failIdx.
-        self._batch: Any = None
-        self._batch_has_fail_idx = False
-        for symbol, fail_idx in (("cuMemcpyBatchAsync_v2", False), ("cuMemcpyBatchAsync", True)):
-            fn = getattr(lib, symbol, None)
-            if fn is None:
-                continue
-            args = [
-                ctypes.c_void_p,
-                ctypes.c_void_p,
-                ctypes.c_void_p,
-                ctypes.c_size_t,
-                ctypes.POINTER(_MemcpyAttributes),
-                ctypes.c_void_p,
-                ctypes.c_size_t,
-            ]
-            fn.argtypes = (
-                [*args, ctypes.c_void_p, ctypes.c_void_p] if fail_idx else [*args, ctypes.c_void_p]
-            )
-            fn.restype = ctypes.c_int
-            self._batch, self._batch_has_fail_idx = fn, fail_idx
-            break
-
-    @property
-    def has_batch(self) -> bool:
-        return self._batch is not None
-
-    def memcpy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        err = self._memcpy_async(dst, src, nbytes, stream)
-        if err:
-            raise OSError(f"cuMemcpyAsync failed with CUresult {err}")
-
-    def memcpy_batch(
-        self,
-        dst: IntArray,
-        src: IntArray,
-        nbytes: IntArray,
-        src_any: bool,
-        device: int,
-        to_device: bool,
-        stream: int,
-    ) -> None:
-        """One `cuMemcpyBatchAsync` for every piece; the source may be read out of stream order
-        (`src_any`: host slots that nothing else writes meanwhile) or in stream order."""
-        count = len(dst)
-        host, dev = _MemLocation(_LOC_HOST, 0), _MemLocation(_LOC_DEVICE, device)
-        attrs = _MemcpyAttributes(
-            _ORDER_ANY if src_any else _ORDER_STREAM,
-            host if to_device else dev,
-            dev if to_device else host,
-            0,
-        )
-        dst_u = np.ascontiguousarray(dst, dtype=np.uint64)
-        src_u = np.ascontiguousarray(src, dtype=np.uint64)
-        size_u = np.ascontiguousarray(nbytes, dtype=np.uint64)
-        attr_idx = np.zeros(1, dtype=np.uint64)
-        args: list[Any] = [
-            dst_u.ctypes.data,
-            src_u.ctypes.data,
-            size_u.ctypes.data,
-            count,
-            ctypes.byref(attrs),
-            attr_idx.ctypes.data,
-            1,
-        ]
-        if self._batch_has_fail_idx:
-            fail = ctypes.c_size_t(0)
-            args.append(ctypes.addressof(fail))
-        err = self._batch(*args, stream)
-        if err:
-            raise OSError(f"cuMemcpyBatchAsync failed with CUresult {err}")
-
-
 _LANES = ("store", "load", "expedited")
+_STREAM_DRAWS = 64
+"""Streams drawn per lane before settling for one that another user shares: torch hands them
+out round-robin from a pool of 32 per priority (`getStreamFromPool`)."""
 
 
 def _lane(job: CopyJob) -> str:
@@ -149,12 +40,15 @@ def _lane(job: CopyJob) -> str:
 
 @dataclass
 class _InFlight:
-    """A job queued on its stream and not yet reported (worker process, engine thread)."""
+    """A job queued on its stream and not yet reported (worker process, engine thread).
+    `error`: it failed (part of its copies may have been queued: it is reported when `end`,
+    recorded after them, completes, so nothing of it still runs by then)."""
 
     job: CopyJob
-    start: Any  # torch.cuda.Event
+    start: Any  # CudaEvent
     end: Any
     nbytes: int
+    error: str | None = None
 
 
 class CudaCopyEngine(CopyEngine):
@@ -162,18 +56,28 @@ class CudaCopyEngine(CopyEngine):
 
     - One stream per lane: stores, loads, expedited loads (`tiers.copy.base`), so the jobs of a
       lane run and finish in submission order; lanes overlap each other and the forward pass.
+      The three streams differ from each other and from the compute stream where the pool
+      allows.
     - Every job first waits on an event recorded on the compute stream at submission, never on
       a device-wide synchronize: a store reads KV written by kernels queued there, and a load
       must land after what is queued there for its blocks (vLLM zeroes new blocks there).
     - A job waits, in each other lane, on the end event of the newest in-flight job it
       conflicts with (`LaneMarks`: a store writing a slot a load reads, a load writing an
       engine block a store reads, ...); within a lane, stream order does it.
-    - A job is one `cuMemcpyBatchAsync` (CUDA >= 12.8; source order ANY for slot -> GPU, STREAM
-      for GPU -> slot), or a `cuMemcpyAsync` per piece where the batch call is missing or fails
-      its start-up self-check.
+    - A job is one `cuMemcpyBatchAsync` (CUDA >= 12.8), or a `cuMemcpyAsync` per piece where
+      the batch call is missing or fails its start-up self-check. A load's host source is read
+      out of stream order (ANY) only when the shard is pinned and the load waits for no
+      in-flight store: ANY lets the driver read the source from the call on, before the store
+      it waits for has written it. Everything else is read in stream order.
+    - A copy that fails after part of it was queued still records its end event, and the job
+      is reported failed when that completes. An error CUDA reports later (on `query`,
+      `elapsed_time`, `synchronize`) fails the job it was reported for.
     - Events come from a pool and go back to it once their job is reported.
-    - The host side must be registered with the driver (`PrimaryRegion.pin`) for the copies to
-      be asynchronous DMA.
+    - The host side should be registered with the driver (`PrimaryRegion.pin`): unpinned,
+      copies are staged by the driver and a store may block the caller until the compute stream
+      reaches it (CUDA's "API synchronization behavior" for pageable memory). `pinned` says
+      which (None: ask CUDA about the shard).
+    - `cuda`: the seam (`tiers.copy.cuda_api`); None is torch on the KV tensors' device.
     """
 
     def __init__(
@@ -185,45 +89,71 @@ class CudaCopyEngine(CopyEngine):
         *,
         batch: bool = True,
         fault: Callable[[CopyJob], None] | None = None,
+        pinned: bool | None = None,
+        cuda: CudaApi | None = None,
     ) -> None:
-        import torch
-
         super().__init__(tensors, groups, shard, blocks_per_chunk)
-        self.device = self.tensors[0].tensor.device
-        if self.device.type != "cuda" or shard.device.type != "cpu":
+        if cuda is None:
+            cuda = TorchCuda(self.tensors[0].tensor.device)
+        if not cuda.is_device(self.tensors[0].tensor) or shard.device.type != "cpu":
             raise ValueError("CudaCopyEngine copies between CUDA KV tensors and a host shard")
-        self._torch = torch
+        self._cuda = cuda
+        self._driver = cuda.driver
         self._fault = fault
-        self._driver = CudaDriver()
-        self._streams = {lane: torch.cuda.Stream(self.device) for lane in _LANES}  # type: ignore[no-untyped-call]
+        self.pinned = cuda.is_pinned(shard) if pinned is None else pinned
+        if not self.pinned:
+            log.warning(
+                "CUDA copy engine: the primary region is not pinned; copies are staged through "
+                "pageable memory (slower, and a store may block its caller)"
+            )
+        self._streams = self._lane_streams()
         self._events: list[Any] = []
+        self._ready: list[Any] = []
         self._inflight: dict[str, deque[_InFlight]] = {lane: deque() for lane in _LANES}
         self._marks = {lane: self.lane_marks() for lane in _LANES}
         self._failed: list[CopyResult] = []
+        self._closed = False
         self.batched = batch and self._driver.has_batch and self._batch_self_check()
         log.info(
-            "CUDA copy engine on %s: %s copies",
-            self.device,
+            "CUDA copy engine on device %d: %s copies (%s), %s region",
+            cuda.device_index,
             "batched" if self.batched else "per-piece",
+            self._driver.batch_symbol or "no batch call",
+            "pinned" if self.pinned else "pageable",
         )
 
+    def _lane_streams(self) -> dict[str, Any]:
+        used = {self._cuda.current_stream().cuda_stream}
+        streams = {}
+        for lane in _LANES:
+            for _ in range(_STREAM_DRAWS):
+                stream = self._cuda.stream()
+                if stream.cuda_stream not in used:
+                    break
+            else:
+                log.warning("CUDA copy engine: the %s lane shares its stream with others", lane)
+            used.add(stream.cuda_stream)
+            streams[lane] = stream
+        return streams
+
     def _event(self) -> Any:
-        if self._events:
-            return self._events.pop()
-        return self._torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        return self._events.pop() if self._events else self._cuda.event(True)
 
     def _submit(self, job: CopyJob) -> None:
-        torch = self._torch
+        if self._closed:
+            self._fail(job, "engine is shut down")
+            return
+        lane = _lane(job)
+        stream = self._streams[lane]
         try:
             if self._fault is not None:
                 self._fault(job)
             pieces = self.pieces(job, self.plan(job))
-            lane = _lane(job)
-            stream = self._streams[lane]
-            ready = self._event()
-            ready.record(torch.cuda.current_stream(self.device))
+            ready = self._ready.pop() if self._ready else self._cuda.event(False)
+            ready.record(self._cuda.current_stream())
             stream.wait_event(ready)
-            self._events.append(ready)  # reusable at once: wait_event captured it
+            self._ready.append(ready)  # reusable at once: wait_event captured it
+            behind_store = False
             for other, queue in self._inflight.items():
                 if other == lane:
                     continue
@@ -235,18 +165,31 @@ class CudaCopyEngine(CopyEngine):
                     newest = item
                 if newest is not None:
                     stream.wait_event(newest.end)
+                    behind_store = behind_store or other == "store"
             self._marks[lane].mark(job)
             start, end = self._event(), self._event()
             start.record(stream)
-            self._copy(pieces, job.direction, stream)
-            end.record(stream)
         except Exception as e:  # reported as a failed job, never raised into the engine
-            log.warning("copy job %d (%s) failed: %s", job.job_id, job.direction.value, e)
-            self._failed.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, repr(e)))
+            self._fail(job, repr(e))
             return
-        self._inflight[lane].append(_InFlight(job, start, end, pieces.total))
+        error = None
+        try:
+            self._copy(pieces, job.direction, stream, self.pinned and not behind_store)
+        except Exception as e:  # part of it may be queued: reported once `end` completes
+            log.warning("copy job %d (%s) failed: %s", job.job_id, job.direction.value, e)
+            error = repr(e)
+        try:
+            end.record(stream)
+        except Exception as e:
+            self._fail(job, repr(e))
+            return
+        self._inflight[lane].append(_InFlight(job, start, end, pieces.total, error))
 
-    def _copy(self, pieces: Pieces, direction: Direction, stream: Any) -> None:
+    def _fail(self, job: CopyJob, why: str) -> None:
+        log.warning("copy job %d (%s) failed: %s", job.job_id, job.direction.value, why)
+        self._failed.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, why))
+
+    def _copy(self, pieces: Pieces, direction: Direction, stream: Any, src_any: bool) -> None:
         if not pieces.segments:
             return
         handle = stream.cuda_stream
@@ -254,7 +197,7 @@ class CudaCopyEngine(CopyEngine):
             src, dst, sizes = pieces.flat()
             to_device = direction is Direction.LOAD
             self._driver.memcpy_batch(
-                dst, src, sizes, to_device, self.device.index or 0, to_device, handle
+                dst, src, sizes, to_device and src_any, self._cuda.device_index, to_device, handle
             )
             return
         memcpy = self._driver.memcpy
@@ -265,13 +208,25 @@ class CudaCopyEngine(CopyEngine):
     def get_finished(self) -> list[CopyResult]:
         results, self._failed = self._failed, []
         for queue in self._inflight.values():
-            while queue and queue[0].end.query():
-                done = queue.popleft()
-                seconds = done.start.elapsed_time(done.end) / 1e3
-                results.append(
-                    CopyResult(done.job.job_id, done.job.direction, True, done.nbytes, seconds)
-                )
-                self._events += (done.start, done.end)
+            while queue:
+                item = queue[0]
+                seconds = 0.0
+                try:
+                    if not item.end.query():
+                        break
+                    if item.error is None:
+                        seconds = item.start.elapsed_time(item.end) / 1e3
+                except Exception as e:  # an asynchronous CUDA error: this job's failure
+                    item.error = item.error or repr(e)
+                queue.popleft()
+                job = item.job
+                if item.error is None:
+                    results.append(
+                        CopyResult(job.job_id, job.direction, True, item.nbytes, seconds)
+                    )
+                    self._events += (item.start, item.end)
+                else:
+                    results.append(CopyResult(job.job_id, job.direction, False, 0, 0.0, item.error))
         for result in results:
             self._reported(result.job_id)
         return results
@@ -281,39 +236,66 @@ class CudaCopyEngine(CopyEngine):
         for queue in self._inflight.values():
             for item in queue:
                 if item.job.job_id in wanted:
-                    item.end.synchronize()
+                    try:
+                        item.end.synchronize()
+                    except Exception as e:  # reported by get_finished as this job's failure
+                        item.error = item.error or repr(e)
 
     def shutdown(self) -> None:
-        for stream in self._streams.values():
-            stream.synchronize()
+        if self._closed:
+            return
+        self._closed = True
+        for lane, stream in self._streams.items():
+            try:
+                stream.synchronize()
+            except Exception as e:  # the context is lost: nothing of ours runs on it any more
+                log.warning("CUDA copy engine: the %s lane ended with an error: %s", lane, e)
 
     def _batch_self_check(self) -> bool:
         """Copy a few pieces both ways with the batch call and compare; False (and per-piece
-        copies from then on) on any mismatch or error."""
-        torch = self._torch
+        copies from then on) on any mismatch or error of its own. A CUDA error left pending on
+        this thread by an earlier call surfaces at the check's first kernel launch, which
+        clears it: it is logged as what it is, and the check goes on."""
+        import torch
+
+        cuda = self._cuda
+        n = 4096
+        pattern = torch.arange(4 * n, dtype=torch.int32).view(torch.uint8)
         try:
-            n = 4096
-            device = torch.arange(4 * n, dtype=torch.int32, device=self.device).view(torch.uint8)
-            host = torch.zeros(4 * n * 4, dtype=torch.uint8).pin_memory()
-            stream = torch.cuda.Stream(self.device)
+            device = cuda.to_device(pattern)
+        except Exception as e:
+            log.warning(
+                "a CUDA error was pending on this thread before the copy engine started (%s): "
+                "an earlier call's, not cuMemcpyBatchAsync's",
+                e,
+            )
+            try:
+                device = cuda.to_device(pattern)
+            except Exception as again:
+                log.warning("CUDA copy engine self-check: %s; copying piece by piece", again)
+                return False
+        try:
+            host = cuda.host_buffer(4 * n * 4)
+            stream = cuda.stream()
             src = np.array([device.data_ptr() + i * n for i in (3, 0, 2)], dtype=np.int64)
             dst = np.array([host.data_ptr() + i * n for i in (0, 1, 2)], dtype=np.int64)
             sizes = np.full(3, n, dtype=np.int64)
-            torch.cuda.synchronize(self.device)
+            cuda.synchronize()  # the device copy has landed before another stream reads it
             self._driver.memcpy_batch(
-                dst, src, sizes, False, self.device.index or 0, False, stream.cuda_stream
+                dst, src, sizes, False, cuda.device_index, False, stream.cuda_stream
             )
             stream.synchronize()
-            flat = device.cpu()
+            flat = pattern.view(torch.uint8)
             expected = torch.cat([flat[3 * n : 4 * n], flat[0:n], flat[2 * n : 3 * n]])
             ok = bool(torch.equal(host[: 3 * n], expected))
-            back = torch.zeros_like(device)
+            back = cuda.to_device(torch.zeros(4 * n, dtype=torch.uint8))
+            cuda.synchronize()  # the zeros have landed before the batch writes over them
             self._driver.memcpy_batch(
                 np.array([back.data_ptr() + n], dtype=np.int64),
                 np.array([host.data_ptr()], dtype=np.int64),
                 np.array([n], dtype=np.int64),
                 True,
-                self.device.index or 0,
+                cuda.device_index,
                 True,
                 stream.cuda_stream,
             )
