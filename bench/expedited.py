@@ -9,7 +9,12 @@ expedited; the time from
 the load's submission until `wait` returns is measured. Baseline: the same load on an idle
 engine. Each case is run `--repeat` times, interleaved, and the median taken.
 
-    python bench/expedited.py [--device cpu|cuda] [--backlog 256MiB] [--json]
+    python bench/expedited.py [--device cpu|cuda|fake] [--backlog 256MiB] [--json] [--out FILE]
+
+`--device fake`: the CUDA engine on the fake CUDA layer of the tests (checks the benchmark on a
+CPU; its timings mean nothing). Every round's copies are checked byte for byte (`verified`):
+the backlog's blocks change before each round, so a load that overtook its store would bring
+back the previous round's bytes.
 
 Reported: the median milliseconds of each case, and the ratios regular / idle and
 expedited / idle (target for expedited: at most 2 on the CPU engine, whose lanes share the
@@ -30,8 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # first: bench/tiering.py would shadow the package
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -60,18 +64,29 @@ def measure(
     if device == "cuda":
         engine_kv = engine_kv.cuda()
     layout = RegionLayout(num_slots=num_slots, shard_bytes=block)
-    region = PrimaryRegion.create(
-        f"bench-expedited-{os.getpid()}", layout, region_dir(num_slots * block)
-    )
+    directory = region_dir(num_slots * block)
+    region = PrimaryRegion.create(f"bench-expedited-{os.getpid()}", layout, directory)
+    fake: Any = None
+    pinned = False
     try:
         shard = region.shard_tensor(0)
         shard.fill_(1)  # fault the pages in before timing
         engine: CopyEngine
-        if device == "cuda":
+        if device in ("cuda", "fake"):
             from tiers.copy.cuda import CudaCopyEngine
 
-            region.pin()
-            engine = CudaCopyEngine([KVTensor(engine_kv, block)], [[GroupRef(0, block)]], shard)
+            if device == "fake":
+                from tests.helpers.fake_cuda import FakeCuda
+
+                fake = FakeCuda()
+            pinned = region.pin(driver=None if fake is None else fake.driver)
+            engine = CudaCopyEngine(
+                [KVTensor(engine_kv, block)],
+                [[GroupRef(0, block)]],
+                shard,
+                pinned=pinned,
+                cuda=fake,
+            )
         else:
             engine = CpuCopyEngine([KVTensor(engine_kv, block)], [[GroupRef(0, block)]], shard)
         ids = iter(range(1 << 62))
@@ -86,9 +101,15 @@ def measure(
             np.arange(backlog_blocks + load_blocks, num_blocks), [load_blocks], [0]
         )
 
+        verified = True
+        expected_load = engine_kv[backlog_blocks : backlog_blocks + load_blocks].clone()
+
         def one(behind: bool, expedited: bool) -> float:
+            nonlocal verified
             queued = []
             if behind:
+                engine_kv[:backlog_blocks].add_(1)  # new bytes each round (on the compute stream)
+                expected = engine_kv[:backlog_blocks].clone()
                 for start in range(0, backlog_blocks, job_blocks):
                     rows = np.arange(start, min(start + job_blocks, backlog_blocks))
                     blocks = EngineBlocks.of(rows, [len(rows)], [0])
@@ -102,7 +123,14 @@ def measure(
             engine.wait([load])
             seconds = time.perf_counter() - start
             engine.wait(queued)
-            engine.get_finished()
+            results = engine.get_finished()
+            verified = verified and all(r.ok for r in results)
+            verified = verified and bool(
+                torch.equal(engine_kv[num_blocks - load_blocks :], expected_load)
+            )
+            if behind:
+                verified = verified and bool(torch.equal(engine_kv[:backlog_blocks], expected))
+            engine_kv[num_blocks - load_blocks :].zero_()  # the next load must bring them back
             return seconds
 
         cases = {"idle": (False, False), "regular": (True, False), "expedited": (True, True)}
@@ -113,9 +141,14 @@ def measure(
         engine.shutdown()
     finally:
         region.close()
+        if fake is not None:
+            fake.close()
     ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     return {
         "device": device,
+        "pinned": pinned,
+        "region_dir": str(directory),
+        "verified": verified,
         "block_bytes": block,
         "backlog_bytes": backlog_blocks * block,
         "load_blocks": load_blocks,
@@ -129,13 +162,14 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda", "fake"], default="cpu")
     parser.add_argument("--block", default="256KiB", help="bytes per block (default 256KiB)")
     parser.add_argument("--backlog", default="256MiB", help="bytes copied ahead (256MiB)")
     parser.add_argument("--job-blocks", type=int, default=32, help="blocks per store job (32)")
     parser.add_argument("--load-blocks", type=int, default=16, help="blocks of the load (16)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of each case (5)")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--out", type=Path, help="append the result as a JSON line")
     args = parser.parse_args()
     result = measure(
         args.device,
@@ -145,6 +179,9 @@ def main() -> None:
         args.load_blocks,
         args.repeat,
     )
+    if args.out is not None:
+        with args.out.open("a") as f:
+            f.write(json.dumps({"kind": "expedited", **result}) + "\n")
     if args.json:
         print(json.dumps(result, indent=2))
         return

@@ -1,33 +1,49 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with CUDA (a few minutes): the `gpu` tests (the copy engines,
-# their expedited lane included, and the region), then the CUDA copy benchmark (bench/gpu_copy.py)
-# and the expedited-load benchmark (bench/expedited.py --device cuda). Needs python3 with torch (CUDA), numpy, pyyaml, pytest and
-# hypothesis, which the project's device machines have; nothing is installed. Results go to
-# the folder given as $1 (default: $OUT, else /tmp/kvtier-gpu-check).
-set -euo pipefail
+# The GPU check, for a machine with CUDA, within five minutes: facts (versions, GPU, batch call,
+# /dev/shm), the `gpu` tests, the CUDA copy benchmark (bench/gpu_copy.py) and the expedited-load
+# benchmark (bench/expedited.py), each under a timeout; a failed or timed-out stage is recorded
+# and the next one runs. Every timed copy is checked byte for byte. Writes OUT_DIR/summary.json:
+# each target beside its figure (bench/gpu_check.py summary). Exits non-zero when a stage failed
+# or bytes were wrong.
+#
+#   scripts/gpu_check.sh [OUT_DIR]     # default: $OUT, else /tmp/kvtier-gpu-check
+#
+# Needs python3 with torch (CUDA), numpy, pyyaml, pytest and hypothesis, which the project's
+# device machines have; nothing is installed, nothing is fetched. KVTIER_GPU_CHECK_FAKE=1 runs
+# it on a CPU against the fake CUDA layer of the tests (small sizes; the timings mean nothing):
+# how the script itself is tested (tests/kvtier/test_gpu_check.py). PYTHON picks the python.
+set -uo pipefail # no -e: every stage runs whatever the one before did
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-/tmp/kvtier-gpu-check}}"
 mkdir -p "$out"
+rm -f "$out/stages.txt" "$out/gpu-copy.jsonl" "$out/expedited.jsonl" "$out/summary.json"
+py="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
-python3 - <<'PY' | tee "$out/gpu.txt"
-import torch
-assert torch.cuda.is_available(), "scripts/gpu_check.sh needs CUDA"
-print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())
-PY
-python3 -m pytest -m gpu -p no:cacheprovider -q tests/tiers/test_copy.py tests/tiers/test_region.py 2>&1 | tee "$out/gpu-tests.txt"
-python3 bench/gpu_copy.py --json > "$out/gpu-bench.json"
-python3 - "$out/gpu-bench.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-for t in r["throughput"]:
-    print(f"block {t['block_bytes'] >> 10} KiB: store {t['store_ratio']:.2f}, load {t['load_ratio']:.2f} of one memcpy (target >= 0.9 from 2 MiB); batched={t['batched']}")
-for p in r["per_piece"]:
-    print(f"piece {p['piece_bytes'] >> 10} KiB: {p['batched_us']:.2f} us batched, {p['per_piece_us']:.2f} us per piece, {p['speedup']:.1f}x (targets <= 1.2 us, >= 3.5x)")
-PY
-python3 bench/expedited.py --device cuda --json > "$out/gpu-expedited.json"
-python3 - "$out/gpu-expedited.json" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"load of {r['load_blocks']} blocks behind {r['backlog_bytes'] >> 20} MiB of stores and loads: idle {r['idle_ms']:.2f} ms, regular {r['regular_ms']:.2f} ms ({r['regular_ratio']:.1f}x), expedited {r['expedited_ms']:.2f} ms ({r['expedited_ratio']:.1f}x; target <= 1.5x idle)")
-PY
+if [ "${KVTIER_GPU_CHECK_FAKE:-0}" = 1 ]; then
+  facts=(--fake)
+  tests=(tests/tiers/test_copy_cuda.py tests/tiers/test_region_pin.py)
+  copy=(--fake --sizes 64KiB,2MiB --total 8MiB --piece-sizes 4KiB --pieces 256 --repeat 2)
+  expedited=(--device fake --block 64KiB --backlog 4MiB --repeat 2)
+else
+  facts=()
+  tests=(-m gpu tests/tiers/test_copy.py tests/tiers/test_region.py)
+  copy=()
+  expedited=(--device cuda)
+fi
+
+stage() { # NAME SECONDS COMMAND...: run it under a timeout, record its exit status, go on
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (at most ${limit}s)"
+  timeout -k 5 "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+  local rc=${PIPESTATUS[0]}
+  echo "$name $rc" >>"$out/stages.txt"
+  echo "== $name: exit status $rc"
+}
+
+stage facts 30 "$py" bench/gpu_check.py facts "${facts[@]}" --out "$out/facts.json"
+stage tests 110 "$py" -m pytest -p no:cacheprovider -q "${tests[@]}"
+stage gpu_copy 90 "$py" bench/gpu_copy.py "${copy[@]}" --out "$out/gpu-copy.jsonl"
+stage expedited 45 "$py" bench/expedited.py "${expedited[@]}" --out "$out/expedited.jsonl"
+"$py" bench/gpu_check.py summary "$out"
