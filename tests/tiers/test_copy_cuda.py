@@ -215,3 +215,24 @@ def test_lanes_get_streams_of_their_own_where_the_pool_allows(
     engine.shutdown()
     crowded.shutdown()
     crowded.shutdown()  # idempotent
+
+
+def test_an_empty_job_finishes_without_a_driver_call(fakes: list[FakeCuda]) -> None:
+    fake, engine, _, _ = build(fakes)
+    calls = len(fake.batches)
+    engine.submit_store(1, EngineBlocks.of([], [0], [0]), [])
+    engine.wait([1])
+    assert [(r.ok, r.nbytes) for r in engine.get_finished()] == [(True, 0)]
+    assert len(fake.batches) == calls
+    engine.shutdown()
+
+
+def test_the_engine_copies_between_device_tensors_and_a_host_shard_only(
+    fakes: list[FakeCuda],
+) -> None:
+    fake = FakeCuda()
+    fakes.append(fake)
+    kv = torch.zeros((4, ROW), dtype=torch.uint8)
+    on_device = torch.zeros((4, ROW), dtype=torch.uint8, device="meta")
+    with pytest.raises(ValueError, match="between CUDA KV tensors and a host shard"):
+        CudaCopyEngine([KVTensor(kv, ROW)], [[GroupRef(0, ROW)]], on_device, cuda=fake)
