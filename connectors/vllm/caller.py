@@ -20,8 +20,7 @@ def caller_local(
     None. The search starts `above` frames above the function that calls this one and looks
     at `depth` frames (None: up to the bottom of the stack).
 
-    Every vLLM kvtier supports (0.32 and 0.33, `connectors.startup.SUPPORTED_VLLM`) needs it,
-    in two places:
+    Every vLLM kvtier supports (`connectors.vllm.versions`) needs it, in two places:
 
     - the spec's constructor is given only an `OffloadingConfig`
       (`OffloadingSpecFactory.create_spec(config)`), which lacks what the namespace and the

@@ -1,12 +1,13 @@
 """Scheduler side: vLLM's `OffloadingManager` contract served by kvtier's tiering manager.
 
-One adapter for vLLM 0.32 and 0.33: what 0.33 adds (`lock`, `on_reset_flushed`,
-`config_info`, `metadata_only` events) is served where vLLM has it and harmless where it does
-not (0.32 never calls the new methods)."""
+One adapter for every supported vLLM (`connectors.vllm.versions`): what a release adds (`lock`,
+`on_reset_flushed`, `config_info`, `metadata_only` events, failed stores) is served where vLLM
+has it and harmless where it does not (an older release never calls the new methods).
+docs/DESIGN.md ("vLLM's manager contract") lists, method by method, where kvtier departs from
+vLLM's reference manager and why."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -35,6 +36,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from connectors.resources import Resources
 from connectors.vllm.caller import caller_local
+from connectors.vllm.versions import traits
 from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
@@ -53,6 +55,8 @@ MANAGER_METRICS = {
     "idle_waits": "vllm:kvtier_idle_waits",
     "blocks_warmed": "vllm:kvtier_blocks_warmed",
     "warm_stopped": "vllm:kvtier_warm_stopped",
+    "stores_failed": "vllm:kvtier_stores_failed",
+    "store_completions_ignored": "vllm:kvtier_store_completions_ignored",
 }
 BREAKER = "vllm:kvtier_tier_breaker_open"
 LATENCY = "vllm:kvtier_tier_job_seconds"
@@ -75,13 +79,11 @@ _SOURCES = {
     "remote": CacheHitSource.EXTERNAL_UNSPECIFIED,
 }
 """`Tier.medium` as vLLM's source of cached prompt tokens."""
-_FENCED_RESET = hasattr(OffloadingManager, "on_reset_flushed")
-"""vLLM (0.33) tells the manager when the copies in flight at a cache reset have ended."""
 _RESET_FENCE_STEPS = 4
-"""Without that call (vLLM 0.32), the steps after a cache reset until its slots are reused: the
-copies in flight at the reset run and are waited for in the next step, and with asynchronous
-scheduling a step is scheduled before the last one's output is in; four leave a margin."""
-_METADATA_ONLY = "metadata_only" in {f.name for f in dataclasses.fields(OffloadingEvent)}
+"""Without `on_reset_flushed` (`VllmTraits.reset_flushed`), the steps after a cache reset until
+its slots are reused: the copies in flight at the reset run and are waited for in the next
+step, and with asynchronous scheduling a step is scheduled before the last one's output is in;
+four leave a margin."""
 _MAX_TRACKED_REQUESTS = 4096
 """Requests whose promoted blocks' sources are remembered: vLLM ends each request with
 `on_request_finished`; the bound keeps a request it never ends from growing the map."""
@@ -154,10 +156,11 @@ def config_info(config: Config, num_slots: int, block_bytes: int) -> list[dict[s
 
 class KvtierManager(OffloadingManager):
     """vLLM's manager contract over a `TieringOffloadingManager`. Scheduler process, scheduler
-    thread. Type conversion only: the logic lives in `tiering/`. vLLM (0.32, 0.33) never calls
-    `touch`, so uses reach the policy through `prepare_load` (a hit being loaded) and
-    `prepare_store` (a resident block offered again: the request reused it from the GPU's
-    prefix cache).
+    thread. Type conversion only: the logic lives in `tiering/`. No vLLM calls `touch` (0.34
+    removed it from the interface), and kvtier defines none: uses reach the policy through
+    `prepare_load` (a hit being loaded) and `prepare_store` (a resident block offered again:
+    the request reused it from the GPU's prefix cache), as they happen, not once per request
+    at `on_request_finished`.
 
     A block a request waited for while it was promoted from a secondary tier is reported to
     vLLM as coming from that tier's medium (`get_load_source`: disk for a file tier), so
@@ -183,6 +186,9 @@ class KvtierManager(OffloadingManager):
         self._reported: dict[tuple[str, ...], float] = {}
         self._sources: dict[str, dict[OffloadKey, CacheHitSource]] = {}
         """Request id -> the keys it found being promoted, and the source of each."""
+        vllm = traits()
+        self._fenced_reset = vllm.reset_flushed
+        self._metadata_only = vllm.metadata_only_events
 
     @property
     def lock(self) -> AbstractContextManager[Any]:
@@ -232,9 +238,6 @@ class KvtierManager(OffloadingManager):
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self.manager.complete_load(keys)  # type: ignore[arg-type]
 
-    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.manager.touch(keys)  # type: ignore[arg-type]
-
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
@@ -254,6 +257,9 @@ class KvtierManager(OffloadingManager):
     def complete_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True
     ) -> None:
+        """`success=False` (`VllmTraits.transfer_failures`): the store's copy failed, so its
+        keys are dropped and their slots freed, never served. Keys not being written are
+        ignored, as vLLM's interface says and its reference manager does."""
         self.manager.complete_store(keys, ok=success)  # type: ignore[arg-type]
 
     def on_schedule_end(self, ctx: ScheduleEndContext) -> None:
@@ -272,14 +278,16 @@ class KvtierManager(OffloadingManager):
                 yield OffloadingEvent(
                     keys=list(event.keys), medium=self.medium, removed=event.removed
                 )
-            elif _METADATA_ONLY:  # vLLM 0.32 has no such event, and recorded nothing to drop
+            elif self._metadata_only:  # else vLLM has no such event, and recorded nothing
                 yield OffloadingEvent(
                     keys=list(event.keys), medium=self.medium, removed=True, metadata_only=True
                 )
 
     def reset_cache(self) -> None:
         self._sources.clear()
-        self.manager.reset(fence=True, fence_steps=None if _FENCED_RESET else _RESET_FENCE_STEPS)
+        self.manager.reset(
+            fence=True, fence_steps=None if self._fenced_reset else _RESET_FENCE_STEPS
+        )
 
     def on_reset_flushed(self) -> None:
         self.manager.reset_flushed()
@@ -325,8 +333,8 @@ class KvtierManager(OffloadingManager):
 
 def _empty_step() -> bool:
     """Whether the step that calls `on_schedule_end` schedules no token: vLLM's connector
-    calls it from `build_connector_meta(scheduler_output)` (0.32 and 0.33), whose argument
-    says. Anything else (another caller, another shape) reads as a step with work."""
+    calls it from `build_connector_meta(scheduler_output)` (every supported release), whose
+    argument says. Anything else (another caller, another shape) reads as a step with work."""
     output = caller_local(  # on_schedule_end's caller, only
         "scheduler_output",
         lambda value: hasattr(value, "total_num_scheduled_tokens"),

@@ -1,5 +1,5 @@
-"""`TieredOffloadingSpec`: kvtier as an out-of-tree offloading spec of vLLM 0.32 and 0.33
-(`connectors.startup.SUPPORTED_VLLM`; one code base, what 0.33 adds served where it exists).
+"""`TieredOffloadingSpec`: kvtier as an out-of-tree offloading spec of vLLM (the releases of
+`connectors.vllm.versions`; one code base, what each release adds served where it exists).
 
 vLLM builds the spec from `kv_connector_extra_config` in the scheduler and in every worker:
 
@@ -7,8 +7,8 @@ vLLM builds the spec from `kv_connector_extra_config` in the scheduler and in ev
 - `kvtier`: the same structure inline;
 - `cpu_bytes_to_use`: the primary capacity when the YAML gives no `primary.capacity`;
 - `block_size` / `blocks_per_chunk`: tokens per kvtier block (vLLM validates them);
-- `sync_load_budget_bytes` (vLLM 0.33, read by vLLM): hits within this many bytes per step are
-  loaded inside the step, on the copy engine's expedited lane.
+- `sync_load_budget_bytes` (read by vLLM, `VllmTraits.expedited_loads`): hits within this many
+  bytes per step are loaded inside the step, on the copy engine's expedited lane.
 
 The scheduler gets a `KvtierManager` over a `PrimaryPool` (and, with `metrics.prometheus_port`,
 kvtier's Prometheus endpoint, fed a snapshot every step); each worker a `KvtierWorker` over a
@@ -46,7 +46,6 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from connectors.resources import Resources
 from connectors.startup import (
     check_block_hashing,
-    check_vllm_version,
     lasting_tiers,
     namespace_layout,
     primary_capacity,
@@ -59,6 +58,7 @@ from connectors.vllm.manager import (
     config_info,
     metric_definitions,
 )
+from connectors.vllm.versions import check_vllm_version
 from connectors.vllm.worker import KvtierWorker, engine_layout
 from tiering import gil
 from tiering.errors import ConfigError
@@ -83,7 +83,7 @@ class TieredOffloadingSpec(OffloadingSpec):
 
     @classmethod
     def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
-        """The labels of kvtier's series of vLLM 0.33's `vllm:kv_offload_config_info`."""
+        """The labels of kvtier's series of `vllm:kv_offload_config_info` (0.33+)."""
         return CONFIG_INFO_KEYS
 
     def __init__(self, config: OffloadingConfig) -> None:
@@ -166,6 +166,8 @@ class TieredOffloadingSpec(OffloadingSpec):
         return KvtierManager(manager, resources, info)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self.kvtier.tiers and self.config.parallel.world_size > 1:
+            _refuse_workers_across_nodes([tier.name for tier in self.kvtier.tiers])
         rank = 0 if self.replicated_layout else self.config.parallel.rank
         resources = Resources()
         try:
@@ -191,6 +193,34 @@ class TieredOffloadingSpec(OffloadingSpec):
             resources.close()
             raise
         return KvtierWorker(engine, resources)
+
+
+def _refuse_workers_across_nodes(tiers: list[str]) -> None:
+    """Refuse secondary tiers on an engine whose workers span nodes, as vLLM 0.34 refuses its
+    own (vllm-project/vllm#54415). The tiers run in the scheduler and read and write the primary
+    region in its node's shared memory, where a worker on another node never wrote its shard:
+    they would demote blocks that are missing a part, and promote into slots it never reads.
+    The workers form a grid of tensor, pipeline and (where vLLM has it) prefill-context parallel
+    groups, so they share one node if every such group does. Collective over each group: every
+    rank joins every group's check before any of them raises."""
+    from vllm.distributed import parallel_state
+
+    spans = []
+    for name in ("get_tp_group", "get_pp_group", "get_pcp_group"):
+        get_group = getattr(parallel_state, name, None)
+        if get_group is None:  # a release without that kind of parallelism
+            continue
+        group = get_group()
+        spans.append(
+            group.world_size > 1
+            and not all(parallel_state.in_the_same_node_as(group.cpu_group, source_rank=0))
+        )
+    if any(spans):
+        raise ConfigError(
+            f"kvtier's secondary tiers ({', '.join(tiers)}) need every vLLM worker of the "
+            "engine on the scheduler's node (the primary is that node's shared memory); this "
+            "engine's workers span several nodes: remove the tiers or keep the engine on one node"
+        )
 
 
 def _engine_config() -> tuple[VllmConfig, str]:

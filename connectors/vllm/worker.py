@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
-    GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingWorker,
     TransferResult,
 )
 
 from connectors.resources import Resources
+from connectors.vllm.pointers import blocks_from_pointers
 from tiers.copy import CopyEngine, EngineBlocks, GroupRef, KVTensor
 
 __all__ = ["KvtierWorker", "engine_layout"]
+
+log = logging.getLogger(__name__)
 
 
 def engine_layout(kv_caches: CanonicalKVCaches) -> tuple[list[KVTensor], list[list[GroupRef]]]:
@@ -26,16 +31,19 @@ def engine_layout(kv_caches: CanonicalKVCaches) -> tuple[list[KVTensor], list[li
     return tensors, groups
 
 
-def _blocks(spec: GPULoadStoreSpec) -> EngineBlocks:
-    return EngineBlocks.of(spec.block_ids, spec.group_sizes, spec.block_indices)
-
-
 class KvtierWorker(OffloadingWorker):
     """vLLM's worker contract over a kvtier copy engine. Worker process, engine thread.
 
-    Type conversion only. A failed copy is reported as `success=False`: vLLM's connector
-    (0.32 and 0.33) has no failure path and stops on it, which is what a failed local memory
-    copy deserves (it is a bug, not a tier fault: tier faults never reach the worker).
+    The engine side of a transfer arrives as vLLM's release gives it
+    (`connectors.vllm.versions.VllmTraits.device_pointers`): a `GPULoadStoreSpec` of block ids,
+    or `DevicePointers`, resolved back to block ids of the registered KV tensors and checked
+    (`connectors.vllm.pointers`). The copy engine sees one form, `EngineBlocks`.
+
+    Nothing raises into vLLM: a transfer the engine cannot do (pointers that do not resolve, a
+    copy that fails) is a job reported with `success=False`. What vLLM does with it is its
+    release's rule (`VllmTraits.transfer_failures`): from 0.34 a failed store is dropped by
+    `complete_store(..., success=False)` and a failed load recomputed; before, vLLM stops on
+    it, which a failed local memory copy deserves (tier faults never reach the worker).
     """
 
     def __init__(self, engine: CopyEngine, resources: Resources) -> None:
@@ -44,28 +52,32 @@ class KvtierWorker(OffloadingWorker):
         self.engine = engine
         self.resources = resources
 
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
-        self.engine.submit_store(job_id, _blocks(src_spec), dst_spec.block_ids)  # type: ignore[attr-defined]
+    def submit_store(self, job_id: int, src: Any, dst_spec: LoadStoreSpec) -> bool:
+        """`src`: the engine blocks to store (`DevicePointers` or a `GPULoadStoreSpec`)."""
+        self.engine.submit_store(job_id, self._blocks(job_id, src), dst_spec.block_ids)  # type: ignore[attr-defined]
         return True
 
     def submit_load(
-        self,
-        job_id: int,
-        src_spec: LoadStoreSpec,
-        dst_spec: GPULoadStoreSpec,
-        expedited: bool = False,
+        self, job_id: int, src_spec: LoadStoreSpec, dst: Any, expedited: bool = False
     ) -> bool:
-        """`expedited` (vLLM 0.33, with `sync_load_budget_bytes`): the connector waits for
-        this load inside the step, so it goes to the copy engine's own lane."""
+        """`dst`: the engine blocks to load into (`DevicePointers` or a `GPULoadStoreSpec`).
+        `expedited` (`VllmTraits.expedited_loads`): the connector waits for this load inside
+        the step, so it goes to the copy engine's own lane."""
         self.engine.submit_load(
             job_id,
             src_spec.block_ids,  # type: ignore[attr-defined]
-            _blocks(dst_spec),
+            self._blocks(job_id, dst),
             expedited=expedited,
         )
         return True
+
+    def _blocks(self, job_id: int, spec: Any) -> EngineBlocks:
+        if not hasattr(spec, "ptrs"):  # a GPULoadStoreSpec
+            return EngineBlocks.of(spec.block_ids, spec.group_sizes, spec.block_indices)
+        blocks, problem = blocks_from_pointers(spec, self.engine.tensors, self.engine.groups)
+        if problem is not None:
+            log.error("kvtier: copy job %d refused (its device pointers: %s)", job_id, problem)
+        return blocks
 
     def get_finished(self) -> list[TransferResult]:
         return [

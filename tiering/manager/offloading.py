@@ -82,7 +82,7 @@ from tiering.manager.tierstate import TierEvent, TierState
 from tiering.manager.usage import UsagePoller
 from tiering.manager.warm import WarmStart
 from tiering.placement import BlockHistory, PromotionGate, gate_class
-from tiering.primary import LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
+from tiering.primary import KeyState, LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
 from tiering.runtime import Job, Runtime
 from tiering.tier import Tier
 
@@ -311,10 +311,27 @@ class TieringOffloadingManager:
         self.lock.call(self._complete_store, keys, ok)
 
     def _complete_store(self, keys: Sequence[BlockKey], ok: bool) -> None:
+        """The engine's store of `keys` ended: READY, or on failure dropped and their slots
+        freed (nothing half-written is ever served). A key the engine is not writing (not
+        resident, ready, or being promoted) is ignored and counted, as vLLM's interface says:
+        after a cache reset or a store that overlapped a promotion, the engine may complete
+        keys the primary no longer holds for it."""
         assert self.lock.owned()
-        self.pool.complete_store(keys, ok=ok)
+        pool, promoter = self.pool, self.promoter
+        mine = [
+            key
+            for key in dict.fromkeys(keys)
+            if pool.state(key) is KeyState.WRITING
+            and key not in promoter.promoting
+            and key not in promoter.late
+        ]
+        if len(mine) < len(keys):
+            self.counters["store_completions_ignored"] += len(keys) - len(mine)
+        if not ok:
+            self.counters["stores_failed"] += len(mine)
+        pool.complete_store(mine, ok=ok)
         if ok and self._write_through:
-            self.demoter.stored(keys)  # pinned and demoted by the runtime, between steps
+            self.demoter.stored(mine)  # pinned and demoted by the runtime, between steps
 
     def prepare_load(self, keys: Sequence[BlockKey]) -> list[int]:
         if not self.lock.stepping:

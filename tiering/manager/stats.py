@@ -54,6 +54,14 @@ MANAGER_COUNTERS = {
     ),
     "blocks_warmed": "Blocks read into the CPU primary at start (primary.warm_start).",
     "warm_stopped": "Warm starts ended early because a batch failed as a whole.",
+    "stores_failed": (
+        "Blocks whose store from the engine failed (vLLM 0.34+ reports it): dropped from the"
+        " CPU primary, never served."
+    ),
+    "store_completions_ignored": (
+        "Blocks the engine said it stored that the CPU primary was not writing for it (after a"
+        " cache reset, or completed twice): ignored."
+    ),
 }
 """The manager's counters that a snapshot always has (others appear once they move)."""
 _TIER_ZEROS = dict.fromkeys(TIER_COUNTERS, 0.0)

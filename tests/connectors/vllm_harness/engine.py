@@ -10,10 +10,12 @@ process, on this thread, on the CPU.
 
 Each `step` is one engine step: `Scheduler.schedule()`, then what the model runner does with the
 connector (`handle_preemptions`, then vLLM's own `KVConnectorModelRunnerMixin` context: bind the
-metadata, start loads, the "forward", `wait_for_save`, finished transfers, worker metadata), then
-`Scheduler.update_from_output`. The forward is `runner.ModelRunner`'s: it checks, block by
-block, the bytes of every token the scheduler counts as computed, writes those of this step's
-tokens and samples one token per request whose prompt is complete.
+metadata, start loads, the "forward", `wait_for_save`, finished transfers, worker metadata; from
+vLLM 0.34 the CPU model runner's `ActiveKVConnector`, which starts a step's expedited loads before
+the forward and the others after it), then `Scheduler.update_from_output`. The forward is
+`runner.ModelRunner`'s: it checks, block by block, the bytes of every token the scheduler counts
+as computed, writes those of this step's tokens and samples one token per request whose prompt is
+complete.
 
 Runs in vLLM's environment only (it imports vLLM); the repository root must be on `sys.path`.
 """
@@ -59,7 +61,6 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
-from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
 from vllm.v1.worker.utils import allocate_kv_cache
 
 from connectors.vllm.run import ENGINE_BLOCK, ENGINE_SETTINGS, LLAMA, model_config
@@ -83,10 +84,12 @@ class Engine:
         *,
         engine_blocks: int = 18,
         between_roles: Callable[[], None] | None = None,
+        load_failure_policy: str | None = None,
     ) -> None:
         """`between_roles`: called once the worker role is built and before the scheduler
         is (what can happen between two processes' starts: a config file edited). A
-        scheduler that cannot be built shuts the worker role down before the error goes on."""
+        scheduler that cannot be built shuts the worker role down before the error goes on.
+        `load_failure_policy`: vLLM's `kv_load_failure_policy` (None: vLLM's default)."""
         model = workdir / "model"
         model.mkdir(parents=True, exist_ok=True)
         (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
@@ -98,12 +101,20 @@ class Engine:
                 "kv_connector": "OffloadingConnector",
                 "kv_role": "kv_both",
                 "kv_connector_extra_config": extra,
-            },
+            }
+            | (
+                {}
+                if load_failure_policy is None
+                else {"kv_load_failure_policy": load_failure_policy}
+            ),
         )
-        self.config: VllmConfig = args.create_engine_config()
+        with _no_triton_check():
+            self.config: VllmConfig = args.create_engine_config()
         self.workdir = workdir
         self.steps = 0
         self.events: list[Event] = []
+        self.errored: set[str] = set()
+        """Requests vLLM ended with an error (`FinishReason.ERROR`: a failed load, 0.34+)."""
         with set_current_vllm_config(self.config):
             kv_cache_config, scheduler_kv_cache_config = self._plan(engine_blocks)
             self._start_worker(kv_cache_config)
@@ -182,7 +193,7 @@ class Engine:
                 shape,
             )
         self.connector = get_kv_transfer_group()
-        self.connector.register_kv_caches(self.kv_caches)
+        self.runner_connector = _runner_connector(self.config, self.connector, self.kv_caches)
         worker = self.connector.connector_worker
         assert isinstance(worker.worker, OffloadingWorker)
         worker.worker = Recorder(worker.worker, self.events)
@@ -217,24 +228,57 @@ class Engine:
     def step(self) -> None:
         out = self.scheduler.schedule()
         self.steps += 1
+        if self.runner_connector is not None:
+            output = self._step_034(out)
+        else:
+            output = self._step_032(out)
+        for outputs in self.scheduler.update_from_output(out, output).values():
+            for finished in outputs.outputs:
+                reason = finished.finish_reason
+                if reason is not None and reason.name == "ERROR":
+                    self.errored.add(finished.request_id)
+
+    def _step_032(self, out: Any) -> ModelRunnerOutput:
+        """A step as vLLM 0.32 and 0.33's model runner takes it (`KVConnectorModelRunnerMixin`)."""
+        from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+
         self.connector.handle_preemptions(out.kv_connector_metadata)
         if out.total_num_scheduled_tokens == 0:
-            output = KVConnectorModelRunnerMixin.kv_connector_no_forward(out, self.config)
-            time.sleep(0.001)  # an idle step: the connector's background work goes on
-        else:
-            with (
-                set_forward_context(None, self.config),
-                KVConnectorModelRunnerMixin._get_kv_connector_output(out) as kv_output,
-            ):
-                self.note("forward")
-                req_ids, sampled = self.runner.forward(out, self.steps)
-            output = ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-                sampled_token_ids=sampled,
-                kv_connector_output=kv_output,
+            output: ModelRunnerOutput = KVConnectorModelRunnerMixin.kv_connector_no_forward(
+                out, self.config
             )
-        self.scheduler.update_from_output(out, output)
+            time.sleep(0.001)  # an idle step: the connector's background work goes on
+            return output
+        with (
+            set_forward_context(None, self.config),
+            KVConnectorModelRunnerMixin._get_kv_connector_output(out) as kv_output,
+        ):
+            self.note("forward")
+            req_ids, sampled = self.runner.forward(out, self.steps)
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=kv_output,
+        )
+
+    def _step_034(self, out: Any) -> ModelRunnerOutput:
+        """A step as vLLM 0.34's CPU model runner takes it (`ActiveKVConnector`: preemptions
+        and the step's expedited loads before the forward, the other loads after it)."""
+        connector = self.runner_connector
+        if out.total_num_scheduled_tokens == 0:
+            output: ModelRunnerOutput = connector.no_forward(out)
+            time.sleep(0.001)  # an idle step: the connector's background work goes on
+            return output
+        with set_forward_context(None, self.config):
+            connector.pre_forward(out)
+            self.note("forward")
+            req_ids, sampled = self.runner.forward(out, self.steps)
+            connector.finish_forward()
+            kv_output = connector.post_forward(out.finished_req_ids)
+        return ModelRunnerOutput(  # (0.34 derives the request index from `req_ids`)
+            req_ids=req_ids, sampled_token_ids=sampled, kv_connector_output=kv_output
+        )
 
     def note(self, kind: str) -> None:
         self.events.append(Event(kind, step=self.steps))
@@ -270,6 +314,37 @@ def _kv_cache_configs(
     groups = get_global_kv_cache_groups(config, [specs])
     config.adjust_dcp_kv_cache_interleave_size(groups)
     return get_kv_cache_configs(config, [specs], [available], groups)
+
+
+@contextmanager
+def _no_triton_check() -> Iterator[None]:
+    """vLLM 0.34's CPU platform refuses an x86 CPU without Triton when it checks the config,
+    for its model runner's kernels; the harness runs no kernel (its forward is
+    `runner.ModelRunner`'s), so the check is told Triton is there while the config is built,
+    and only then."""
+    try:
+        import vllm.triton_utils as triton_utils
+    except ImportError:
+        yield
+        return
+    had = triton_utils.HAS_TRITON
+    triton_utils.HAS_TRITON = True
+    try:
+        yield
+    finally:
+        triton_utils.HAS_TRITON = had
+
+
+def _runner_connector(config: VllmConfig, connector: Any, kv_caches: dict[str, Any]) -> Any:
+    """What registers the KV caches with the worker-role connector: vLLM 0.34's CPU model runner
+    builds an `ActiveKVConnector` (which registers them) and drives the connector through it,
+    returned; before 0.34 the model runner registers them itself (None returned)."""
+    try:
+        from vllm.v1.worker.cpu.kv_connector import ActiveKVConnector
+    except ImportError:  # vLLM 0.32 and 0.33
+        connector.register_kv_caches(kv_caches)
+        return None
+    return ActiveKVConnector(config, kv_caches)
 
 
 @contextmanager

@@ -3,9 +3,11 @@
 `Recorder` stands between the worker-role connector and its `OffloadingWorker` (kvtier's, built
 by the spec); `ManagerRecorder` between the scheduler-role connector and its `OffloadingManager`.
 Both forward every call unchanged, keyword arguments included, so a worker that does not accept
-what the connector passes (vLLM 0.33's `submit_load(..., expedited=True)`) fails exactly as it
-would in an engine. The engine notes its forwards and resets in the same log, so the order of
-lookups, loads, waits, forwards, resets and `on_reset_flushed` is visible.
+what the connector passes (`submit_load(..., expedited=True)`, 0.34's `DevicePointers`) fails
+exactly as it would in an engine. The engine blocks of a call are logged as block ids whatever
+form the release passes them in (0.34's pointers resolved against the KV caches). The engine
+notes its forwards and resets in the same log, so the order of lookups, loads, waits, forwards,
+resets and `on_reset_flushed` is visible.
 """
 
 from __future__ import annotations
@@ -14,18 +16,20 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from vllm.v1.kv_offload.base import (
-    GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingWorker,
     TransferResult,
 )
+
+from connectors.vllm.pointers import blocks_from_pointers
 
 __all__ = ["Event", "ManagerRecorder", "Recorder"]
 
 
 @dataclass(frozen=True)
 class Event:
-    """One call: `load`, `store`, `wait`, `finished` (the job ids reported), `lookup` (with
+    """One call: `load`, `store`, `wait`, `finished` (the job ids reported; `failed` after it:
+    those reported failed), `lookup` (with
     its `result`), `prepare_store` (with the slots granted), `on_reset_flushed`; or the
     engine's `forward` and `reset`."""
 
@@ -56,18 +60,23 @@ class Recorder(OffloadingWorker):
         self.inner = inner
         self.events = events
 
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
-        self.events.append(Event("store", (job_id,), _ids(src_spec), _ids(dst_spec)))
-        return self.inner.submit_store(job_id, src_spec, dst_spec)
+    def submit_store(self, job_id: int, src: Any, dst_spec: LoadStoreSpec) -> bool:
+        self.events.append(Event("store", (job_id,), self._engine_ids(src), _ids(dst_spec)))
+        return self.inner.submit_store(job_id, src, dst_spec)
 
-    def submit_load(
-        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, **kwargs: Any
-    ) -> bool:
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst: Any, **kwargs: Any) -> bool:
         expedited = bool(kwargs.get("expedited", False))
-        self.events.append(Event("load", (job_id,), _ids(dst_spec), _ids(src_spec), expedited))
-        return self.inner.submit_load(job_id, src_spec, dst_spec, **kwargs)
+        self.events.append(
+            Event("load", (job_id,), self._engine_ids(dst), _ids(src_spec), expedited)
+        )
+        return self.inner.submit_load(job_id, src_spec, dst, **kwargs)
+
+    def _engine_ids(self, spec: Any) -> tuple[int, ...]:
+        if not hasattr(spec, "ptrs"):  # a GPULoadStoreSpec
+            return _ids(spec)
+        engine = self.inner.engine  # type: ignore[attr-defined]
+        blocks, _ = blocks_from_pointers(spec, engine.tensors, engine.groups)
+        return tuple(int(b) for b in blocks.block_ids)
 
     def wait(self, job_ids: set[int]) -> None:
         self.events.append(Event("wait", tuple(sorted(job_ids))))
@@ -77,6 +86,9 @@ class Recorder(OffloadingWorker):
         results = self.inner.get_finished()
         if results:
             self.events.append(Event("finished", tuple(r.job_id for r in results)))
+        failed = tuple(r.job_id for r in results if not r.success)
+        if failed:
+            self.events.append(Event("failed", failed))
         return results
 
     def shutdown(self) -> None:

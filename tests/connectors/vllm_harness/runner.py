@@ -60,6 +60,8 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         self.mismatches: list[Mismatch] = []
         self.checked_blocks = 0
+        self.resumed = 0
+        """Times a preempted request was scheduled again."""
         self.step = 0
 
     def add(self, name: str, prompt: list[int]) -> None:
@@ -75,15 +77,20 @@ class ModelRunner:
         computed: dict[str, int] = {}
         for new in out.scheduled_new_reqs:
             state = self.requests[new.req_id]
+            if state.first_computed is not None:  # vLLM 0.34 re-sends a resumed request
+                self.resumed += 1
             state.block_ids = list(new.block_ids[0])
             computed[new.req_id] = new.num_computed_tokens
             if state.first_computed is None:
                 state.first_computed = new.num_computed_tokens
         cached = out.scheduled_cached_reqs
+        # A resumed request's whole table (vLLM 0.34 re-sends it as a new request instead).
+        resumed = getattr(cached, "resumed_req_ids", ())
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
             new_ids = cached.new_block_ids[i]
-            if req_id in cached.resumed_req_ids:
+            if req_id in resumed:
+                self.resumed += 1
                 assert new_ids is not None
                 state.block_ids = list(new_ids[0])
             elif new_ids is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -25,6 +26,7 @@ from tests.connectors.vllm_harness.engine import Engine, engine
 from tiering.keys import BlockKey
 from tiering.registry import register_tier
 from tiering.tier import KeyLike
+from tiers.copy.base import CopyJob, Direction
 from tiers.file.files import BlockFileTier
 
 __all__ = ["SCENARIOS", "prompts"]
@@ -294,6 +296,151 @@ def scenario_drift(workdir: Path) -> dict[str, Any]:
     }
 
 
+def _inject_copy_faults(
+    e: Engine, direction: Direction, *, expedited: bool | None = None
+) -> list[int]:
+    """Make every later copy job of `direction` (and, if given, of that lane) fail inside the
+    worker's CPU copy engine, as a failed copy does: the engine reports the job failed. Returns
+    the list the failed job ids are appended to."""
+    failed: list[int] = []
+    engine_ = e.connector.connector_worker.worker.inner.engine
+
+    def fault(job: CopyJob) -> None:
+        if job.direction is direction and (expedited is None or job.expedited == expedited):
+            failed.append(job.job_id)
+            raise OSError(f"injected fault in copy job {job.job_id}")
+
+    engine_._fault = fault  # the CPU engine's test hook (`CpuCopyEngine(fault=...)`)
+    return failed
+
+
+def _manager_counters(e: Engine) -> dict[str, float]:
+    return dict(e.scheduler.connector.connector_scheduler.manager.manager.counters)
+
+
+def _failure_scenario(
+    workdir: Path, extra: dict[str, Any], direction: Direction, **engine_args: Any
+) -> dict[str, Any]:
+    """`first` runs with every copy of `direction` failing, then `unrelated` and `again`
+    with working copies (a failed store) or with loads failing throughout (a failed load).
+    What vLLM does with the failure is its release's rule; the harness reports what it saw,
+    the error a step raised included."""
+    requests = prompts()
+    raised = None
+    failed: list[int] = []
+    with engine(workdir, extra, **engine_args) as e:
+        try:
+            failed = _inject_copy_faults(e, direction)
+            for name in ("first", "unrelated", "again"):
+                if name == "unrelated" and direction is Direction.STORE:
+                    e.connector.connector_worker.worker.inner.engine._fault = None
+                e.add_request(name, requests[name], MAX_TOKENS)
+                e.run()
+        except Exception as error:  # vLLM's own rule for a failure it cannot survive
+            raised = f"{type(error).__name__}: {error}"
+        found = observed(e)
+        counters = _manager_counters(e)
+        pool = e.scheduler.connector.connector_scheduler.manager.manager.pool
+    return found | {
+        "raised": raised,
+        "injected": failed,
+        "stores_failed": counters.get("stores_failed", 0),
+        "store_completions_ignored": counters.get("store_completions_ignored", 0),
+        "errored": sorted(e.errored),
+        "slots_reading": pool.num_reading,
+        "slots_writing": pool.num_writing,
+    }
+
+
+def scenario_failed_store(workdir: Path) -> dict[str, Any]:
+    """failed_store: `first`'s stores all fail in the copy engine. From vLLM 0.34 the manager
+    drops them (`complete_store(..., success=False)`): `again` finds nothing of the prefix in
+    kvtier and recomputes it, every block exact. Before 0.34 vLLM stops on the failure."""
+    return _failure_scenario(workdir, kvtier_extra(workdir), Direction.STORE)
+
+
+def scenario_failed_load(workdir: Path) -> dict[str, Any]:
+    """failed_load: every load fails in the copy engine, under vLLM's `kv_load_failure_policy:
+    recompute`. From vLLM 0.34 `again`'s load is reported failed (`failed_recving`) and the
+    request recomputes what it did not load, every block exact. Before 0.34 vLLM stops on the
+    failure."""
+    return _failure_scenario(
+        workdir, kvtier_extra(workdir), Direction.LOAD, load_failure_policy="recompute"
+    )
+
+
+def scenario_failed_load_default(workdir: Path) -> dict[str, Any]:
+    """failed_load_default: failed_load under vLLM's default policy (`fail`): from 0.34 the
+    request whose load failed ends with an error and the engine goes on."""
+    return _failure_scenario(workdir, kvtier_extra(workdir), Direction.LOAD)
+
+
+def scenario_failed_expedited(workdir: Path) -> dict[str, Any]:
+    """failed_expedited: b (loads inside the step) with every load failing. vLLM 0.34's rule:
+    a failed expedited load raises in the connector (its request already ran on the unloaded
+    KV); kvtier itself raises nothing."""
+    extra = kvtier_extra(workdir) | {"sync_load_budget_bytes": 1 << 20}
+    return _failure_scenario(workdir, extra, Direction.LOAD)
+
+
+def scenario_preempt(workdir: Path) -> dict[str, Any]:
+    """preempt: three requests of 128 tokens (4 blocks) that each decode 160 tokens share the
+    engine's 18 blocks: they start together, outgrow it together (9 blocks each) and the
+    scheduler preempts one, which resumes later (its stores in flight flushed by the connector
+    first, its prefix loaded back from kvtier). Every block the forward reads must hold its own
+    tokens' bytes."""
+    rng = random.Random(1)
+    with engine(workdir, kvtier_extra(workdir)) as e:
+        for name in ("p", "q", "r"):
+            e.add_request(name, [rng.randrange(3, 1000) for _ in range(128)], 160)
+        e.run()
+        return observed(e) | {"resumed": e.runner.resumed}
+
+
+def _tier_entries() -> dict[str, dict[str, Any]]:
+    """The secondary tiers of scenario restart, by kind: a `files` and a `segments` directory
+    always; Redis and S3 (single objects and packs) where the test gives their servers
+    (`KVTIER_HARNESS_TIERS`: JSON, kind -> tier entry without its name)."""
+    return json.loads(os.environ.get("KVTIER_HARNESS_TIERS", "{}"))
+
+
+def scenario_restart(workdir: Path) -> dict[str, Any]:
+    """restart: for each kind of secondary tier, an engine serves `first` and stops with its
+    blocks written through to the tier; a second engine on the same tier (a fresh primary,
+    no warm start) serves `again`: its prefix is promoted from the tier and loaded, every
+    block exact."""
+    kinds: dict[str, dict[str, Any]] = {
+        "files": {"type": "file", "path": str(workdir / "files"), "layout": "files", "min_free": 0},
+        "segments": {
+            "type": "file",
+            "path": str(workdir / "segments"),
+            "layout": "segments",
+            "min_free": 0,
+        },
+        **_tier_entries(),
+    }
+    requests = prompts()
+    found: dict[str, Any] = {"vllm": vllm.__version__}
+    for kind, entry in kinds.items():
+        tier = {"name": "disk", **entry, "write": "through"}
+        primary = {"capacity": 16 * SLOT_BYTES, "directory": str(workdir / kind)}
+        extra = kvtier_extra(
+            workdir / kind,
+            primary=primary,
+            tiers=[tier],
+            promotion={"deadline": "30s", "gate": "always"},
+        )
+        with engine(workdir / kind, extra) as e:
+            e.add_request("first", requests["first"], MAX_TOKENS)
+            e.run()
+        with engine(workdir / kind, extra) as e:
+            e.add_request("again", requests["again"], MAX_TOKENS)
+            e.run()
+            stats = e.scheduler.connector.connector_scheduler.manager.manager.stats()
+            found[kind] = observed(e) | {"promotions": stats["tiers"]["disk"]["promotions"]}
+    return found
+
+
 def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -310,4 +457,10 @@ SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "idle": scenario_idle,
     "warm": scenario_warm,
     "drift": scenario_drift,
+    "failed_store": scenario_failed_store,
+    "failed_load": scenario_failed_load,
+    "failed_load_default": scenario_failed_load_default,
+    "failed_expedited": scenario_failed_expedited,
+    "preempt": scenario_preempt,
+    "restart": scenario_restart,
 }

@@ -4,9 +4,10 @@ runs it to prove that its own assertions would catch a load that moves no bytes.
 
 from __future__ import annotations
 
+from typing import Any
+
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
-    GPULoadStoreSpec,
     LoadStoreSpec,
     OffloadingWorker,
 )
@@ -17,8 +18,11 @@ from tiers.copy import EngineBlocks
 
 
 class _NoCopyLoads(KvtierWorker):
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
-        groups = len(dst_spec.group_sizes)
+    def submit_load(
+        self, job_id: int, src_spec: LoadStoreSpec, dst: Any, expedited: bool = False
+    ) -> bool:
+        """`dst`: a `GPULoadStoreSpec`, or (vLLM 0.34) `DevicePointers`."""
+        groups = len(getattr(dst, "group_sizes", None) or dst.group_block_counts)
         self.engine.submit_load(job_id, [], EngineBlocks.of([], [0] * groups, [0] * groups))
         return True
 
