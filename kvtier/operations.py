@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiering.errors import ConfigError, CorruptObject, StateError, TierError, TierUnavailable
+from tiering.format import REMOVABLE
 from tiering.keys import BlockKey
 from tiering.tier import NamespaceUsage, ObjectInfo, Tier
 from tiering.usage import KeepsUsageMarks
@@ -167,16 +168,31 @@ class VerifyReport:
     bad: list[tuple[str, str]] = field(default_factory=list)
     """(key hex, reason) of every corrupt or foreign object."""
     repaired: int = 0
+    left: list[tuple[str, str]] = field(default_factory=list)
+    """(key hex, reason) of the bad objects a repair left in place: their reason proves no
+    damage (`tiering.format.REMOVABLE`), so they may be a neighbour's."""
 
 
 async def verify(
-    tier: Tier, repair: bool = False, progress: Progress | None = None
+    tier: Tier,
+    repair: bool = False,
+    progress: Progress | None = None,
+    *,
+    delete_unauthenticated: bool = False,
 ) -> VerifyReport:
     """Read every object of the tier's namespace and check header, namespace, lengths,
-    checksum and (with a secret) MAC; with `repair`, delete the objects that fail. Objects the
+    checksum and (with a secret) MAC; with `repair`, delete the objects whose damage is
+    provable (`tiering.format.REMOVABLE`: whoever wrote them, no reader can use them).
+
+    An object that fails only this reader's checks is left and listed in `left`, repair or
+    not: `auth` (another secret's, or written without one: a deployment beside this one, or
+    this one's before a rotation), `namespace`, `version`, `codec` (another model's, a newer
+    kvtier's). `delete_unauthenticated` (with `repair`) deletes the `auth` ones too: the
+    operator's explicit word that no other secret's reader shares the store. Objects the
     tier's start-up scan found damaged (`Tier.damaged`: a header that fails, a file of the
     wrong size) are reported too; a writable file tier removed them when it opened."""
     report = VerifyReport()
+    deletable = REMOVABLE | {"auth"} if delete_unauthenticated else REMOVABLE
     for where, reason, removed in tier.damaged:
         report.checked += 1
         report.bad.append((where, reason))
@@ -187,10 +203,13 @@ async def verify(
             if await read_block(tier, info.key) is not None:
                 report.ok += 1
         except CorruptObject as e:
-            report.bad.append((info.key.hex(), getattr(e, "reason", "corrupt")))
-            if repair:
+            reason = getattr(e, "reason", "corrupt")
+            report.bad.append((info.key.hex(), reason))
+            if repair and reason in deletable:
                 await tier.delete(info.key)
                 report.repaired += 1
+            else:
+                report.left.append((info.key.hex(), reason))
         except TierUnavailable:
             raise  # the tier is down: there is nothing to verify
         except TierError as e:  # this object's read failed (a deadline, an odd reply): go on

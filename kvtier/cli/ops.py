@@ -84,7 +84,19 @@ def add_parsers(commands: Any) -> None:
         run_verify,
         [TIER, NAMESPACE],
     )
-    p.add_argument("--repair", action="store_true", help="delete corrupt and foreign objects")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="delete the objects whose damage is provable (checksum, torn, lying header, "
+        "not a kvtier object); objects this reader only cannot authenticate or use are "
+        "left, and listed",
+    )
+    p.add_argument(
+        "--delete-unauthenticated",
+        action="store_true",
+        help="with --repair: delete objects that fail authentication too (another secret's, "
+        "or written without one) - only when no engine with another secret shares the store",
+    )
     p = add_command(
         commands,
         "purge",
@@ -157,23 +169,60 @@ def run_migrate(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     cfg = tier_config(config, args.tier)
+    if args.delete_unauthenticated and not args.repair:
+        raise ConfigError("--delete-unauthenticated: only with --repair")
 
     async def go() -> Any:
         namespace = await resolve_namespace(config, cfg, args.namespace)
         async with make_tier(config, cfg, namespace, read_only=not args.repair) as tier:
             bar = Progress(0, f"verify {cfg.name}")
-            report = await verify(tier, repair=args.repair, progress=bar.update)
+            report = await verify(
+                tier,
+                repair=args.repair,
+                progress=bar.update,
+                delete_unauthenticated=args.delete_unauthenticated,
+            )
             bar.close()
         return report
 
     report = asyncio.run(go())
     lines = [
         f"checked {report.checked:,} blocks: {report.ok:,} ok, {len(report.bad):,} bad"
-        + (f", {report.repaired:,} deleted" if args.repair else "")
+        + (f", {report.repaired:,} deleted, {len(report.left):,} left" if args.repair else "")
     ]
     lines += [f"  {key}: {reason}" for key, reason in report.bad[:50]]
+    if args.repair and report.left:
+        lines.append(_left_reasons(report.left, deleting_auth=args.delete_unauthenticated))
     emit(args, dataclasses.asdict(report), lines)
-    return 1 if report.bad and not args.repair else 0
+    return 1 if report.left or (report.bad and not args.repair) else 0
+
+
+_WHY_LEFT = {
+    "auth": "fail authentication: another secret's, or written without one",
+    "namespace": "belong to another namespace",
+    "version": "are of a kvtier format this one does not know",
+    "codec": "use a codec this kvtier does not know",
+}
+
+
+def _left_reasons(left: list[tuple[str, str]], deleting_auth: bool) -> str:
+    """Why a repair left objects in place, one line: each reason's count and what it means."""
+    counts: dict[str, int] = {}
+    for _, reason in left:
+        counts[reason] = counts.get(reason, 0) + 1
+    parts = [
+        f"{n:,} {_WHY_LEFT.get(reason, f'refused ({reason})')}" for reason, n in counts.items()
+    ]
+    advice = (
+        ""
+        if deleting_auth or "auth" not in counts
+        else " (--delete-unauthenticated deletes those that fail authentication)"
+    )
+    return (
+        "left in place, as they may be a neighbour's (no damage is proven): "
+        + "; ".join(parts)
+        + advice
+    )
 
 
 def run_purge(args: argparse.Namespace) -> int:
