@@ -5,9 +5,12 @@ header parses, the scan steps 4 KiB and looks again, so a hole left by a crash c
 never later blocks. Holes and a preallocated zero tail are skipped without reading them where
 the file system can say where data is (`SEEK_DATA`). The caller asks for payloads to be
 verified too in the segments a crash can have left half-written (the two newest), a chunk at a
-time and at most the bytes the file holds on disk in all (its allocated blocks: a sparse file's
-holes, whatever its headers claim they hold, cost no reads). Of two copies of a key, the later
-one wins, as in the index before the restart; a tombstone keeps a deleted block deleted.
+time and at most the bytes the file holds on disk in all (its allocated blocks). A payload with
+a hole in it (`SEEK_HOLE`: a sparse file's hole, or an allocated extent never written, which
+is what `fallocate` leaves) was never written whole: it is damaged without being read, so the
+reads are bounded by the data written, whatever the headers claim and however large the file
+is allocated or stretched. Of two copies of a key, the later one wins, as in the index before
+the restart; a tombstone keeps a deleted block deleted.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ def scan_segment(
     OSError when the file cannot be read."""
     with open(segment.path, "rb", buffering=0) as f:
         fd = f.fileno()
+        # No read-ahead: pages read ahead over space allocated and never written would be
+        # cached zeros, which `SEEK_DATA` and `SEEK_HOLE` then count as data.
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         st = os.fstat(fd)
         end = st.st_size
         budget = min(end, st.st_blocks * 512) if verify else 0  # st_blocks: 512-byte units
@@ -69,6 +75,8 @@ def scan_segment(
                 length = header.object_length
                 if offset + length > end:
                     raise CorruptObject("truncated", f"object of {length} bytes at {offset}")
+                if verify:
+                    _written_whole(fd, offset + header.payload_offset, header.stored_length)
                 if header.stored_length <= budget:
                     budget -= header.stored_length
                     _verify_in_place(fd, header, offset + header.payload_offset)
@@ -79,6 +87,19 @@ def scan_segment(
                 continue
             ledger.place(key, Place(segment, offset, length))
             offset += record_size(length)
+
+
+def _written_whole(fd: int, at: int, length: int) -> None:
+    """`CorruptObject("truncated")` if the `length` bytes at `at` in `fd` have a hole: a crash
+    between a header's write and its payload's, or a stranger's header over space allocated and
+    never written (the file system counts it allocated, and reads it as zeros as fast as it
+    can: seconds per GiB). A file system that cannot tell (EINVAL) is taken at its word."""
+    try:
+        hole = os.lseek(fd, at, os.SEEK_HOLE)
+    except OSError:
+        return
+    if hole < at + length:
+        raise CorruptObject("truncated", f"the payload has a hole (never written) at {hole}")
 
 
 def _verify_in_place(fd: int, header: Header, at: int) -> None:
@@ -99,17 +120,22 @@ def _verify_in_place(fd: int, header: Header, at: int) -> None:
 
 def _past_zeros(fd: int, offset: int, end: int) -> int:
     """The first block-aligned offset at or after `offset` whose block is not all zeros (or
-    `end`). Holes are skipped without reading them (`SEEK_DATA`): a sparse file of any size
-    costs a system call, not a read of its zeros."""
+    `end`). Holes are skipped without reading them (`SEEK_DATA`), and a read stops at the next
+    hole (`SEEK_HOLE`): a sparse or preallocated file of any size costs system calls, not a
+    read of its zeros."""
     while offset < end:
         try:
             data = os.lseek(fd, offset, os.SEEK_DATA)
         except OSError:  # no data after `offset` (ENXIO), or no SEEK_DATA here: read on
             data = end if _no_data_after(fd, offset) else offset
-        if data > offset:
+        if data // BLOCK * BLOCK > offset:
             offset = min(end, data // BLOCK * BLOCK)
             continue
-        chunk = os.pread(fd, _CHUNK, offset)
+        try:
+            hole = os.lseek(fd, data, os.SEEK_HOLE)
+        except OSError:
+            hole = end
+        chunk = os.pread(fd, min(_CHUNK, max(BLOCK, hole - offset)), offset)
         if not chunk:
             return end
         stripped = chunk.lstrip(b"\0")
