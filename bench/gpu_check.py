@@ -5,8 +5,9 @@
 
 `facts`: torch, CUDA and driver versions, the GPU, which batch-copy entry point libcuda has,
 /dev/shm's size. `summary`: every target beside its figure, from the stages' JSON lines
-(`bench/gpu_copy.py --out`, `bench/expedited.py --out`), with the stages' exit statuses, whether
-every timed copy was verified, and the fallbacks taken. A target whose stage gave no figure is
+(`bench/gpu_copy.py --out`, `bench/expedited.py --out`, `bench/vllm_worker.py --out`), with the
+stages' exit statuses, vLLM 0.34's worker path (`worker_path`), whether every timed copy was
+verified, and the fallbacks taken. A target whose stage gave no figure is
 listed with `figure: null` and the stage's status, never left out. Exits 1 when a stage failed
 or a copy's bytes were wrong; a missed target is a figure, not a failure.
 """
@@ -129,6 +130,7 @@ def summary(out_dir: Path) -> tuple[dict[str, Any], bool]:
     found = json.loads(facts_file.read_text()) if facts_file.exists() else None
     copies = _lines(out_dir / "gpu-copy.jsonl")
     expedited = _lines(out_dir / "expedited.jsonl")
+    workers = _lines(out_dir / "vllm-worker.jsonl")
 
     def missing(stage: str) -> str:
         rc = stages.get(stage)
@@ -172,16 +174,25 @@ def summary(out_dir: Path) -> tuple[dict[str, Any], bool]:
             fallbacks.append(f"{where}: per-piece copies (no batch call, or its self-check failed)")
         if r.get("region_dir") not in (None, "/dev/shm"):
             fallbacks.append(f"{where}: region in {r['region_dir']}, not /dev/shm (too small)")
-    wrong = [r for r in copies + expedited if r.get("verified") is not True]
-    ok = all(rc == 0 for rc in stages.values()) and not wrong and bool(copies) and bool(expedited)
+    wrong = [r for r in copies + expedited + workers if r.get("verified") is not True]
+    wrong += [r for r in workers if r.get("stray_pointer_failed") is not True]
+    ok = (
+        all(rc == 0 for rc in stages.values())
+        and not wrong
+        and bool(copies)
+        and bool(expedited)
+        and bool(workers)
+    )
+    worker = workers[-1] if workers else {"missing": missing("vllm_worker")}
     report = {
         "ok": ok,
         "stages": stages,
         "facts": found,
         "targets": targets,
-        "all_copies_verified": not wrong and bool(copies + expedited),
+        "all_copies_verified": not wrong and bool(copies + expedited + workers),
+        "worker_path": worker,
         "fallbacks": sorted(set(fallbacks)),
-        "measurements": {"gpu_copy": copies, "expedited": expedited},
+        "measurements": {"gpu_copy": copies, "expedited": expedited, "vllm_worker": workers},
     }
     return report, ok
 

@@ -36,7 +36,16 @@ def test_the_check_runs_every_stage_on_the_fake_and_writes_each_target_beside_it
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["ok"] and summary["all_copies_verified"]
-    assert summary["stages"] == {"facts": 0, "tests": 0, "gpu_copy": 0, "expedited": 0}
+    assert summary["stages"] == {
+        "facts": 0,
+        "tests": 0,
+        "gpu_copy": 0,
+        "expedited": 0,
+        "vllm_worker": 0,
+    }
+    worker = summary["worker_path"]  # vLLM 0.34's path: device pointers, bytes checked
+    assert worker["verified"] is True and worker["stray_pointer_failed"] is True
+    assert worker["pinned"] is True and worker["store_gbps"] > 0
     facts = summary["facts"]
     assert facts["batch_symbol"] == "cuMemcpyBatchAsync_v2" and facts["dev_shm_bytes"]
     names = [t["name"] for t in summary["targets"]]
@@ -66,3 +75,11 @@ def test_a_stage_that_gave_nothing_is_in_the_summary_with_its_status(tmp_path: P
     assert by_name["store, ? blocks"]["missing"] == "stage gpu_copy exit status 124"
     assert by_name["expedited load behind a backlog"]["met"] is True
     assert summary["fallbacks"] == ["expedited: region not pinned (pageable copies)"]
+    assert summary["worker_path"] == {"missing": "stage vllm_worker did not run"}
+
+
+def test_the_stages_time_bounds_fit_five_minutes() -> None:
+    """The device machines are lent for minutes: the stages' timeouts add up to at most five."""
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    bounds = [int(line.split()[2]) for line in script.splitlines() if line.startswith("stage ")]
+    assert len(bounds) == 5 and sum(bounds) <= 300, bounds
