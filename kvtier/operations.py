@@ -1,5 +1,5 @@
-"""What operators do to stored blocks: migrate, verify, purge, count, find idle namespaces. Used
-by the `kvtier` CLI.
+"""What operators do to stored blocks: migrate, verify, purge, count. Used by the `kvtier` CLI
+(and `kvtier.idle`, which purges idle namespaces).
 
 Every function works on tier objects (any backend) and reads objects as stored, verifying them
 the way a read by the manager would, so a corrupt or foreign object is never copied.
@@ -18,17 +18,15 @@ from pathlib import Path
 from tiering.errors import ConfigError, CorruptObject, StateError, TierError, TierUnavailable
 from tiering.format import REMOVABLE
 from tiering.keys import BlockKey
-from tiering.tier import NamespaceUsage, ObjectInfo, Tier
+from tiering.tier import ObjectInfo, Tier
 from tiering.usage import KeepsUsageMarks
 
 __all__ = [
     "JOURNAL_MAGIC",
-    "IdlePlan",
     "MigrationSummary",
     "VerifyReport",
     "journal_header",
     "migrate",
-    "idle_plan",
     "open_journal",
     "purge",
     "purge_namespace",
@@ -220,11 +218,15 @@ async def verify(
 
 
 async def purge(
-    tier: Tier, older_than: float | None = None, progress: Progress | None = None
+    tier: Tier,
+    older_than: float | None = None,
+    progress: Progress | None = None,
+    keys: list[BlockKey] | None = None,
 ) -> int:
     """Delete every object of the tier's namespace (written more than `older_than` seconds
-    ago, if given); how many were deleted."""
-    keys = [info.key async for info in selected(tier, older_than)]
+    ago, if given), or the `keys` a caller listed so; how many were deleted."""
+    if keys is None:
+        keys = [info.key async for info in selected(tier, older_than)]
     deleted = 0
     for key in keys:
         deleted += await tier.delete(key)
@@ -233,42 +235,17 @@ async def purge(
     return deleted
 
 
-async def purge_namespace(tier: Tier, older_than: float | None = None) -> int:
-    """`purge` of the tier's whole namespace (or its blocks older than `older_than`); a purge
-    of all of it drops what the tier keeps of its own about the namespace too (the Redis
-    tier's last-write marker: `KeepsUsageMarks`). How many blocks were deleted."""
-    deleted = await purge(tier, older_than)
+async def purge_namespace(
+    tier: Tier, older_than: float | None = None, keys: list[BlockKey] | None = None
+) -> int:
+    """`purge` of the tier's whole namespace (or its blocks older than `older_than`; `keys`:
+    those, listed by the caller); a purge of all of it drops what the tier keeps of its own
+    about the namespace too (the Redis tier's last-write marker: `KeepsUsageMarks`). How many
+    blocks were deleted."""
+    deleted = await purge(tier, older_than, keys=keys)
     if older_than is None and isinstance(tier, KeepsUsageMarks):
         await tier.drop_usage_marks()
     return deleted
-
-
-@dataclass
-class IdlePlan:
-    """Which namespaces of a store an idle-for purge takes (any thread: a value)."""
-
-    idle: list[NamespaceUsage] = field(default_factory=list)
-    """Not written for the time asked, oldest first."""
-    active: list[NamespaceUsage] = field(default_factory=list)
-    """Written since."""
-    unknown: list[NamespaceUsage] = field(default_factory=list)
-    """The store cannot say when they were written: never purged by idleness."""
-
-
-def idle_plan(usage: list[NamespaceUsage], idle_for: float, now: float | None = None) -> IdlePlan:
-    """Split a store's namespaces (`Tier.usage`) by whether their last write is more than
-    `idle_for` seconds before `now`."""
-    now = time.time() if now is None else now
-    plan = IdlePlan()
-    for row in usage:
-        if row.last_write is None:
-            plan.unknown.append(row)
-        elif now - row.last_write >= idle_for:
-            plan.idle.append(row)
-        else:
-            plan.active.append(row)
-    plan.idle.sort(key=lambda row: row.last_write or 0.0)
-    return plan
 
 
 JOURNAL_MAGIC = "# kvtier migration journal v1"

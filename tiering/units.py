@@ -39,14 +39,15 @@ MAX_COUNT: Final = 2**31 - 1
 DIGITS: Final = 40
 """A number written with more digits than this is refused before it is converted."""
 
-SIZE_PATTERN: Final = r"(\d+(?:\.\d+)?)\s*([KkMmGgTtPp][Ii]?[Bb]|[Bb])?"
+SIZE_PATTERN: Final = r"([0-9]+(?:\.[0-9]+)?)\s*([KkMmGgTtPp][Ii]?[Bb]|[Bb])?"
 """What a size written as text looks like, blanks around it allowed (written without flags, so
-that a JSON Schema can use it as it is)."""
-DURATION_PATTERN: Final = r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?"
+that a JSON Schema can use it as it is). Digits are ASCII only: Python's `\\d` and `float`
+also take other scripts' digits (`٣`, `３`), which an operator's eye does not read as numbers."""
+DURATION_PATTERN: Final = r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?"
 """What a duration written as text looks like, blanks around it allowed."""
 
-_SIZE = re.compile(rf"\s*{SIZE_PATTERN}\s*\Z")
-_DURATION = re.compile(rf"\s*{DURATION_PATTERN}\s*\Z")
+_SIZE = re.compile(rf"\s*{SIZE_PATTERN}\s*\Z", re.ASCII)
+_DURATION = re.compile(rf"\s*{DURATION_PATTERN}\s*\Z", re.ASCII)
 _UNITS: Final = {
     "b": 1,
     "kb": 10**3,

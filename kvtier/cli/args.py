@@ -14,11 +14,11 @@ __all__ = ["count", "path", "sizes"]
 
 
 def count(low: int = 1, high: int = 1_000_000) -> Callable[[str], int]:
-    """An integer from `low` to `high`."""
+    """An integer from `low` to `high`, in ASCII digits (`int` takes any script's)."""
 
     def read(text: str) -> int:
         try:
-            value = int(text.replace("_", "")) if len(text) <= 20 else None
+            value = int(text.replace("_", "")) if len(text) <= 20 and text.isascii() else None
         except ValueError:
             value = None
         if value is None or not low <= value <= high:

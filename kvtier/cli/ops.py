@@ -27,18 +27,12 @@ from kvtier.cli.common import (
     tier_config,
 )
 from kvtier.cli.progress import Progress
-from kvtier.operations import (
-    default_journal,
-    idle_plan,
-    migrate,
-    purge,
-    purge_namespace,
-    verify,
-)
+from kvtier.idle import IDLE_FLOOR, PurgeOutcome, idle_plan, purge_idle
+from kvtier.operations import default_journal, migrate, purge, verify
 from tiering.config import Config, TierConfig, load_config
-from tiering.errors import ConfigError, KvtierError
+from tiering.errors import ConfigError
 from tiering.tier import NamespaceUsage
-from tiering.units import parse_duration
+from tiering.units import format_duration, parse_duration
 
 __all__ = ["add_parsers", "run_migrate", "run_purge", "run_verify"]
 
@@ -109,12 +103,20 @@ def add_parsers(commands: Any) -> None:
         "--idle-for",
         metavar="DURATION",
         help="every namespace of the tier's store not written for this long, e.g. 30d (with "
-        "--namespace: that one, if it is idle); lists them only, unless --yes",
+        "--namespace: that one, if it is idle); lists them only, unless --yes; each is read "
+        "again just before it goes, and kept if written since; under "
+        f"{format_duration(IDLE_FLOOR)} only with --force",
     )
     p.add_argument(
         "--yes",
         action="store_true",
         help="do not ask for confirmation (with --idle-for: purge, not only list)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help=f"with --idle-for and --yes: purge even when --idle-for is under "
+        f"{format_duration(IDLE_FLOOR)}",
     )
 
 
@@ -254,31 +256,32 @@ def run_purge(args: argparse.Namespace) -> int:
 
 def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> int:
     """`purge --idle-for`: every namespace of the tier's store whose last write is older
-    (`Tier.usage`, `kvtier.operations.idle_plan`), or only `--namespace`; listed without
-    `--yes`, each purged whole (or its blocks older than `--older-than`) with it. A namespace
-    whose store cannot say when it was written is never taken."""
+    (`Tier.usage`, `kvtier.idle.idle_plan`), or only `--namespace`; listed without `--yes`,
+    each purged whole (or its blocks older than `--older-than`) with it if it is still idle
+    when its turn comes (`kvtier.idle.purge_idle`). A namespace whose store cannot say when it
+    was written is never taken; under `IDLE_FLOOR` only with `--force`."""
     idle_for = parse_duration(args.idle_for, "--idle-for")
     older = None if args.older_than is None else parse_duration(args.older_than, "--older-than")
     only = None if args.namespace is None else namespace_arg(args.namespace)
     if args.yes and cfg.options.get("read_only"):
         raise ConfigError(f"purge: tier {cfg.name!r} is read-only in the config")
+    if args.yes and idle_for < IDLE_FLOOR and not args.force:
+        raise ConfigError(
+            f"--idle-for: {args.idle_for.strip()} is under {format_duration(IDLE_FLOOR)}, "
+            "shorter than an engine in use may go without writing; add --force to purge anyway"
+        )
 
-    async def go() -> tuple[list[NamespaceUsage], list[NamespaceUsage], list[dict[str, Any]]]:
+    async def go() -> tuple[list[NamespaceUsage], list[NamespaceUsage], list[PurgeOutcome]]:
         async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
             usage = await probe.usage()
         if only is not None:
             usage = [u for u in usage if u.namespace == only]
         plan = idle_plan(usage, idle_for)
-        done: list[dict[str, Any]] = []
+        done: list[PurgeOutcome] = []
         if args.yes:
-            for row in plan.idle:
-                try:
-                    async with make_tier(config, cfg, row.namespace) as tier:
-                        deleted = await purge_namespace(tier, older)
-                    done.append({"namespace": row.namespace.hex(), "deleted": deleted})
-                except KvtierError as e:  # held by a writer, a failing server: the others go on
-                    error = " ".join(str(e).split())
-                    done.append({"namespace": row.namespace.hex(), "error": error})
+            done = await purge_idle(
+                plan.idle, lambda ns: make_tier(config, cfg, ns), idle_for, older
+            )
         return plan.idle, plan.unknown, done
 
     idle, unknown, done = asyncio.run(go())
@@ -298,15 +301,18 @@ def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> in
         "dry_run": not args.yes,
         "idle": [shown(row) for row in idle],
         "unknown_last_write": [shown(row) for row in unknown],
-        "purged": done,
-        "deleted": sum(d.get("deleted", 0) for d in done),
+        "purged": [_outcome(d) for d in done if not d.kept],
+        "kept_written_since": [_outcome(d) for d in done if d.kept],
+        "deleted": sum(d.deleted for d in done),
     }
     verb = "purged" if args.yes else "would purge"
+    kept = sum(d.kept for d in done)
     lines = [
-        f"{verb} {len(idle):,} namespaces of tier {cfg.name!r} not written for "
+        f"{verb} {len(idle) - kept:,} namespaces of tier {cfg.name!r} not written for "
         f"{format_age(idle_for)} ({sum(r.objects for r in idle):,} objects, "
         f"{sum(r.bytes_used for r in idle):,} bytes)"
         + ("" if args.yes or not idle else "; run again with --yes to purge them")
+        + (f"; kept {kept:,} written since the plan" if kept else "")
     ]
     if idle:
         lines += table(
@@ -323,12 +329,29 @@ def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> in
             ]
         )
     for d in done:
-        outcome = d["error"] if "error" in d else f"deleted {d['deleted']:,} blocks"
-        lines.append(f"{d['namespace']}: {outcome}")
+        if d.error is not None:
+            outcome = d.error
+        elif d.kept:
+            outcome = (
+                "kept: written since the plan (last write "
+                f"{format_age(None if d.last_write is None else now - d.last_write)} ago)"
+            )
+        else:
+            outcome = f"deleted {d.deleted:,} blocks"
+        lines.append(f"{d.namespace.hex()}: {outcome}")
     if unknown:
         lines.append(
             f"kept {len(unknown):,} namespaces whose last write the store cannot tell: "
             + ", ".join(r.namespace.hex() for r in unknown)
         )
     emit(args, data, lines)
-    return 1 if any("error" in d for d in done) else 0
+    return 1 if any(d.error is not None for d in done) else 0
+
+
+def _outcome(done: PurgeOutcome) -> dict[str, Any]:
+    """One namespace's turn in `purge --idle-for --json`."""
+    if done.error is not None:
+        return {"namespace": done.namespace.hex(), "error": done.error}
+    if done.kept:
+        return {"namespace": done.namespace.hex(), "last_write": done.last_write}
+    return {"namespace": done.namespace.hex(), "deleted": done.deleted}

@@ -293,6 +293,14 @@ def test_stats_ls_inspect_purge(setup: Setup, cli: Cli) -> None:
             ["inspect", "--tier", "nvme", "--namespace", NS.hex(), "not-a-key"],
             "is not lowercase hex",
         ),
+        (
+            ["migrate", "--from", "nvme", "--to", "back", "--concurrency", "٣"],
+            "expected an integer from 1 to 1,024, got '٣'",
+        ),
+        (
+            ["migrate", "--from", "nvme", "--to", "back", "--older-than", "٣d"],
+            "--older-than: expected a duration",
+        ),
     ],
 )
 def test_bad_usage_exits_2_with_one_line(

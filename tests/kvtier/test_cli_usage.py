@@ -165,7 +165,16 @@ def test_stats_lists_every_namespace_and_purge_takes_the_idle_one(
     assert store.peek() == before  # the dry run changed nothing
 
     code, out, err = kvtier(
-        config, "purge", "--tier", "t", "--idle-for", between(), "--yes", "--json", capsys=capsys
+        config,
+        "purge",
+        "--tier",
+        "t",
+        "--idle-for",
+        between(),
+        "--yes",
+        "--force",
+        "--json",
+        capsys=capsys,
     )
     assert code == 0, err
     done = json.loads(out)
@@ -184,6 +193,10 @@ def test_stats_lists_every_namespace_and_purge_takes_the_idle_one(
         (["--idle-for=-3d"], "--idle-for: expected a duration"),
         (["--idle-for", "1000y"], "--idle-for: expected a duration"),
         (["--idle-for", "30d", "--namespace", "xyz"], "--namespace: expected 32 hex digits"),
+        (["--idle-for", "٣d", "--yes"], "--idle-for: expected a duration like '200ms' or '1h'"),
+        (["--idle-for", "３0d"], "--idle-for: expected a duration like '200ms' or '1h'"),
+        (["--idle-for", "1ms", "--yes"], "--idle-for: 1ms is under 1h, shorter than an engine"),
+        (["--idle-for", "59m", "--yes"], "add --force to purge anyway"),
     ],
 )
 def test_bad_idle_for_exits_2_with_one_line(
@@ -275,7 +288,7 @@ def test_a_namespace_whose_last_write_is_unknown_is_kept(
     try:
         client.config_set("maxmemory-policy", "allkeys-lfu")
         code, out, _ = kvtier(
-            config, "purge", "--tier", "t", "--idle-for", "1s", "--yes", capsys=capsys
+            config, "purge", "--tier", "t", "--idle-for", "1s", "--yes", "--force", capsys=capsys
         )
         assert code == 0 and "purged 0 namespaces" in out and "cannot tell: " + OLD.hex() in out
         assert store.blocks(OLD, range(3)) == [True] * 3

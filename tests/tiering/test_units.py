@@ -110,3 +110,27 @@ def test_durations_are_written_back_exactly(seconds: float, text: str) -> None:
 def test_a_long_value_is_cut_in_messages() -> None:
     assert short_repr("abc") == "'abc'"
     assert short_repr("a" * 100) == "'" + "a" * 39 + "... (102 characters)"
+
+
+@pytest.mark.parametrize("text", ["٣d", "３h", "1٫5s", "٣", "1.٥m", "3\u2003s"])
+def test_durations_take_ascii_digits_only(text: str) -> None:
+    """Python's `\\d` and `float` read other scripts' digits (`٣d` was 3 days): refused."""
+    with pytest.raises(ConfigError, match="expected a duration like"):
+        parse_duration(text, "x")
+    assert not re.fullmatch(rf"\s*{DURATION_PATTERN}\s*", text, re.ASCII)
+
+
+@pytest.mark.parametrize("text", ["٣GiB", "４096", "1.５MiB"])
+def test_sizes_take_ascii_digits_only(text: str) -> None:
+    with pytest.raises(ConfigError, match="expected a size like"):
+        parse_size(text, "x")
+
+
+def test_the_config_refuses_non_ascii_digits() -> None:
+    """The config reads every duration and size through `tiering.units`: the same refusal."""
+    from tiering.config import parse_config
+
+    with pytest.raises(ConfigError, match=r"faults.timeout: expected a duration"):
+        parse_config({"faults": {"timeout": "٣s"}})
+    with pytest.raises(ConfigError, match=r"primary.capacity: expected a size"):
+        parse_config({"primary": {"capacity": "٣GiB"}})
