@@ -123,6 +123,8 @@ def _rows(
     base = tensor.data_ptr()
     stride = tensor.stride(0) * tensor.element_size()
     rows = int(tensor.shape[0])
+    if stride < ref.nbytes:  # rows that overlap (a broadcast view): no pointer names one row
+        return empty, f"its KV tensor's rows are {stride} bytes apart, under a page"
     if np.any(ptrs < base):
         return empty, "a pointer lies before its KV tensor"
     offsets = ptrs - np.uint64(base)

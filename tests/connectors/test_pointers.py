@@ -186,3 +186,14 @@ def test_an_empty_transfer_resolves_to_no_block() -> None:
         resolve([], [0, 0], [0, 0], tensors, groups), tensors, groups
     )
     assert problem is None and isinstance(blocks, EngineBlocks) and len(blocks.block_ids) == 0
+
+
+def test_a_tensor_whose_rows_overlap_resolves_nothing() -> None:
+    """A KV tensor whose rows are less than a page apart (a broadcast or overlapping view) has
+    no row a pointer could name: the transfer is refused rather than divided by a zero stride."""
+    tensors, groups = layout()
+    pointers = resolve([1, 2], [2, 0], [0, 0], tensors, groups)
+    flat = KVTensor(torch.zeros(256, dtype=torch.int8).expand(NUM_BLOCKS, 256), 256)
+    blocks, problem = blocks_from_pointers(pointers, [flat, tensors[1]], groups)
+    assert problem is not None and "under a page" in problem
+    assert blocks.block_ids.tolist() == [INVALID, INVALID]
