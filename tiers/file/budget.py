@@ -19,6 +19,10 @@ for `IDLE_RETURN` seconds, are reported in the background (`Credit.flush`). An e
 has not rewritten for `STALE_ENTRY` seconds is a dead process's, and dropped: every live writer
 with room rewrites its entry at least every `flush`.
 
+A ledger this process cannot write (`.kvtier` or the file another user's, read-only, immutable,
+on a read-only mount) fails a writable tier's start with one line (`Ledger.check`): opening
+the tier read-only instead would hide that it stores nothing.
+
 A ledger that does not parse (garbage, a crafted file, one cut short) is rewritten as full,
 `used` at the capacity, and marked for a scan: writes wait for the sweeper's next scan instead
 of trusting what a stranger wrote. A newer kvtier keeps its count in another file (the version
@@ -38,8 +42,8 @@ from pathlib import Path
 
 import xxhash
 
-from tiering.errors import TierFull
-from tiers.file.locks import lock, meta_dir, open_regular, same_file, unlock
+from tiering.errors import ConfigError, TierFull
+from tiers.file.locks import META, REFUSED, lock, meta_dir, open_regular, same_file, unlock
 
 __all__ = ["IDLE_RETURN", "LOCK_WAIT", "STALE_ENTRY", "Credit", "Ledger", "LedgerState"]
 
@@ -194,6 +198,40 @@ class Ledger:
             return None
         finally:
             self._mutex.release()
+
+    def check(self) -> None:
+        """Raise `ConfigError` (one line: the path, the system's reason) when this process
+        cannot write the ledger: `.kvtier` or the ledger owned by another user, read-only,
+        immutable, on a read-only mount. A writable tier calls it at start, so an unwritable
+        count fails the start instead of every put waiting `full_wait` and failing `TierFull`.
+        A ledger it cannot have in time for another reason (its lock held by a stopped
+        process, a planted file that `update` replaces) does not fail the start."""
+        if self.update(lambda state: True) is not None:
+            return
+        why = self._unwritable()
+        if why is not None:
+            raise ConfigError(
+                f"tier {self.name!r}: cannot write the directory's byte count: {why}; every put "
+                "would wait for room and fail. Make it writable by this user, or open the tier "
+                "read_only"
+            )
+
+    def _unwritable(self) -> str | None:
+        """Why the ledger cannot be written (the failing call's path and reason), or None
+        when nothing the kernel refuses on permission grounds stands in the way."""
+        meta = self.base / META
+        try:
+            os.mkdir(meta, 0o755)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            return f"{meta}: {e.strerror}" if e.errno in REFUSED else None
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            os.close(os.open(self.path, flags, 0o644))
+        except OSError as e:
+            return f"{self.path}: {e.strerror}" if e.errno in REFUSED else None
+        return None
 
     def _read(self, fd: int) -> LedgerState:
         raw = os.pread(fd, _SIZE, 0)

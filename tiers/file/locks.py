@@ -10,7 +10,10 @@ What a stranger (or a crash) can leave where such a file belongs, and what happe
   tier removes it and makes the file;
 - a directory: removed when empty, else moved aside whole (nothing in it is destroyed);
 - garbage, or a huge file: the caller reads a bounded prefix and judges it (`Ledger`);
-- a lock another process holds for ever (a stopped process): every wait is bounded.
+- a lock another process holds for ever (a stopped process): every wait is bounded;
+- a regular file this process may not open as asked (another user's, read-only, immutable, on
+  a read-only mount: `REFUSED`): never removed or replaced, whoever else writes the directory;
+  the caller has none (a writable `files` tier then fails its start: `Ledger.check`).
 
 `flock` locks belong to an open file description: the kernel releases one when its holder's
 last descriptor closes, however the holder dies. Threads of one process sharing a descriptor
@@ -21,6 +24,7 @@ them: the parent's lock stays its own.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
@@ -31,6 +35,7 @@ from pathlib import Path
 
 __all__ = [
     "META",
+    "REFUSED",
     "HeldFile",
     "holder_line",
     "lock",
@@ -44,6 +49,9 @@ __all__ = [
 META = ".kvtier"
 """The directory of kvtier's own files under a `files` directory (never a namespace: those
 are 32 hex digits)."""
+REFUSED = frozenset((errno.EACCES, errno.EPERM, errno.EROFS))
+"""What the kernel answers a process that may not open a file as it asks: another user's,
+read-only, immutable, on a read-only mount."""
 _HOLDER_BYTES = 512
 """The most of a holder record a reader reads."""
 
@@ -95,7 +103,9 @@ def open_regular(path: Path, *, create: bool, writable: bool | None = None) -> i
             fd = os.open(path, flags | (os.O_CREAT if create else 0), 0o644)
         except FileNotFoundError:
             return None
-        except OSError:
+        except OSError as e:
+            if e.errno in REFUSED:  # another user's file, or read-only: never replaced
+                return None
             # ELOOP: a symlink; ENXIO: a FIFO or socket opened for writing with no reader;
             # EISDIR: a directory
             if not create or not _remove_odd(path):

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from tiering.errors import ConfigError
 from tiering.keys import BlockKey
 from tiers.file.budget import Credit, Ledger
 from tiers.file.members import MEMBERS_EVERY, Members
@@ -71,14 +72,21 @@ class SharedDirectory:
         `full_wait`: how long a put waits for room (then `TierFull`); `evicted(n)`: count `n`
         evictions made by this tier's sweeper."""
         self.name = name
+        self._ledger: Ledger | None = None
+        if capacity is not None and not read_only:
+            self._ledger = Ledger(base, capacity, name)
+            try:
+                self._ledger.check()  # before any member's file, thread or role is taken
+            except ConfigError:
+                self._ledger.close()
+                raise
         self.gone: deque[BlockKey] = deque()
         """Keys of the tier's namespace that its sweeper removed (for the loop's index)."""
         self.members = Members(base, namespace, ident, join=not read_only, name=name)
         self.credit: Credit | None = None
         self.sweeper: Sweeper | None = None
-        self._ledger: Ledger | None = None
-        if capacity is not None and not read_only:
-            self._ledger = Ledger(base, capacity, name)
+        if self._ledger is not None:
+            assert capacity is not None
             self.sweeper = Sweeper(
                 base,
                 self._ledger,
