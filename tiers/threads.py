@@ -8,7 +8,9 @@ Calls that end while the loop has
 not yet run the previous ones' results are handed over with them, in one wake-up.
 
 Workers start when calls need them (up to `count`), again in a forked child (a fork keeps no
-threads), and stop at `shutdown`, after the calls already queued.
+threads), and stop at `shutdown`, after the calls already queued; a worker still blocked in a
+call after `shutdown`'s `wait` is left behind (a daemon: it ends with its call, or with the
+process), so a store that never answers cannot hold a close.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -87,17 +90,21 @@ class IOThreads:
             self._add_thread()  # as many threads as calls at once, up to `count`
         return future
 
-    def shutdown(self) -> None:
-        """Stop the workers once the calls already queued have run; waits for them."""
+    def shutdown(self, wait: float | None = None) -> int:
+        """Stop the workers once the calls already queued have run; waits for them, for at
+        most `wait` seconds in all (None: for as long as they take). The workers still running
+        then, left behind."""
         with self._lock:
             self._closed = True
             threads = self._threads if self._pid == os.getpid() else []
             self._threads = []
         for _ in threads:
             self._queue.put(_STOP)
+        end = None if wait is None else time.monotonic() + wait
         for thread in threads:
             if thread is not threading.current_thread():
-                thread.join()
+                thread.join(None if end is None else max(0.0, end - time.monotonic()))
+        return sum(thread.is_alive() for thread in threads)
 
     def _reset(self) -> None:
         """A fresh pool in this process (the first call, or the first in a forked child)."""

@@ -11,10 +11,18 @@ the server refused for its condition (412, or AWS's 409 for a concurrent conditi
 None or False, not an error. The server's clock is estimated from the `Date` header of its
 answers (`server_time`), so that times engines compare (pack names, the lease) are the
 store's, not each host's.
+
+Every call ends within `deadline` seconds of the wall clock (a multipart put, that many per
+part), whatever the server does: botocore's timeouts are per read, so a server that trickles an
+answer a byte at a time, each in time, would hold a call for ever. The call ends with
+`TierTimeout`; its thread, blocked in the socket, is left to end with it (listings page from
+the loop, a call per page, so a long listing is not one call). `shutdown` waits at most
+`CLOSE_WAIT` for the threads, so a close ends too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import logging
 import time
@@ -45,6 +53,10 @@ _CONDITION_FAILED = ("PreconditionFailed", "412", "ConditionalRequestConflict", 
 _UNSUPPORTED = ("NotImplemented", "501")
 DELETE_BATCH = 1000
 """Names one `DeleteObjects` request removes (S3's largest)."""
+
+CLOSE_WAIT = 1.0
+"""Seconds `shutdown` waits for the pool's threads (calls whose callers have gone: a put's
+object lands whole or not at all, whenever its thread ends)."""
 
 Listed = tuple[str, int, float]
 """An object of a listing: (name, size, last modified: Unix seconds of the server's clock)."""
@@ -92,14 +104,28 @@ class Bucket:
             ),
         )
         self._pool = IOThreads(concurrency, f"kvtier-{tier}")
+        attempts = max(1, retries)
+        self.deadline = attempts * (connect_timeout + read_timeout) + sum(
+            min(20, 2**i) for i in range(attempts - 1)
+        )
+        """The longest a call may take: each attempt's connection and answer, and botocore's
+        pauses between attempts (at most 2**i seconds, 20 at most, standard mode)."""
         self.conditional = True
         """Whether single-object puts may carry `If-None-Match: *` (False once the server
         answered that it does not implement it: puts are plain ones from then on)."""
         self._offset: float | None = None
 
     def shutdown(self) -> None:
-        """Stop the pool's threads, after the calls already queued."""
-        self._pool.shutdown()
+        """Stop the pool's threads, after the calls already queued, waiting `CLOSE_WAIT` at
+        most: a thread still blocked in a socket then is left behind (a daemon), said once."""
+        left = self._pool.shutdown(wait=CLOSE_WAIT)
+        if left:
+            log.warning(
+                "tier %r: %d calls to %s still unanswered at close, left behind",
+                self.tier,
+                left,
+                self.endpoint_url or "S3",
+            )
 
     # -- calls from the event loop ----------------------------------------------------------------
 
@@ -124,7 +150,8 @@ class Bucket:
         """Write object `name`; with `once`, only where none exists (`If-None-Match: *`):
         False when one did and nothing was written (a server that ignores the header
         overwrites, one that rejects it gets a plain put)."""
-        return await self._run(self._put, name, blob, once)
+        parts = 1 if len(blob) <= self.multipart_threshold else -(-len(blob) // self.part_size)
+        return await self._run(self._put, name, blob, once, requests=parts + 2)
 
     async def put_if_absent(self, name: str, blob: bytes) -> str | None:
         """Create object `name` (a single small put) unless one exists: its ETag, or None."""
@@ -175,17 +202,34 @@ class Bucket:
 
     async def list_objects(self, prefix: str) -> list[tuple[str, int]]:
         """(name, size) of every object under `prefix`."""
-        found = await self._run(self._list_objects_meta, prefix)
+        found = await self.list_objects_meta(prefix)
         return [(name, size) for name, size, _ in found]
 
     async def list_objects_meta(self, prefix: str) -> list[tuple[str, int, float]]:
-        """(name, size, modified as Unix time) of every object under `prefix`."""
-        return await self._run(self._list_objects_meta, prefix)
+        """(name, size, modified as Unix time) of every object under `prefix`, a page (of
+        S3's largest) per call."""
+        found: list[tuple[str, int, float]] = []
+        token: str | None = None
+        while True:
+            page, token = await self.list_page_meta(prefix, token, DELETE_BATCH)
+            found += page
+            if token is None:
+                return found
 
     # -- boto3, in the pool ----------------------------------------------------------------------
 
-    async def _run(self, function: Callable[..., T], *args: Any) -> T:
-        return await self._pool.run(self._guard, function, args)
+    async def _run(self, function: Callable[..., T], *args: Any, requests: int = 1) -> T:
+        """`function(*args)` in the pool, `TierTimeout` past `requests` deadlines."""
+        limit = requests * self.deadline
+        try:
+            async with asyncio.timeout(limit):
+                return await self._pool.run(self._guard, function, args)
+        except TimeoutError as e:
+            if isinstance(e, TierError):
+                raise
+            raise TierTimeout(
+                f"tier {self.tier!r}: no answer within {limit:g}s ({self.endpoint_url or 'AWS'})"
+            ) from e
 
     def _guard(self, function: Callable[..., T], args: tuple[Any, ...]) -> T:
         try:
@@ -400,15 +444,3 @@ class Bucket:
         ]
         more = page.get("NextContinuationToken") if page.get("IsTruncated") else None
         return found, more
-
-    def _list_objects_meta(self, prefix: str) -> list[tuple[str, int, float]]:
-        found = []
-        pages = self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix
-        )
-        for page in pages:
-            found += [
-                (item["Key"], int(item["Size"]), item["LastModified"].timestamp())
-                for item in page.get("Contents", [])
-            ]
-        return found
