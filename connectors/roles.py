@@ -16,6 +16,14 @@ refuses to start with one line naming both; nothing has been built past the regi
 Runs on the thread that builds the spec (vLLM's, in each process), once per role; the roster is
 read and rewritten under an `flock`, within bounds (an entry of a dead process is dropped, an
 unreadable line ignored, at most `MAX_ROSTER_BYTES` read), and each role leaves it at `leave`.
+
+A role is judged dead by its pid only from its own pid namespace (the entry records it): a pid
+names nothing in another (a container sharing /dev/shm). From another, or for an entry that does
+not say, it is alive while its region is held (`tiers.region.held`: every process mapping it holds
+a lock, which the kernel reports across namespaces) with the token it recorded. A roster whose
+roles are all dead (an engine killed with -9: its engine id never comes back) is removed by the
+next role to join any roster of the directory (`_sweep`, at most `SWEEP_FILES`, none younger
+than `SWEEP_AGE`: a roster being created holds no entry yet).
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +46,7 @@ from typing import Any
 from tiering.config import Config
 from tiering.errors import RegionError
 from tiers.region import DEFAULT_DIRECTORY, PrimaryRegion
+from tiers.region_file import held, read_header
 
 __all__ = ["MAX_ROSTER_BYTES", "Roster", "config_digests", "roster_directory"]
 
@@ -44,6 +55,11 @@ log = logging.getLogger(__name__)
 MAX_ROSTER_BYTES = 1 << 20
 """The most of a roster read: an engine's roles are a few lines each."""
 _DIGEST_DOMAIN = b"kvtier config value\x00"
+SWEEP_FILES = 256
+"""The most other rosters one join looks at."""
+SWEEP_AGE = 10.0
+"""Seconds a roster is left alone after its last change, whatever its entries say."""
+_PATTERN = "kvtier-*.roles"
 
 
 def roster_directory() -> Path:
@@ -101,6 +117,7 @@ class Roster:
             "role": role,
             "pid": os.getpid(),
             "started": _start_time(os.getpid()),
+            "pidns": _pid_namespace(),
             "region": str(region.path),
             "token": region.token.hex(),
             "config": config_digests(config),
@@ -118,6 +135,7 @@ class Roster:
             _write(fd, [*live, entry])
         self._entry = entry
         log.debug("kvtier: %s joined the roster %s", role, self.path)
+        _sweep(self.path)
 
     def leave(self) -> None:
         """Take this role out (at its close); the roster goes with its last role."""
@@ -195,6 +213,7 @@ def _well_formed(entry: Any) -> bool:
         and isinstance(entry.get("role"), str)
         and isinstance(entry.get("pid"), int)
         and isinstance(entry.get("started"), str | None)
+        and isinstance(entry.get("pidns"), str | None)
         and isinstance(entry.get("region"), str)
         and isinstance(entry.get("token"), str)
         and isinstance(entry.get("config"), dict)
@@ -235,8 +254,20 @@ def _start_time(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 else None
 
 
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (`pid:[<inode>]`); None where /proc cannot say."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def _alive(entry: dict[str, Any]) -> bool:
-    """Whether the process of `entry` still runs (the same process: its start time agrees)."""
+    """Whether the role of `entry` still runs: by its pid (the same process: its start time
+    agrees) in our pid namespace, else by its region being held with its token."""
+    namespace = entry.get("pidns")
+    if namespace is None or namespace != _pid_namespace():
+        return _region_held(Path(entry["region"]), entry["token"])
     pid = entry["pid"]
     if pid <= 0:
         return False
@@ -248,3 +279,49 @@ def _alive(entry: dict[str, Any]) -> bool:
         pass
     started = _start_time(pid)
     return started is None or entry["started"] is None or started == entry["started"]
+
+
+def _region_held(path: Path, token: str) -> bool:
+    """Whether a process holds the region at `path` and it is the one of `token`."""
+    if held(path) is not True:
+        return False
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        found = read_header(path)
+    except (OSError, RegionError):
+        return False
+    return found is not None and found[2].hex() == token
+
+
+def _sweep(mine: Path) -> None:
+    """Remove the rosters beside `mine` whose roles are all dead, each under its lock (not
+    waited for: a roster in use is left), if this user's regular file, untouched for
+    `SWEEP_AGE`."""
+    now = time.time()
+    for path in itertools.islice(mine.parent.glob(_PATTERN), SWEEP_FILES):
+        if path == mine:
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            if now - st.st_mtime < SWEEP_AGE:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue
+            if any(_alive(e) for e in _read(fd, path)):
+                continue
+            if os.path.samestat(st, os.stat(path)):
+                path.unlink()
+                log.info("kvtier: removed the roster %s: none of its roles runs", path)
+        except OSError as e:
+            log.debug("kvtier: cannot sweep the roster %s: %s", path, e)
+        finally:
+            os.close(fd)

@@ -32,6 +32,7 @@ from tiers.region_file import (
     RegionLayout,
     cleanup_stale,
     creator_pid,
+    hold,
     human_size,
     read_header,
     region_path,
@@ -120,6 +121,7 @@ class PrimaryRegion:
             ) from None
         except OSError as e:
             raise RegionError(f"primary region {path}: cannot create: {e.strerror}") from e
+        hold(fd)  # before the header: a ready region nobody holds is dead
         token = os.urandom(TOKEN_BYTES)
         try:
             os.ftruncate(fd, size)
@@ -179,6 +181,7 @@ class PrimaryRegion:
             fd = os.open(path, os.O_RDWR)
         except OSError as e:
             raise RegionError(f"primary region {path}: cannot open: {e.strerror}") from e
+        hold(fd)
         return cls(path, stored, fd, owner=False, token=token)
 
     def close(self) -> None:

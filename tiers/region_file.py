@@ -1,5 +1,5 @@
-"""The primary region's file: its layout, its header, its name, and the removal of files whose
-creator died (any process, any thread: functions and a value type).
+"""The primary region's file: its layout, its header, its name, and the removal of files no
+process holds (any process, any thread: functions and a value type).
 
 File layout (`<directory>/kvtier-<name>.region`, by default in /dev/shm):
 
@@ -9,16 +9,25 @@ File layout (`<directory>/kvtier-<name>.region`, by default in /dev/shm):
 
 The header records the layout, the creator's pid, a random token and a ready flag, which the
 creator sets once the header is written: a process that finds the flag clear waits.
+
+Every process that maps a region holds a shared `flock` on it (`hold`), the creator from before
+it writes the header; a region is dead when nobody does (`cleanup_stale` gets the exclusive lock).
+The kernel tells this to any process that sees the file, whatever its pid namespace: a pid is
+only a name in its own (a container sharing /dev/shm sees no process of the host's), so the
+creator's pid is never asked. A file of another version (whose writers may not hold the lock) is
+left alone; one whose header is not ready yet is left for `BIRTH_GRACE` (its creator locks it
+right after creating it).
 """
 
 from __future__ import annotations
 
-import errno
+import fcntl
 import logging
 import mmap
 import os
 import re
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +40,8 @@ __all__ = [
     "RegionLayout",
     "cleanup_stale",
     "creator_pid",
+    "held",
+    "hold",
     "human_size",
     "read_header",
     "region_path",
@@ -42,13 +53,16 @@ log = logging.getLogger("tiers.region")  # every line about the region under one
 DEFAULT_DIRECTORY = Path("/dev/shm")
 PAGE = mmap.PAGESIZE
 _MAGIC = b"KVTIERRG"
-_VERSION = 2
+_VERSION = 3
 # magic, version, ready, creator pid, num_slots, shard_bytes, num_workers, slot_stride, token
 _HEADER = struct.Struct("<8sIIQQQQQ16s")
 TOKEN_BYTES = 16
 _READY_OFFSET = 12
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 _PREFIX, _SUFFIX = "kvtier-", ".region"
+BIRTH_GRACE = 60.0
+"""Seconds a region whose header is not ready, and which nobody holds, is taken to be being
+created (its creator between `open` and `hold`), not dead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,34 +149,75 @@ def creator_pid(path: Path) -> int | None:
     return int(_HEADER.unpack(raw)[3])
 
 
+def hold(fd: int) -> None:
+    """Hold the region open on `fd` (a shared lock, for as long as `fd` stays open, in this
+    process and the children that inherit it): the sign that a process maps it."""
+    fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def held(path: Path) -> bool | None:
+    """Whether a process holds the region at `path` (None: no such file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return True  # cannot tell: taken as held
+    try:
+        return not _try_exclusive(fd)
+    finally:
+        os.close(fd)
+
+
 def cleanup_stale(directory: str | Path = DEFAULT_DIRECTORY) -> list[Path]:
-    """Remove region files in `directory` whose creator is dead; return what was removed."""
+    """Remove the region files in `directory` that no process holds; return what was removed."""
     removed = []
     for path in Path(directory).glob(f"{_PREFIX}*{_SUFFIX}"):
-        pid = creator_pid(path)
-        if pid is not None and not _alive(pid):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not _try_exclusive(fd) or not _dead(fd):
+                continue
             try:
+                if not os.path.samestat(os.fstat(fd), os.stat(path)):
+                    continue  # replaced meanwhile: that one is another's
                 path.unlink()
             except FileNotFoundError:
                 continue
             except OSError as e:
                 log.warning("primary region %s: stale, but cannot remove it: %s", path, e)
                 continue
-            log.warning("primary region %s: removed, its creator (pid %d) is gone", path, pid)
-            removed.append(path)
+        finally:
+            os.close(fd)
+        log.warning("primary region %s: removed, no process holds it", path)
+        removed.append(path)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def _try_exclusive(fd: int) -> bool:
+    """Whether the exclusive lock on `fd` was free (it is then held until `fd` closes)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    except OSError as e:
-        return e.errno != errno.ESRCH
     return True
+
+
+def _dead(fd: int) -> bool:
+    """Whether the region on `fd`, which nobody holds, is dead: a ready header of this version,
+    or one never made ready within `BIRTH_GRACE`. Other versions are left to their writers."""
+    raw = os.pread(fd, _HEADER.size, 0)
+    if len(raw) == _HEADER.size and raw[:8] == _MAGIC:
+        version, ready = struct.unpack_from("<II", raw, 8)
+        if version != _VERSION:
+            return False
+        if ready:
+            return True
+    elif len(raw) >= 8 and raw[:8] != _MAGIC:
+        return False  # not a region of ours
+    return time.time() - os.fstat(fd).st_mtime > BIRTH_GRACE
 
 
 def human_size(size: int) -> str:

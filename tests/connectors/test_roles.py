@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from connectors.roles import Roster, config_digests
+from connectors.roles import SWEEP_AGE, Roster, config_digests
+from tests.helpers.namespaces import unshare_pid
 from tiering.config import Config, parse_config
 from tiering.errors import RegionError
 from tiers.region import PrimaryRegion, RegionLayout
@@ -103,9 +104,10 @@ from connectors.roles import Roster
 from tiering.config import parse_config
 from tiers.region import PrimaryRegion, RegionLayout
 shm, roster_dir, stay = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+engine = sys.argv[4]
 shm.mkdir(parents=True, exist_ok=True)
-region = PrimaryRegion.open("engine", RegionLayout(4, 4096), shm)
-Roster("engine", roster_dir).join(
+region = PrimaryRegion.open(engine, RegionLayout(4, 4096), shm)
+Roster(engine, roster_dir).join(
     "worker rank 0", region, parse_config({"primary": {"directory": str(shm)}})
 )
 print("joined", flush=True)
@@ -113,9 +115,17 @@ time.sleep(stay)
 """
 
 
-def other_role(shm: Path, roster_dir: Path, stay: float) -> subprocess.Popen[str]:
+def other_role(
+    shm: Path,
+    roster_dir: Path,
+    stay: float,
+    engine: str = "engine",
+    prefix: Sequence[str] = (),
+) -> subprocess.Popen[str]:
+    """A role of `engine` in a process of its own (started with `prefix`: another pid
+    namespace), mapping its region in `shm`, for `stay` seconds."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _OTHER_ROLE, str(shm), str(roster_dir), str(stay)],
+        [*prefix, sys.executable, "-c", _OTHER_ROLE, str(shm), str(roster_dir), str(stay), engine],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
@@ -149,6 +159,53 @@ def test_a_dead_roles_entry_is_dropped(tmp_path: Path, regions: list[PrimaryRegi
     assert [e["pid"] for e in entries] == [os.getpid()]
     roster.leave()
     assert not roster.path.exists()
+
+
+def test_a_live_role_in_another_pid_namespace_is_checked(
+    tmp_path: Path, regions: list[PrimaryRegion]
+) -> None:
+    """A role started in another pid namespace (its pid, 1 or so, names another process here)
+    is alive while it holds its region: the scheduler of another region is refused. Before, its
+    entry was dropped as dead and the two started on different regions without a word."""
+    worker = other_role(tmp_path / "a", tmp_path, 30, prefix=unshare_pid())
+    try:
+        scheduler = region(regions, tmp_path / "b")
+        with pytest.raises(RegionError, match="map different primary regions"):
+            Roster("engine", tmp_path).join("scheduler", scheduler, config(tmp_path / "b"))
+    finally:
+        worker.kill()
+        worker.communicate()
+
+
+def _aged(path: Path) -> None:
+    """`path` last changed `SWEEP_AGE` and more ago."""
+    then = time.time() - SWEEP_AGE - 5
+    os.utime(path, (then, then))
+
+
+def test_the_roster_of_an_engine_killed_with_sigkill_is_removed_by_the_next_start(
+    tmp_path: Path, regions: list[PrimaryRegion]
+) -> None:
+    """An engine killed with -9 never leaves its roster, and its engine id never comes back:
+    the next role to join any roster removes it. A live engine's roster stays, here one in
+    another pid namespace. Before, the dead one stayed in /dev/shm for good."""
+    dead = other_role(tmp_path / "dead", tmp_path, 60, engine="killed")
+    dead.kill()
+    dead.communicate()
+    inside = other_role(tmp_path / "in", tmp_path, 30, engine="contained", prefix=unshare_pid())
+    try:
+        rosters = {name: Roster(name, tmp_path).path for name in ("killed", "contained")}
+        for path in rosters.values():
+            assert path.exists()
+            _aged(path)
+        Roster("fresh", tmp_path).join(
+            "scheduler", region(regions, tmp_path / "fresh", "fresh"), config(tmp_path / "fresh")
+        )
+        assert not rosters["killed"].exists()
+        assert rosters["contained"].exists()
+    finally:
+        inside.kill()
+        inside.communicate()
 
 
 def test_a_reused_pid_is_not_taken_for_the_role(

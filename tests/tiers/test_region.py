@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers.namespaces import in_another_pid_namespace
 from tests.helpers.paths import ROOT
 from tiering.errors import RegionError
 from tiers.region import PAGE, PrimaryRegion, RegionLayout, cleanup_stale, region_path
@@ -229,3 +230,44 @@ def test_a_failed_pin_leaves_no_cuda_error_pending(tmp_path: Path) -> None:
         region._pinned, region._driver = held, driver
         torch.ones(4, device="cuda").add_(1)
         torch.cuda.synchronize()
+
+
+def test_a_process_in_another_pid_namespace_leaves_a_live_region(tmp_path: Path) -> None:
+    """A kvtier process starting in another pid namespace (a container sharing /dev/shm)
+    creates its region beside a live engine's: the live one stays, mapped and whole. Before,
+    its creator's pid did not exist over there, so it was removed as stale."""
+    live = PrimaryRegion.create("live", LAYOUT, tmp_path)
+    live.slots()[0, :4] = [1, 2, 3, 4]
+    try:
+        out = in_another_pid_namespace(
+            "from tiers.region import PrimaryRegion, RegionLayout, cleanup_stale\n"
+            "print(cleanup_stale(sys.argv[1]))\n"
+            "PrimaryRegion.create('neighbour', RegionLayout(4, 4096), sys.argv[1]).close()\n",
+            str(tmp_path),
+        )
+        assert out.strip() == "[]"
+        assert region_path("live", tmp_path).exists()
+        with PrimaryRegion.attach("live", LAYOUT, tmp_path) as again:
+            assert again.token == live.token
+            assert list(again.slots()[0, :4]) == [1, 2, 3, 4]
+    finally:
+        live.close()
+
+
+def test_a_dead_region_is_removed_from_another_pid_namespace(tmp_path: Path) -> None:
+    """The lock is the kernel's answer in every namespace: a region nobody holds any more (its
+    creator closed its descriptor without removing it, as a kill does) is removed from there."""
+    import fcntl
+
+    region = PrimaryRegion.create("gone", LAYOUT, tmp_path)
+    region.owner = False  # (its close leaves the file, as a killed creator's would)
+    region.close()
+    assert region_path("gone", tmp_path).exists()
+    with open(region_path("gone", tmp_path), "rb") as f:  # nobody holds it
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    out = in_another_pid_namespace(
+        "from tiers.region import cleanup_stale\nprint(len(cleanup_stale(sys.argv[1])))\n",
+        str(tmp_path),
+    )
+    assert out.strip() == "1"
+    assert not region_path("gone", tmp_path).exists()
