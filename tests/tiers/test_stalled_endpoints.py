@@ -142,3 +142,37 @@ def test_every_cli_command_ends_in_bounded_time(medium: str, mode: str, tmp_path
                 if process.poll() is None:
                     process.kill()
                 process.communicate(timeout=10)  # and its pipes closed
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("mode", MODES)
+def test_an_s3_tier_with_a_pack_waiting_closes_within_one_deadline(mode: str) -> None:
+    """A block held for a pack and a sweeper (a capacity) at close: the pack's write ends at
+    its call's deadline (2 s with these settings), the block is counted lost, and close ends
+    within 4 s. Before, the trickle held the close for good."""
+    from tiers.s3 import S3Tier
+
+    closing: list[float] = []
+
+    async def body(address: str) -> None:
+        tier = S3Tier(
+            namespace=NAMESPACE,
+            bucket="b",
+            endpoint_url=f"http://{address}",
+            access_key="a",
+            secret_key="b",
+            timeout=2.0,
+            concurrency=2,
+            blocks_per_object=4,
+            capacity=1 << 20,
+            **_S3_QUICK,
+        )
+        await tier.put(key(1), b"x" * 4096)  # held for a pack: the put returns at once
+        start = time.monotonic()
+        await tier.close()
+        closing.append(time.monotonic() - start)
+        assert tier.counters["blocks_lost"] == 1
+
+    with misbehaving(mode, "http") as address:
+        _ends_within(40, body(address))
+    assert closing[0] < 4, closing

@@ -150,8 +150,10 @@ class Bucket:
         """Write object `name`; with `once`, only where none exists (`If-None-Match: *`):
         False when one did and nothing was written (a server that ignores the header
         overwrites, one that rejects it gets a plain put)."""
-        parts = 1 if len(blob) <= self.multipart_threshold else -(-len(blob) // self.part_size)
-        return await self._run(self._put, name, blob, once, requests=parts + 2)
+        requests = 1  # (a multipart put: its parts, and its creation and completion)
+        if len(blob) > self.multipart_threshold:
+            requests = -(-len(blob) // self.part_size) + 2
+        return await self._run(self._put, name, blob, once, requests=requests)
 
     async def put_if_absent(self, name: str, blob: bytes) -> str | None:
         """Create object `name` (a single small put) unless one exists: its ETag, or None."""
