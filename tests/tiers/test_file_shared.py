@@ -482,7 +482,7 @@ def test_a_sweep_is_bounded_in_time_however_slow_the_disk(
             sweeper = t._shared.sweeper
             assert sweeper is not None
             deadline = time.monotonic() + 10
-            while sweeper._held is None:  # the role, taken on the housekeeping thread
+            while not sweeper.holding:  # the role, taken on the housekeeping thread
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.02)
             slow_unlink = os.unlink

@@ -2,11 +2,13 @@
 room: the one sweeper of a `files` directory, which keeps every namespace under it within the
 capacity, least recently used first.
 
-**The role.** Every writable tier with a capacity tries for an `flock` on
-`<path>/.kvtier/sweeper.lock` (at start, then every `ROLE_EVERY` seconds); the one that holds it
-is the directory's sweeper, until it closes or its process ends, however it ends (the kernel
-releases the lock, and another tier takes the role at its next try). No other process evicts.
-The holder writes its pid, host and start into the file, for operators.
+**The role.** Every writable tier with a capacity tries for the sweeper's lease
+(`tiers.file.lease`: an `flock` on `<path>/.kvtier/sweeper.lock` and a heartbeat) at start,
+then every `ROLE_EVERY` seconds, at once when a put of its own waits for room; the one that
+holds it is the directory's sweeper, until it closes, its process ends however it ends (the
+kernel releases the lock), or it stops renewing the heartbeat for `LEASE` seconds (a stopped
+process: another tier breaks the lease). No other process evicts. The holder writes its pid,
+host and start into the file, for operators.
 
 **Recency.** A file's mtime is when it was last written or read: writers set it when they
 write, and every engine's hits set it again (`BlockFileTier`), so one order serves them all.
@@ -40,7 +42,7 @@ from pathlib import Path
 
 from tiering.keys import BlockKey, key_from_hex
 from tiers.file.budget import Ledger, LedgerState
-from tiers.file.locks import HeldFile, holder_line, lock, meta_dir, open_regular
+from tiers.file.lease import Lease
 
 __all__ = [
     "HIGH",
@@ -104,7 +106,7 @@ class Sweeper:
         self._gone = gone
         self._evicted = evicted
         self.tmp_max_age = tmp_max_age
-        self._held: HeldFile | None = None
+        self._lease = Lease(base, ledger, name)
         self._next_try = 0.0
         self._sweeping = threading.Lock()
         self._candidates: list[tuple[int, int, str]] = []  # (mtime ns, size, path), a heap
@@ -116,55 +118,34 @@ class Sweeper:
 
     @property
     def holding(self) -> bool:
-        return self._held is not None
+        return self._lease.holding
 
     def tick(self, urgent: bool = False) -> bool:
-        """Take the role when it is free (every `ROLE_EVERY`, or at once when `urgent`: a
-        writer of this tier waits for room), keep it while the lock file is still the one
-        locked, and sweep when the count is above `HIGH` (the housekeeping thread). Whether
-        the directory is busy: the count moved since the last tick, or a writer waits (the
-        next tick then comes after `TICK`)."""
+        """Take the role when it is free or its lease lapsed (every `ROLE_EVERY`, or at once
+        when `urgent`: a writer of this tier waits for room), renew its lease while holding
+        it, and sweep when the count is above `HIGH` (the housekeeping thread). Whether the
+        directory is busy: the count moved since the last tick, or a writer waits (the next
+        tick then comes after `TICK`)."""
         now = time.monotonic()
-        if self._held is not None and not self._held.still_there:
-            log.warning(
-                "tier %r: the sweeper's lock file was removed; giving the role up", self.name
-            )
-            self._held.close()
-            self._held = None
-        if self._held is None:
+        if self._lease.holding:
+            self._lease.renew()  # gives the role up when another tier took it
+        if not self._lease.holding:
             if now < self._next_try and not urgent:
                 return False
             self._next_try = now + ROLE_EVERY
-            if not self._take():
+            if not self._lease.take():
                 return False
+            self._next_scan = 0.0  # a new sweeper counts the directory first
+            log.info(
+                "tier %r: sweeping %s (capacity %d bytes)", self.name, self.base, self.capacity
+            )
         self.sweep()
         return self._busy
-
-    def _take(self) -> bool:
-        meta = meta_dir(self.base, create=True)
-        if meta is None:
-            return False
-        path = meta / "sweeper.lock"
-        fd = open_regular(path, create=True)
-        if fd is None:
-            return False
-        if not lock(fd):
-            os.close(fd)
-            return False
-        self._held = HeldFile(fd, path)
-        if not self._held.still_there:  # replaced between the open and the lock
-            self._held.close()
-            self._held = None
-            return False
-        self._held.record(holder_line())
-        self._next_scan = 0.0  # a new sweeper counts the directory first
-        log.info("tier %r: sweeping %s (capacity %d bytes)", self.name, self.base, self.capacity)
-        return True
 
     def make_room(self, need: int) -> bool:
         """Sweep so that `need` more bytes fit, when this tier is the sweeper (a writer's
         pool thread: from the last scan's files, without scanning); whether it swept."""
-        if self._held is None:
+        if not self._lease.holding:
             return False
         return self.sweep(need, wait=0.2, may_scan=False, seconds=MAKE_ROOM_SECONDS)
 
@@ -183,7 +164,7 @@ class Sweeper:
         if not self._sweeping.acquire(timeout=wait):
             return False
         try:
-            if self._held is None:
+            if not self._lease.renew():
                 return False
             state = self.ledger.read()
             if state is None:
@@ -227,7 +208,12 @@ class Sweeper:
         `stop`; the count learns of each batch at once. The bytes freed."""
         freed = pending = evicted = 0
         rescanned = not may_scan
-        while freed < excess and not self._stopping and time.monotonic() < deadline:
+        while (
+            freed < excess
+            and not self._stopping
+            and time.monotonic() < deadline
+            and self._lease.renew()  # a lapsed lease may be another tier's now
+        ):
             if not self._candidates:
                 if rescanned:
                     break
@@ -288,8 +274,8 @@ class Sweeper:
             return
         total = 0
         oldest: list[tuple[int, int, str]] = []  # a max-heap by mtime (negated)
-        for mtime, size, path in self._objects(time.time()):
-            if self._stopping:
+        for seen, (mtime, size, path) in enumerate(self._objects(time.time())):
+            if self._stopping or (seen % 1024 == 0 and not self._lease.renew()):
                 return  # cut short: the count stays as it was
             total += size
             item = (-mtime, size, path)
@@ -304,6 +290,8 @@ class Sweeper:
         added_before = before.added
 
         def change(state: LedgerState) -> bool:
+            if not self._lease.still_held():  # broken while it scanned: the count is not ours
+                return False
             state.used = total + (state.added - added_before) % (1 << 64)
             state.flags = 0
             state.capacity = self.capacity
@@ -341,9 +329,7 @@ class Sweeper:
     def close(self) -> None:
         """Give the role up (at close; another tier takes it at its next try)."""
         with self._sweeping:
-            if self._held is not None:
-                self._held.close()
-                self._held = None
+            self._lease.close()
             self._candidates = []
 
 
