@@ -16,7 +16,8 @@ import pytest
 from tiering.errors import TierFull
 from tiering.testing import NAMESPACE, OTHER_NAMESPACE, key, payload
 from tiers.file import BlockFileTier
-from tiers.file.budget import STALE_ENTRY, Credit, Ledger, LedgerState
+from tiers.file.budget import STALE_ENTRY, Ledger, LedgerState
+from tiers.file.credit import Credit
 from tiers.file.files import TMP_MAX_AGE
 from tiers.file.members import Members
 

@@ -11,13 +11,19 @@ own `flock` (held for one `pread` and one `pwrite`, never longer than `LOCK_WAIT
 - one entry per writing tier (its id, the bytes reserved for it, when it last wrote its entry):
   room granted and not yet given back or reported landed.
 
-A writer reserves room before it writes (`Credit.take`): from what its tier was granted, or
-by asking the ledger for more (at least `chunk` at a time, so most puts touch no file). The
-directory's bytes are at most `used` plus every reservation, which a grant keeps within the
-capacity, so the directory never exceeds it. Landed and removed bytes, and room held unused
-for `IDLE_RETURN` seconds, are reported in the background (`Credit.flush`). An entry its writer
-has not rewritten for `STALE_ENTRY` seconds is a dead process's, and dropped: every live writer
-with room rewrites its entry at least every `flush`.
+- `capacity`: the directory's, recorded by its first writer with one (`claim`).
+
+**One bound per directory.** A writable tier claims the capacity at start: one configured with
+a capacity records it when none is, and is refused (`ConfigError`, one line naming both) when
+another is; one configured without adopts the recorded capacity (said once in the log), or,
+with none recorded yet, counts its bytes all the same and adopts the first one recorded at its
+next grant. So every writer's bytes count at once, whatever it was configured with.
+
+Every writer reserves room before it writes (`tiers.file.credit.Credit`), which a grant keeps
+within the capacity: the directory's bytes are at most `used` plus every reservation, so the
+directory never exceeds it. An entry its writer has not rewritten for `STALE_ENTRY` seconds is
+a dead process's, and dropped: every live writer with room rewrites its entry at least every
+`flush`.
 
 A ledger this process cannot write (`.kvtier` or the file another user's, read-only, immutable,
 on a read-only mount) fails a writable tier's start with one line (`Ledger.check`): opening
@@ -35,17 +41,16 @@ import logging
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import xxhash
 
-from tiering.errors import ConfigError, TierFull
+from tiering.errors import ConfigError
 from tiers.file.locks import META, REFUSED, lock, meta_dir, open_regular, same_file, unlock
 
-__all__ = ["IDLE_RETURN", "LOCK_WAIT", "STALE_ENTRY", "Credit", "Ledger", "LedgerState"]
+__all__ = ["LOCK_WAIT", "MAX_ENTRIES", "STALE_ENTRY", "WRAP", "Ledger", "LedgerState"]
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +58,6 @@ LOCK_WAIT = 0.05
 """Seconds a caller tries for the ledger's lock (its holders hold it for microseconds)."""
 STALE_ENTRY = 60.0
 """Seconds after which a writer's entry that was not rewritten is a dead process's."""
-IDLE_RETURN = 1.0
-"""Seconds room may lie reserved and unused before it is given back."""
 _MAGIC = b"KVTBUDGT"
 _HEAD = struct.Struct("<8sIIQQQdI4xQ")  # magic, version, entries, used, added, capacity,
 # reconciled (Unix time), flags, wanted
@@ -65,7 +68,7 @@ _FILE = f"budget-v{_VERSION}"
 MAX_ENTRIES = 160
 _SIZE = 4096
 _NEEDS_SCAN = 1
-_WRAP = 1 << 64
+WRAP = 1 << 64
 
 
 @dataclass(slots=True)
@@ -105,7 +108,7 @@ class LedgerState:
             _VERSION,
             len(self.entries),
             self.used,
-            self.added % _WRAP,
+            self.added % WRAP,
             self.capacity,
             self.reconciled,
             self.flags,
@@ -199,6 +202,42 @@ class Ledger:
         finally:
             self._mutex.release()
 
+    def claim(self, capacity: int | None) -> int | None:
+        """The directory's capacity for a tier configured with `capacity` (None: none): record
+        it when none is (a new count, or one made before any writer had a capacity), adopt
+        the recorded one when `capacity` is None (saying so), and raise `ConfigError` (one
+        line naming both) when another is recorded. None when neither has one, or when the
+        count cannot be had now (the sweeper's scan records the capacity then)."""
+        got: list[int] = []
+
+        def change(state: LedgerState) -> bool:
+            got.append(state.capacity)
+            if state.capacity or not capacity:
+                return False
+            state.capacity = capacity
+            return True
+
+        self.update(change)
+        recorded = got[0] if got else 0
+        if capacity is None:
+            if recorded:
+                log.info(
+                    "tier %r: no capacity configured; %s holds %d bytes at most, as its first "
+                    "writer recorded: this tier keeps to it",
+                    self.name,
+                    self.base,
+                    recorded,
+                )
+            return recorded or None
+        if recorded and recorded != capacity:
+            raise ConfigError(
+                f"tier {self.name!r}: capacity {capacity} bytes, but {self.base} is bounded at "
+                f"{recorded} bytes, recorded in {self.path} by its first writer; give every "
+                "engine on a directory the same capacity (to change it, stop every writer of "
+                "the directory and remove that file)"
+            )
+        return capacity
+
     def check(self) -> None:
         """Raise `ConfigError` (one line: the path, the system's reason) when this process
         cannot write the ledger: `.kvtier` or the ledger owned by another user, read-only,
@@ -268,156 +307,3 @@ class Ledger:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-
-
-class Credit:
-    """Room reserved in the ledger for one tier's writes (its pool threads take and give;
-    its housekeeping thread reports and returns: `flush`)."""
-
-    def __init__(
-        self,
-        ledger: Ledger,
-        ident: bytes,
-        capacity: int,
-        make_room: Callable[[int], bool],
-        full_wait: float,
-    ) -> None:
-        """`ident`: the tier's id in the ledger (its writer tag); `make_room(n)`: ask the
-        sweeper for `n` bytes (whether it tried: only the sweeper's process can); `full_wait`:
-        how long a put waits for room before it is `TierFull`."""
-        self.ledger = ledger
-        self.ident = ident
-        self.capacity = capacity
-        self.chunk = min(max(capacity // 64, 4096), 64 << 20)
-        self.full_wait = full_wait
-        self._make_room = make_room
-        self._lock = threading.Lock()
-        self._room = 0  # reserved and not used yet
-        self._granted = 0  # the entry's bytes in the ledger, as this tier last wrote them
-        self._landed = 0  # used room, written, not reported yet
-        self._removed = 0  # bytes this tier removed, not reported yet
-        self._last_take = time.monotonic()
-        self.waits = 0
-        """Puts that waited for room (a counter; the tier reports it)."""
-
-    def take(self, n: int) -> None:
-        """Reserve `n` bytes for a write, or raise `TierFull` when the directory has no room
-        within `full_wait` (the pool's thread; it may wait)."""
-        with self._lock:
-            self._last_take = time.monotonic()
-            if self._room >= n:
-                self._room -= n
-                return
-        deadline = time.monotonic() + self.full_wait
-        waited = False
-        while True:
-            if self._grant(n):
-                return
-            if not waited:
-                waited = True
-                self.waits += 1
-            asked = self._make_room(n)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TierFull(
-                    f"no room for {n} bytes in {self.ledger.base} (capacity {self.capacity}, "
-                    "shared by every engine writing there) within "
-                    f"{self.full_wait:g}s"
-                )
-            if not asked:
-                time.sleep(min(0.005, left))
-
-    def _grant(self, n: int) -> bool:
-        """Take `n` bytes of room, asking the ledger for more when this tier's is short (at
-        least `chunk`, else exactly what is missing); landed and removed bytes are reported
-        on the way. Whether it was taken."""
-        with self._lock:
-            if self._room >= n:
-                self._room -= n
-                return True
-            landed, removed = self._landed, self._removed
-            asks = (max(n - self._room, self.chunk), n - self._room)
-            now = time.time()
-            granted: list[int] = []
-
-            def change(state: LedgerState) -> bool:
-                state.drop_stale(now)
-                mine = self._report(state, landed, removed)
-                if not state.needs_scan and (  # a count not made yet grants nothing
-                    self.ident in state.entries or len(state.entries) < MAX_ENTRIES
-                ):
-                    for ask in asks:
-                        if state.total + mine + ask <= self.capacity:
-                            granted.append(ask)
-                            mine += ask
-                            break
-                if not granted:  # the sweeper makes room for the largest waiting write
-                    state.wanted = min(max(state.wanted, n), self.capacity)
-                self._enter(state, mine, now)
-                return True
-
-            if not self.ledger.update(change):
-                return False
-            self._landed -= landed
-            self._removed -= removed
-            self._granted -= landed
-            if granted:
-                self._granted += granted[0]
-                self._room += granted[0]
-            if self._room < n:
-                return False
-            self._room -= n
-            return True
-
-    def _report(self, state: LedgerState, landed: int, removed: int) -> int:
-        """Report `landed` and `removed` bytes in `state`, taking this tier's entry out of
-        it; what the entry holds after the report. The entry is this tier's own: it is
-        rewritten from what the tier granted itself, never read back."""
-        state.entries.pop(self.ident, None)
-        if landed or removed:
-            state.used = max(0, state.used + landed - removed)
-            state.added = (state.added + landed) % _WRAP
-        return max(0, self._granted - landed)
-
-    def _enter(self, state: LedgerState, reserved: int, now: float) -> None:
-        if reserved and (self.ident in state.entries or len(state.entries) < MAX_ENTRIES):
-            state.entries[self.ident] = (reserved, now)
-
-    def give(self, n: int) -> None:
-        """Room taken and not written (a duplicate, a failed write)."""
-        with self._lock:
-            self._room += n
-
-    def landed(self, n: int) -> None:
-        """`n` bytes of taken room are now an object on the disk."""
-        with self._lock:
-            self._landed += n
-
-    def removed(self, n: int) -> None:
-        """This tier removed an object of `n` bytes (a delete, a refused object)."""
-        with self._lock:
-            self._removed += n
-
-    def flush(self, *, closing: bool = False) -> None:
-        """Report landed and removed bytes, give back room unused for `IDLE_RETURN` seconds
-        (all of it when `closing`), and rewrite this tier's entry while it holds room (the
-        housekeeping thread, at least every second; and at close)."""
-        with self._lock:
-            idle = closing or time.monotonic() - self._last_take > IDLE_RETURN
-            returned = self._room if idle else 0
-            landed, removed = self._landed, self._removed
-            if not (landed or removed or returned or self._granted):
-                return
-            now = time.time()
-
-            def change(state: LedgerState) -> bool:
-                mine = self._report(state, landed, removed)
-                self._enter(state, max(0, mine - returned), now)
-                return True
-
-            if not self.ledger.update(change):
-                return  # next time
-            self._landed -= landed
-            self._removed -= removed
-            self._room -= returned
-            self._granted = max(0, self._granted - landed - returned)

@@ -102,6 +102,8 @@ class BlockFileTier(FileTier, layout="files"):
             evicted=self._count_evictions,
         )
         self._gone = self._shared.gone
+        if self.capacity is None:  # the directory's, recorded by its first writer with one
+            self.capacity = self._shared.capacity
         self._files = BlockFiles(
             name=self.name,
             direct=self.direct,

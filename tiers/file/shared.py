@@ -7,10 +7,11 @@ Three concepts, each in its module, held together here:
 - who else writes the directory (`tiers.file.members`): `alone` tells the tier whether its
   index holds everything (it is the only writer) or the directory must be asked about keys
   the index lacks;
-- the directory's byte count (`tiers.file.budget`), which every writer reserves room in before
-  it writes (`take`), with a capacity;
+- the directory's byte count (`tiers.file.budget`) and its one capacity, recorded by its first
+  writer with one, which every writer reserves room in before it writes (`take`, with a
+  capacity configured or not: `tiers.file.credit`);
 - the one sweeper (`tiers.file.sweeper`), which keeps the directory within the capacity, least
-  recently used first, with a capacity.
+  recently used first.
 
 The housekeeping thread looks at the members every `MEMBERS_EVERY` seconds, reports the
 tier's written and removed bytes and gives back idle room every `FLUSH_EVERY`, tries for the
@@ -32,7 +33,8 @@ from pathlib import Path
 
 from tiering.errors import ConfigError
 from tiering.keys import BlockKey
-from tiers.file.budget import Credit, Ledger
+from tiers.file.budget import Ledger
+from tiers.file.credit import Credit
 from tiers.file.members import MEMBERS_EVERY, Members
 from tiers.file.sweeper import TICK, Sweeper
 
@@ -46,6 +48,8 @@ _IDLE = 0.25
 """Seconds the housekeeping thread sleeps when no write landed or waits in the directory (or
 it holds no sweeper's role)."""
 _JOIN = 2.0
+_LAST_REPORT = 1.0
+"""Seconds a closing tier tries to report its last landed bytes to the count."""
 
 
 class SharedDirectory:
@@ -73,10 +77,14 @@ class SharedDirectory:
         evictions made by this tier's sweeper."""
         self.name = name
         self._ledger: Ledger | None = None
-        if capacity is not None and not read_only:
-            self._ledger = Ledger(base, capacity, name)
+        self.capacity = capacity
+        """The directory's capacity (`Ledger.claim`: the one recorded there, which a tier
+        configured with none adopts); None while none is recorded, or for a read-only tier."""
+        if not read_only:
+            self._ledger = Ledger(base, capacity or 0, name)
             try:
                 self._ledger.check()  # before any member's file, thread or role is taken
+                self.capacity = self._ledger.claim(capacity)
             except ConfigError:
                 self._ledger.close()
                 raise
@@ -86,18 +94,17 @@ class SharedDirectory:
         self.credit: Credit | None = None
         self.sweeper: Sweeper | None = None
         if self._ledger is not None:
-            assert capacity is not None
             self.sweeper = Sweeper(
                 base,
                 self._ledger,
-                capacity,
+                self.capacity,
                 name=name,
                 own=own,
                 gone=self.gone.append,
                 evicted=evicted,
                 tmp_max_age=tmp_max_age,
             )
-            self.credit = Credit(self._ledger, ident, capacity, self._make_room, full_wait)
+            self.credit = Credit(self._ledger, ident, self.capacity, self._make_room, full_wait)
         self._wake = threading.Event()
         self._waiting = False  # a writer waits for room: try for the sweeper's role now
         self._stop = False
@@ -170,7 +177,11 @@ class SharedDirectory:
         if self._thread.is_alive():
             log.warning("tier %r: housekeeping did not stop within %gs", self.name, _JOIN)
         if self.credit is not None:
-            self.credit.flush(closing=True)
+            # the last report, tried for a bounded time: bytes landed and never reported
+            # would leave the count low until the sweeper's next scan
+            deadline = time.monotonic() + _LAST_REPORT
+            while not self.credit.flush(closing=True) and time.monotonic() < deadline:
+                time.sleep(0.01)
         if self.sweeper is not None:
             self.sweeper.close()
         if self._ledger is not None:

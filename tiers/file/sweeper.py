@@ -88,7 +88,7 @@ class Sweeper:
         self,
         base: Path,
         ledger: Ledger,
-        capacity: int,
+        capacity: int | None,
         *,
         name: str,
         own: Path,
@@ -96,8 +96,9 @@ class Sweeper:
         evicted: Callable[[int], None],
         tmp_max_age: float,
     ) -> None:
-        """`own`: this tier's namespace directory; `gone(key)`: a key of it was evicted (for
-        its index); `evicted(n)`: count `n` evictions."""
+        """`capacity`: the directory's (`Ledger.claim`; None while none is recorded: this tier
+        takes no part until one is); `own`: this tier's namespace directory; `gone(key)`: a
+        key of it was evicted (for its index); `evicted(n)`: count `n` evictions."""
         self.base = base
         self.ledger = ledger
         self.capacity = capacity
@@ -133,6 +134,8 @@ class Sweeper:
             if now < self._next_try and not urgent:
                 return False
             self._next_try = now + ROLE_EVERY
+            if self.capacity is None and not self._adopt():
+                return False
             if not self._lease.take():
                 return False
             self._next_scan = 0.0  # a new sweeper counts the directory first
@@ -141,6 +144,15 @@ class Sweeper:
             )
         self.sweep()
         return self._busy
+
+    def _adopt(self) -> bool:
+        """Take the capacity the directory's count records, once one is (a tier configured
+        with none); whether it has one now."""
+        state = self.ledger.read()
+        if state is None or not state.capacity:
+            return False
+        self.capacity = state.capacity
+        return True
 
     def make_room(self, need: int) -> bool:
         """Sweep so that `need` more bytes fit, when this tier is the sweeper (a writer's
@@ -164,7 +176,8 @@ class Sweeper:
         if not self._sweeping.acquire(timeout=wait):
             return False
         try:
-            if not self._lease.renew():
+            capacity = self.capacity
+            if capacity is None or not self._lease.renew():
                 return False
             state = self.ledger.read()
             if state is None:
@@ -177,10 +190,10 @@ class Sweeper:
                 if state is None:
                     return False
             want = max(need, state.wanted)
-            if state.total <= min(int(self.capacity * HIGH), self.capacity - want):
+            if state.total <= min(int(capacity * HIGH), capacity - want):
                 self._served(state.wanted)
                 return False
-            target = min(int(self.capacity * LOW), self.capacity - want)
+            target = min(int(capacity * LOW), capacity - want)
             freed = self._evict(state.total - target, may_scan, time.monotonic() + seconds)
             if freed >= state.total - target:
                 self._served(state.wanted)
@@ -244,10 +257,16 @@ class Sweeper:
         return freed
 
     def _release(self, freed: int) -> None:
+        """Take `freed` bytes this sweeper removed off the count, unless its lease was broken
+        since (it stopped between the removals and this report): the new sweeper's first scan,
+        made after the removals, counts without them, and taking them off again would leave
+        the count low."""
         if not freed:
             return
 
         def change(state: LedgerState) -> bool:
+            if not self._lease.still_held():
+                return False
             state.used = max(0, state.used - freed)
             return True
 
@@ -294,7 +313,7 @@ class Sweeper:
                 return False
             state.used = total + (state.added - added_before) % (1 << 64)
             state.flags = 0
-            state.capacity = self.capacity
+            state.capacity = self.capacity or state.capacity
             state.reconciled = time.time()
             state.drop_stale(time.time())
             return True
