@@ -29,6 +29,11 @@ A ledger this process cannot write (`.kvtier` or the file another user's, read-o
 on a read-only mount) fails a writable tier's start with one line (`Ledger.check`): opening
 the tier read-only instead would hide that it stores nothing.
 
+With a deployment's secret (`ledger_key`), the ledger's sum is a truncated HMAC: one written
+without the key, or older than the newest this process has seen (its `added` went back: a
+replay), counts as one that does not parse. Without a secret the sum is a checksum, which
+anyone who can write the directory can make.
+
 A ledger that does not parse (garbage, a crafted file, one cut short) is rewritten as full,
 `used` at the capacity, and marked for a scan: writes wait for the sweeper's next scan instead
 of trusting what a stranger wrote. A newer kvtier keeps its count in another file (the version
@@ -37,6 +42,8 @@ is in the name).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import struct
@@ -68,6 +75,7 @@ _FILE = f"budget-v{_VERSION}"
 MAX_ENTRIES = 160
 _SIZE = 4096
 _NEEDS_SCAN = 1
+_KEY_DOMAIN = b"kvtier files budget ledger v1\0"
 WRAP = 1 << 64
 
 
@@ -102,7 +110,8 @@ class LedgerState:
             if now - at > STALE_ENTRY or at - now > STALE_ENTRY:  # a clock far ahead too
                 del self.entries[ident]
 
-    def encode(self) -> bytes:
+    def encode(self, key: bytes | None = None) -> bytes:
+        """The ledger's bytes, its table summed with `key` (`_sum`)."""
         head = _HEAD.pack(
             _MAGIC,
             _VERSION,
@@ -115,12 +124,13 @@ class LedgerState:
             self.wanted,
         )
         table = b"".join(_ENTRY.pack(i, r, at) for i, (r, at) in self.entries.items())
-        body = head + _SUM.pack(xxhash.xxh3_64_intdigest(head + table)) + table
+        body = head + _SUM.pack(_sum(head + table, key)) + table
         return body + bytes(_SIZE - len(body))
 
     @classmethod
-    def decode(cls, raw: bytes) -> LedgerState | None:
-        """The state `raw` holds, or None when it is not a ledger this version wrote whole."""
+    def decode(cls, raw: bytes, key: bytes | None = None) -> LedgerState | None:
+        """The state `raw` holds, or None when it is not a ledger this version wrote whole
+        (with `key`: one a writer with the key wrote)."""
         if len(raw) < _HEAD.size + _SUM.size:
             return None
         magic, version, count, used, added, capacity, reconciled, flags, wanted = _HEAD.unpack_from(
@@ -133,7 +143,7 @@ class LedgerState:
         if len(table) != count * _ENTRY.size:
             return None
         (checksum,) = _SUM.unpack_from(raw, _HEAD.size)
-        if checksum != xxhash.xxh3_64_intdigest(raw[: _HEAD.size] + table):
+        if checksum != _sum(raw[: _HEAD.size] + table, key):
             return None
         if not reconciled == reconciled:  # NaN
             return None
@@ -145,17 +155,34 @@ class LedgerState:
         return cls(used, added, capacity, reconciled, flags, wanted, entries)
 
 
+def _sum(data: bytes, key: bytes | None) -> int:
+    """The ledger's 64-bit sum of `data`: xxh3, or with `key` the first 8 bytes of its
+    HMAC-SHA256 (a writer without the key cannot make one that verifies)."""
+    if key is None:
+        return xxhash.xxh3_64_intdigest(data)
+    return int.from_bytes(hmac.new(key, data, hashlib.sha256).digest()[:8], "little")
+
+
+def ledger_key(mac: bytes | None) -> bytes | None:
+    """The key a ledger is authenticated with, derived from a deployment's object MAC key
+    (`tiering.format.mac_key`; None: no secret, no authentication)."""
+    return None if mac is None else hashlib.sha256(_KEY_DOMAIN + mac).digest()
+
+
 class Ledger:
     """The shared count of a `files` directory (any thread: calls are serialized in the
     process by a lock, and between processes by the file's `flock`)."""
 
-    def __init__(self, base: Path, capacity: int, name: str) -> None:
+    def __init__(self, base: Path, capacity: int, name: str, key: bytes | None = None) -> None:
+        """`key`: authenticate the ledger with it (`ledger_key`); None: a checksum only."""
         self.name = name
         self.capacity = capacity
         self.base = base
+        self._key = key
         self._fd: int | None = None
         self._mutex = threading.Lock()
         self._said_broken = False
+        self._added = 0  # the highest `added` seen: an authenticated ledger never goes back
 
     @property
     def path(self) -> Path:
@@ -191,7 +218,9 @@ class Ledger:
                     state = self._read(fd)
                     answer = change(state)
                     if answer or state.needs_scan:
-                        os.pwrite(fd, state.encode(), 0)
+                        os.pwrite(fd, state.encode(self._key), 0)
+                    if _ahead(state.added, self._added):
+                        self._added = state.added
                     return answer
                 except OSError as e:
                     log.warning("tier %r: cannot use %s: %s", self.name, self.path, e)
@@ -228,6 +257,7 @@ class Ledger:
                     self.base,
                     recorded,
                 )
+            self.capacity = recorded  # (a count found broken is rewritten full of it)
             return recorded or None
         if recorded and recorded != capacity:
             raise ConfigError(
@@ -276,9 +306,9 @@ class Ledger:
         raw = os.pread(fd, _SIZE, 0)
         if not raw:
             return LedgerState(capacity=self.capacity, flags=_NEEDS_SCAN)  # a new directory
-        state = LedgerState.decode(raw)
-        if state is not None:
-            return state
+        state = LedgerState.decode(raw, self._key)
+        if state is not None and (self._key is None or not _ahead(self._added, state.added)):
+            return state  # (with a key, an older ledger written back is a replay)
         if not self._said_broken:
             self._said_broken = True
             log.warning(
@@ -289,7 +319,9 @@ class Ledger:
             )
         if os.fstat(fd).st_size > _SIZE:
             os.ftruncate(fd, _SIZE)
-        return LedgerState(used=self.capacity, capacity=self.capacity, flags=_NEEDS_SCAN)
+        return LedgerState(
+            used=self.capacity, added=self._added, capacity=self.capacity, flags=_NEEDS_SCAN
+        )
 
     def read(self) -> LedgerState | None:
         """The ledger as it is (None: not to be had in time)."""
@@ -307,3 +339,8 @@ class Ledger:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _ahead(a: int, b: int) -> bool:
+    """Whether counter value `a` is past `b` (`added`, modulo `WRAP`)."""
+    return 0 < (a - b) % WRAP < WRAP // 2

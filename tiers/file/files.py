@@ -100,6 +100,7 @@ class BlockFileTier(FileTier, layout="files"):
             # within a put's deadline, whose thread a deadline does not stop
             full_wait=min(FULL_WAIT, self.timeout / 2) if self.timeout else FULL_WAIT,
             evicted=self._count_evictions,
+            mac=self.envelope.mac,
         )
         self._gone = self._shared.gone
         if self.capacity is None:  # the directory's, recorded by its first writer with one

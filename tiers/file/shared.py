@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tiering.errors import ConfigError
 from tiering.keys import BlockKey
-from tiers.file.budget import Ledger
+from tiers.file.budget import Ledger, ledger_key
 from tiers.file.credit import Credit
 from tiers.file.members import MEMBERS_EVERY, Members
 from tiers.file.sweeper import TICK, Sweeper
@@ -70,18 +70,20 @@ class SharedDirectory:
         tmp_max_age: float,
         full_wait: float,
         evicted: Callable[[int], None],
+        mac: bytes | None = None,
     ) -> None:
         """`own`: the tier's namespace directory (of `namespace`); `ident`: its id (the writer
         tag);
         `full_wait`: how long a put waits for room (then `TierFull`); `evicted(n)`: count `n`
-        evictions made by this tier's sweeper."""
+        evictions made by this tier's sweeper; `mac`: the deployment's object MAC key (the
+        count is authenticated with a key derived from it; None: checksummed only)."""
         self.name = name
         self._ledger: Ledger | None = None
         self.capacity = capacity
         """The directory's capacity (`Ledger.claim`: the one recorded there, which a tier
         configured with none adopts); None while none is recorded, or for a read-only tier."""
         if not read_only:
-            self._ledger = Ledger(base, capacity or 0, name)
+            self._ledger = Ledger(base, capacity or 0, name, ledger_key(mac))
             try:
                 self._ledger.check()  # before any member's file, thread or role is taken
                 self.capacity = self._ledger.claim(capacity)
