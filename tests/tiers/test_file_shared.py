@@ -502,3 +502,37 @@ def test_a_sweep_is_bounded_in_time_however_slow_the_disk(
             assert time.monotonic() - began < 3.0
 
     asyncio.run(body())
+
+
+def test_a_sweep_that_scans_again_midway_leaves_the_count_exact(tmp_path: Path) -> None:
+    """A pass that runs out of its scan's files after removing some scans again: the files it
+    removed are taken off the count before the new scan counts the directory, not after it
+    (which would take them off twice and leave the count low)."""
+
+    def on_disk() -> int:
+        return sum(p.stat().st_size for p in tmp_path.rglob("*.kv"))
+
+    async def body() -> None:
+        async with tier(tmp_path) as unbounded:
+            await unbounded.put_many([(key(i), payload(4096, i)) for i in range(40)])
+        size = on_disk() // 40
+        t = tier(tmp_path, capacity=64 * size)
+        try:
+            sweeper = t._shared.sweeper
+            assert sweeper is not None
+            deadline = time.monotonic() + 10
+            while not (sweeper.holding and sweeper.scans):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            with sweeper._sweeping:
+                sweeper._candidates = sweeper._candidates[:2]  # a heap's prefix is a heap
+                sweeper.capacity = 30 * size  # 10 to remove: 2 of them, then a scan
+            sweeper.sweep(wait=5.0)
+            state = t._shared.credit.ledger.read()  # type: ignore[union-attr]
+            assert state is not None
+            assert on_disk() <= 30 * size
+            assert state.used == on_disk(), (state.used, on_disk())
+        finally:
+            await t.close()
+
+    asyncio.run(body())

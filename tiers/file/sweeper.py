@@ -231,6 +231,8 @@ class Sweeper:
                 if rescanned:
                     break
                 rescanned = True
+                self._release(pending)  # first: the scan counts without them
+                pending = 0
                 self._scan()
                 continue
             mtime, _, path = heapq.heappop(self._candidates)
