@@ -7,20 +7,17 @@ it, and the `segments` layout refuses a second writer, naming the first."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.helpers.file_children import IDLE, PRELUDE, Children, directory_bytes
 from tests.helpers.manager import PENDING, Harness, k
 from tiering.config import TierConfig
 from tiering.errors import ConfigError
@@ -32,28 +29,8 @@ from tiers.file.locks import read_holder
 from tiers.file.members import MEMBERS_EVERY
 from tiers.file.sweeper import ROLE_EVERY
 
-ROOT = Path(__file__).resolve().parents[2]
-
-# The child processes' side. Each prints one JSON line when ready and one when done; `go` is
-# a file whose existence starts them together.
-_PRELUDE = """
-import asyncio, json, os, sys, time
-from pathlib import Path
-from tiers.file import BlockFileTier, SegmentFileTier
-from tiering.testing import NAMESPACE, key, payload
-args = json.loads(sys.argv[1])
-
-def say(**what):
-    print(json.dumps(what), flush=True)
-
-def wait_for_go():
-    go = Path(args["go"])
-    while not go.exists():
-        time.sleep(0.002)
-"""
-
 _WRITER = (
-    _PRELUDE
+    PRELUDE
     + """
 from tests.helpers.manager import k
 
@@ -76,7 +53,7 @@ asyncio.run(main())
 )
 
 _FILLER = (
-    _PRELUDE
+    PRELUDE
     + """
 async def main():
     size, batch = args["size"], args["batch"]
@@ -114,24 +91,8 @@ asyncio.run(main())
 """
 )
 
-_IDLE = (
-    _PRELUDE
-    + """
-async def main():
-    kind = SegmentFileTier if args.get("layout") == "segments" else BlockFileTier
-    options = {"capacity": args["capacity"]} if args.get("capacity") else {}
-    async with kind(namespace=NAMESPACE, path=args["path"], min_free=0, **options) as tier:
-        await asyncio.sleep(0.05)
-        say(ready=os.getpid())
-        while not Path(args["stop"]).exists():
-            await asyncio.sleep(0.01)
-
-asyncio.run(main())
-"""
-)
-
 _SAME_KEYS = (
-    _PRELUDE
+    PRELUDE
     + """
 async def main():
     size, n = args["size"], args["blocks"]
@@ -150,69 +111,11 @@ asyncio.run(main())
 )
 
 
-class Children:
-    """Child processes running one of the scripts above; killed at the end of the test."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.go = tmp_path / "go"
-        self.stop = tmp_path / "stop"
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def start(self, script: str, **args: Any) -> subprocess.Popen[str]:
-        args = {"go": str(self.go), "stop": str(self.stop), **args}
-        proc = subprocess.Popen(
-            [sys.executable, "-c", script, json.dumps(args)],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.procs.append(proc)
-        return proc
-
-    @staticmethod
-    def line(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
-        """The child's next JSON line (its stderr on failure)."""
-        got: list[str] = []
-        reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()))  # type: ignore[union-attr]
-        reader.start()
-        reader.join(timeout)
-        if not got or not got[0]:
-            proc.kill()
-            raise AssertionError(f"child said nothing: {proc.communicate(timeout=10)[1]}")
-        return dict(json.loads(got[0]))
-
-    def release(self) -> None:
-        self.go.touch()
-
-    def close(self) -> None:
-        self.stop.touch()
-        for proc in self.procs:
-            try:
-                proc.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-
-
 @pytest.fixture
 def children(tmp_path: Path) -> Iterator[Children]:
     made = Children(tmp_path)
     yield made
     made.close()
-
-
-def directory_bytes(path: Path) -> int:
-    """Bytes of every regular file under `path`, from the disk (files come and go meanwhile)."""
-    total = 0
-    for parent, _, names in os.walk(path):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(parent, name)).st_size
-            except FileNotFoundError:
-                continue
-    return total
 
 
 # -- live sharing ---------------------------------------------------------------------------------
@@ -388,7 +291,7 @@ def test_the_sweeper_role_moves_when_its_holder_is_killed(
     writes on."""
     path = tmp_path / "d"
     capacity, size = 2 << 20, 64 << 10
-    holder = children.start(_IDLE, path=str(path), capacity=capacity)
+    holder = children.start(IDLE, path=str(path), capacity=capacity)
     holder_pid = children.line(holder)["ready"]
     lock = path / ".kvtier" / "sweeper.lock"
     assert read_holder(lock).startswith(f"pid {holder_pid} ")
@@ -457,7 +360,7 @@ def test_a_second_segments_writer_is_refused_naming_the_directory_and_its_holder
 ) -> None:
     """A second writable engine on a segment directory another process writes gets one line
     at start: the directory, and the holder's pid, host and start; a reader is let in."""
-    holder = children.start(_IDLE, path=str(tmp_path), layout="segments")
+    holder = children.start(IDLE, path=str(tmp_path), layout="segments")
     pid = children.line(holder)["ready"]
     with pytest.raises(ConfigError) as refused:
         SegmentFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiers.test_file_fleet import _PRELUDE, Children, directory_bytes
+from tests.helpers.file_children import PRELUDE, Children, directory_bytes
 
 _WRITER = (
-    _PRELUDE
+    PRELUDE
     + """
 from tiering.testing import SECRET
 
@@ -43,7 +43,7 @@ asyncio.run(main())
 )
 
 _FORGER = (
-    _PRELUDE
+    PRELUDE
     + """
 import fcntl
 from tiers.file.budget import LedgerState

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiers.test_file_fleet import _PRELUDE, Children, directory_bytes
+from tests.helpers.file_children import PRELUDE, Children, directory_bytes
 from tiers.file.budget import Ledger
 
 _WRITER = (
-    _PRELUDE
+    PRELUDE
     + """
 from tiering.errors import ConfigError
 

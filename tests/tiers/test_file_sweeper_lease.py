@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiers.test_file_fleet import _IDLE, _PRELUDE, Children, directory_bytes
+from tests.helpers.file_children import IDLE, PRELUDE, Children, directory_bytes
 from tiers.file.budget import Ledger
 from tiers.file.lease import LEASE
 from tiers.file.locks import read_holder
 from tiers.file.sweeper import LOW, ROLE_EVERY
 
 _TIMED_WRITER = (
-    _PRELUDE
+    PRELUDE
     + """
 async def main():
     size, batch = args["size"], args["batch"]
@@ -69,7 +69,7 @@ def test_a_stopped_sweeper_loses_its_role_and_the_others_keep_writing(
     capacity, size, batch = 4 << 20, 64 << 10, 4
     one_batch = batch * (size + 4096)
     warm, stopped, after = 1.5, 2 * LEASE + 1.5, 1.5
-    sweeper = children.start(_IDLE, path=str(path), capacity=capacity)
+    sweeper = children.start(IDLE, path=str(path), capacity=capacity)
     sweeper_pid = children.line(sweeper)["ready"]
     lock_file = path / ".kvtier" / "sweeper.lock"
     assert read_holder(lock_file).startswith(f"pid {sweeper_pid} ")
