@@ -185,8 +185,10 @@ async def verify(
     An object that fails only this reader's checks is left and listed in `left`, repair or
     not: `auth` (another secret's, or written without one: a deployment beside this one, or
     this one's before a rotation), `namespace`, `version`, `codec` (another model's, a newer
-    kvtier's). `delete_unauthenticated` (with `repair`) deletes the `auth` ones too: the
-    operator's explicit word that no other secret's reader shares the store. Objects the
+    kvtier's). In a store namespace of the tier's own secret (`Tier.names_owned`), an `auth`
+    one is a forgery, which repair deletes (`Tier.removable`); elsewhere
+    `delete_unauthenticated` (with `repair`) deletes the `auth` ones too: the operator's
+    explicit word that no other secret's reader shares the store. Objects the
     tier's start-up scan found damaged (`Tier.damaged`: a header that fails, a file of the
     wrong size) are reported too; a writable file tier removed them when it opened."""
     report = VerifyReport()
@@ -203,7 +205,7 @@ async def verify(
         except CorruptObject as e:
             reason = getattr(e, "reason", "corrupt")
             report.bad.append((info.key.hex(), reason))
-            if repair and reason in deletable:
+            if repair and (reason in deletable or tier.removable(e)):
                 await tier.delete(info.key)
                 report.repaired += 1
             else:

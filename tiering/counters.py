@@ -19,6 +19,7 @@ __all__ = [
     "HITS_OTHER_WRITER",
     "MISSES",
     "PUTS",
+    "REFUSED_SKIPS",
     "corrupt",
 ]
 
@@ -44,6 +45,9 @@ DUPLICATE_BYTES: Final = "duplicate_bytes"
 """Bytes of the blocks of those puts."""
 HITS_OTHER_WRITER: Final = "hits_other_writer"
 """Hits on objects another tier instance wrote (another engine, or an earlier run)."""
+REFUSED_SKIPS: Final = "refused_skips"
+"""Lookups answered no without reading, the name refused moments ago (`tiering.refusals`):
+counted as misses too by `get`."""
 FOREIGN_NAMES: Final = "foreign_names"
 """Stored names a listing skipped: no kvtier wrote them."""
 

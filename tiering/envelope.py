@@ -28,12 +28,16 @@ from tiering.format import (
 )
 from tiering.keys import BlockKey
 
-__all__ = ["MIN_SECRET_BYTES", "Envelope"]
+__all__ = ["MIN_SECRET_BYTES", "SEEN_BYTES", "Envelope"]
 
 Buffer = bytes | memoryview
 
 MIN_SECRET_BYTES: Final = 16
 """The shortest deployment secret a tier accepts for authenticated objects."""
+SEEN_BYTES: Final = 256
+"""The first bytes of a refused object kept with the refusal (`CorruptObject.seen`): the
+header, the key, the MAC and the writer tag of any object (at most 66 + 68 + 32 + 16 bytes), so
+two objects that differ in anything a header or MAC covers differ in them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,21 +104,31 @@ class Envelope:
         """The checked header and the block a stored object of `key` holds, verified in every
         step (`size`: the block size expected). Raises `CorruptObject`."""
         blob = memoryview(blob)
-        header = decode_header(blob, key, self.namespace)
-        check_object(header, len(blob), size)
-        payload = blob[header.payload_offset : header.object_length]
-        verify_payload(header, payload, self.mac)
-        return header, decompress(header.codec, payload, header.raw_length)
+        try:
+            header = decode_header(blob, key, self.namespace)
+            check_object(header, len(blob), size)
+            payload = blob[header.payload_offset : header.object_length]
+            verify_payload(header, payload, self.mac)
+            return header, decompress(header.codec, payload, header.raw_length)
+        except CorruptObject as e:
+            e.seen = bytes(blob[:SEEN_BYTES])
+            raise
 
     def open_placed(self, key: BlockKey, header_bytes: Buffer, view: memoryview) -> Header:
         """Check a header and the payload a backend read straight into `view` (`ReadsInto`):
         `CorruptObject` unless they are `key`'s, of this namespace, raw, with a matching
         checksum (and MAC); the checked header."""
-        header = decode_header(header_bytes, key, self.namespace)
-        if header.payload_offset != len(header_bytes):
-            raise CorruptObject("length", "the payload was read from another offset than its own")
-        if header.codec != "raw":
-            raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
-        check_object(header, header.payload_offset + len(view), len(view))
-        verify_payload(header, view, self.mac)
-        return header
+        try:
+            header = decode_header(header_bytes, key, self.namespace)
+            if header.payload_offset != len(header_bytes):
+                raise CorruptObject(
+                    "length", "the payload was read from another offset than its own"
+                )
+            if header.codec != "raw":
+                raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
+            check_object(header, header.payload_offset + len(view), len(view))
+            verify_payload(header, view, self.mac)
+            return header
+        except CorruptObject as e:
+            e.seen = bytes(memoryview(header_bytes)[:SEEN_BYTES])
+            raise

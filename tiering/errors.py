@@ -106,3 +106,7 @@ class CorruptObject(TierError, ValueError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+        self.seen: bytes | None = None
+        """The refused object's first bytes as read (`tiering.envelope.SEEN_BYTES`: its
+        header, MAC and writer tag), when the envelope refused it: a removal takes the object
+        only while the store still holds these bytes (`Tier._delete_refused`)."""

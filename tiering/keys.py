@@ -8,6 +8,14 @@ form fans files out under a directory by the leading bytes of the hash.
 A **namespace** is a digest of everything that makes KV bytes interchangeable between two
 engines (`Layout`). Stored objects carry it; a different namespace is a miss, never a load.
 
+A **store namespace** is the namespace as it appears in a store's names and objects. Without a
+deployment secret it is the layout's namespace; with one it is the layout's namespace under that
+secret (`store_namespace`): its first `NAMESPACE_LABEL_BYTES` bytes, then a label keyed by the
+secret over them. Deployments with different secrets (or none, or a secret before and after a
+rotation) never share a name, so no writer without the secret can occupy a name its owner will
+use; and a holder of the secret can tell a store namespace of its own from anyone else's
+(`owns_namespace`) without knowing the layout, as an operator's command given a namespace must.
+
 Everything here is deterministic across processes, machines and Python versions: digests come
 from SHA-256 over a canonical JSON encoding, never from `hash()`.
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from typing import NewType
@@ -27,6 +36,7 @@ __all__ = [
     "GROUP_BYTES",
     "MAX_HASH_BYTES",
     "NAMESPACE_BYTES",
+    "NAMESPACE_LABEL_BYTES",
     "BlockKey",
     "Layout",
     "key_from_hex",
@@ -36,6 +46,8 @@ __all__ = [
     "key_hex",
     "key_path",
     "make_key",
+    "owns_namespace",
+    "store_namespace",
 ]
 
 BlockKey = NewType("BlockKey", bytes)
@@ -50,12 +62,18 @@ MAX_HASH_BYTES = 64
 NAMESPACE_BYTES = 16
 """Length of a namespace digest (a truncated SHA-256: 128 bits, collision-free in practice)."""
 
+NAMESPACE_LABEL_BYTES = 8
+"""Length of the label a secret keys a store namespace with (`store_namespace`): forging one
+without the secret takes 2**64 tries; the namespace bytes it keeps (the other 8) tell layouts
+apart within a deployment (a collision between two layouts of one store: ~n**2 / 2**65)."""
+
 FORMAT_VERSION = 1
 """Version of kvtier's on-tier object format and KV byte layout. Part of every namespace, so a
 format change makes old objects foreign (a miss) instead of misread."""
 
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _NAMESPACE_DOMAIN = b"kvtier-namespace\x00"
+_NAMES_DOMAIN = b"kvtier names under a secret v1\x00"
 
 
 def make_key(block_hash: bytes, group: int = 0) -> BlockKey:
@@ -200,3 +218,26 @@ class Layout:
     def namespace_hex(self) -> str:
         """The namespace digest in hex, as shown by the CLI and used in tier key prefixes."""
         return self.namespace().hex()
+
+
+def store_namespace(namespace: bytes, secret: bytes | None) -> bytes:
+    """The namespace the blocks of `namespace` (a layout's) are stored under with `secret`:
+    `namespace` itself without one, else its first bytes followed by their label keyed by the
+    secret. Idempotent: a store namespace of `secret` is its own."""
+    if secret is None or owns_namespace(namespace, secret):
+        return namespace
+    kept = namespace[: NAMESPACE_BYTES - NAMESPACE_LABEL_BYTES]
+    return kept + _label(kept, secret)
+
+
+def owns_namespace(namespace: bytes, secret: bytes | None) -> bool:
+    """Whether `namespace` is a store namespace of `secret` (`store_namespace`): its label is
+    the secret's over its first bytes. Nothing is owned without a secret."""
+    if secret is None or len(namespace) != NAMESPACE_BYTES:
+        return False
+    kept = namespace[: NAMESPACE_BYTES - NAMESPACE_LABEL_BYTES]
+    return hmac.compare_digest(namespace[len(kept) :], _label(kept, secret))
+
+
+def _label(kept: bytes, secret: bytes) -> bytes:
+    return hmac.new(secret, _NAMES_DOMAIN + kept, hashlib.sha256).digest()[:NAMESPACE_LABEL_BYTES]

@@ -10,6 +10,7 @@ A backend writes the primitives of `tiering.tier_contract` and declares its capa
   whose raw answers the base verifies, counts and refuses as a single call's;
 - counters (`tiering.counters`): the names of every event counted;
 - the operators' API (`tiering.tier_operators`): listings, usage, raw objects;
+- names refused moments ago, a fast miss (`tiering.refusals`);
 - read-only mode, authenticated objects (`secret`) and the async context manager, here.
 
 Every name this module always exported stays importable from it (`from tiering.tier import
@@ -36,13 +37,15 @@ from tiering.counters import (
     HITS_OTHER_WRITER,
     MISSES,
     PUTS,
+    REFUSED_SKIPS,
     corrupt,
 )
 from tiering.envelope import MIN_SECRET_BYTES, Envelope
 from tiering.errors import ConfigError, CorruptObject, StateError, TierError
 from tiering.format import REMOVABLE, Header
-from tiering.keys import NAMESPACE_BYTES, BlockKey
+from tiering.keys import NAMESPACE_BYTES, BlockKey, owns_namespace
 from tiering.options import TierOptions
+from tiering.refusals import RecentRefusals
 from tiering.tier_contract import ReadsInto
 from tiering.tier_operators import OperatorCalls
 from tiering.tier_values import (
@@ -99,8 +102,9 @@ class Tier(OperatorCalls):
         name: str | None = None,
         **options: Any,
     ) -> None:
-        """`namespace`: the digest whose blocks this tier serves (`tiering.keys`); `secret`:
-        the deployment's secret for authenticated objects (at least `MIN_SECRET_BYTES`): every
+        """`namespace`: the store namespace whose blocks this tier serves (`tiering.keys`: an
+        engine's is its layout's under its secret, `store_namespace`); `secret`: the
+        deployment's secret for authenticated objects (at least `MIN_SECRET_BYTES`): every
         object is written with a MAC, and one without a valid MAC is a miss; `name`: the tier's
         name in messages and metrics (default: `type_name`); `options`: the settings of
         `Options`, as Python values (bytes, seconds) or YAML ones (`8GiB`, `200ms`). Raises
@@ -116,6 +120,10 @@ class Tier(OperatorCalls):
             align=self.align,
         )
         self.namespace = namespace
+        self.names_owned = owns_namespace(namespace, secret)
+        """Whether `namespace` is a store namespace of this tier's secret (`tiering.keys`): no
+        one without the secret writes its names in good faith, so an object there without a
+        valid MAC is a forgery, which the tier may remove (`removable`)."""
         self.name = name or self.type_name
         self.capacity = self.options.capacity
         self.codec = self.options.codec
@@ -131,7 +139,9 @@ class Tier(OperatorCalls):
         self.counters: Counter[str] = Counter()
         """Events by name (`tiering.counters`): hits, misses, puts, deletes, bytes_read,
         bytes_written, errors, corrupt.<reason> (`tiering.format.REASONS`), evictions,
-        duplicates and duplicate_bytes, hits_other_writer, foreign_names."""
+        duplicates and duplicate_bytes, hits_other_writer, foreign_names, refused_skips."""
+        self.refused = RecentRefusals()
+        """Names refused and left in place moments ago: lookups answer no without reading."""
         self.damaged: list[tuple[str, str, bool]] = []
         """(where, reason, removed) of each stored object a start-up scan found damaged and
         did not index (`kvtier verify` reports them): a read-only tier leaves them in place."""
@@ -156,8 +166,10 @@ class Tier(OperatorCalls):
         return self.envelope.authenticated
 
     def use_secret_of(self, other: Tier) -> None:
-        """Verify and sign with `other`'s secret from now on (a wrapper without its own)."""
+        """Verify and sign with `other`'s secret from now on (a wrapper without its own), in
+        names that are that secret's when `other`'s are."""
         self.envelope = dataclasses.replace(self.envelope, mac=other.envelope.mac)
+        self.names_owned = other.names_owned
 
     # -- the data path ----------------------------------------------------------------------------
     # Called by the manager's jobs on the runtime thread. A failure of the store raises a
@@ -172,6 +184,9 @@ class Tier(OperatorCalls):
         holds no block (it may hold garbage: a caller uses it only after a hit).
         """
         block = as_key(key)
+        if self.refused and self.refused.fresh(block):
+            self.counters[REFUSED_SKIPS] += 1
+            return self._miss()
         view = memoryview(into).cast("B")
         limit = self.object_limit(len(view))
         try:
@@ -205,8 +220,16 @@ class Tier(OperatorCalls):
         return found
 
     async def contains(self, keys: Sequence[KeyLike]) -> list[bool]:
-        """Whether each key has a block (existence only: a corrupt object is found by `get`)."""
+        """Whether each key has a block (existence only: a corrupt object is found by `get`;
+        one refused moments ago is not asked for: no)."""
         blocks = [as_key(k) for k in keys]
+        if self.refused:
+            skipped = [self.refused.fresh(b) for b in blocks]
+            if any(skipped):
+                self.counters[REFUSED_SKIPS] += sum(skipped)
+                asked = [b for b, skip in zip(blocks, skipped, strict=True) if not skip]
+                answers = iter(await self.contains(asked))
+                return [False if skip else next(answers) for skip in skipped]
         return await self._call(self._contains(blocks)) if blocks else []
 
     async def close(self) -> None:
@@ -229,6 +252,14 @@ class Tier(OperatorCalls):
         """`get` for each (key, buffer), a failure returned in its place, not raised: in the
         backend's batch read (`ReadsMany`) where it offers one, else at most `concurrency` at a
         time. Each answer is verified, counted and refused as `get`'s."""
+        if self.refused:
+            skipped = [self.refused.fresh(as_key(k)) for k, _ in items]
+            if any(skipped):
+                self.counters[REFUSED_SKIPS] += sum(skipped)
+                self.counters[MISSES] += sum(skipped)
+                asked = [item for item, skip in zip(items, skipped, strict=True) if not skip]
+                read = iter(await self.get_many(asked))
+                return [False if skip else next(read) for skip in skipped]
         if self._reads_many and items:
             blocks = [as_key(k) for k, _ in items]
             views = [memoryview(buffer).cast("B") for _, buffer in items]
@@ -345,6 +376,7 @@ class Tier(OperatorCalls):
         `put` writes them; `StateError` on a read-only tier."""
         block = as_key(key)
         self._writable("put")
+        self.refused.forget(block)
         return block, self.envelope.seal(block, data)
 
     async def _put_encoded(self, block: BlockKey, parts: Sequence[Buffer], size: int) -> None:
@@ -360,13 +392,22 @@ class Tier(OperatorCalls):
         else:
             self.counters[BYTES_WRITTEN] += size
 
+    def removable(self, error: CorruptObject) -> bool:
+        """Whether an object refused for `error` may be removed by a writer: damage any reader
+        can prove (`tiering.format.REMOVABLE`), or, in a store namespace of this tier's secret
+        (`names_owned`), an object without a valid MAC, which only a forger puts there. An
+        object of another namespace or format, or without a valid MAC in names not this
+        secret's, may be a neighbour's: left in place."""
+        return error.reason in REMOVABLE or (error.reason == "auth" and self.names_owned)
+
     async def _refuse(self, key: BlockKey, error: CorruptObject) -> None:
-        """Count `error` as a corrupt miss of `key` and, when it proves the object damaged
-        (`tiering.format.REMOVABLE`) and the tier is writable, delete it (`_delete_refused`).
-        An object of another secret, namespace or format is a neighbour's: left in place."""
+        """Count `error` as a corrupt miss of `key` and, when the object may go (`removable`)
+        and the tier is writable, remove it while the store still holds what was read
+        (`_delete_refused`). An object left in place makes `key` a fast miss for a while
+        (`refused`)."""
         self.counters[MISSES] += 1
         self.counters[corrupt(error.reason)] += 1
-        removable = error.reason in REMOVABLE
+        removable = self.removable(error) and not self.read_only
         log.warning(
             "tier %r: object %s refused (%s)%s",
             self.name,
@@ -374,11 +415,14 @@ class Tier(OperatorCalls):
             error,
             "" if removable else "; left in place",
         )
-        if removable and not self.read_only:
-            try:
-                await self._call(self._delete_refused(key))
-            except TierError as e:
-                log.warning("tier %r: cannot delete refused object %s: %s", self.name, key.hex(), e)
+        if not removable:
+            self.refused.note(key)
+            return
+        try:
+            await self._call(self._delete_refused(key, error.seen))
+        except TierError as e:
+            log.warning("tier %r: cannot delete refused object %s: %s", self.name, key.hex(), e)
+            self.refused.note(key)
 
     def _writable(self, what: str) -> None:
         if self.read_only:

@@ -20,7 +20,7 @@ adds everything else (the envelope, deadlines, counting, batching, the public AP
         async def _stat(self): ...                # TierStat
 
 Optional, with defaults here: `_read_head(key, n)` (a ranged read), `_list()` and `_entries()`
-(with `supports_listing = True`), `_namespaces()`, `_usage()`, `_delete_refused(key)`,
+(with `supports_listing = True`), `_namespaces()`, `_usage()`, `_delete_refused(key, seen)`,
 `_close()`, `knows(key)` and `newest(n)` (with `indexed = True`: an in-process index of every
 object). Optional fast paths the base looks for are `Protocol`s: `ReadsInto` (the payload read
 straight into the caller's buffer), `tiering.batching.ReadsMany` and `WritesMany` (a batch in
@@ -271,10 +271,21 @@ class TierContract(ABC):
         the store's names tell them (a prefix per namespace)."""
         return [self.namespace]
 
-    async def _delete_refused(self, key: BlockKey) -> bool:
-        """Remove the copy of `key` a read just refused as provably damaged (`_refuse`).
-        Default: `_delete`. Override where a key may have several copies (an S3 block in a
-        pack and as a single object): only the one read was proved damaged."""
+    async def _delete_refused(self, key: BlockKey, seen: bytes | None) -> bool:
+        """Remove the copy of `key` a read just refused as one that may go (`Tier._refuse`),
+        only while it is the object read: `seen`, when the envelope refused it, is its first
+        bytes as read (`CorruptObject.seen`), and a store that holds other bytes under the name
+        now (a neighbour replaced it meanwhile) keeps them. Whether it was removed.
+
+        Default: the object's head read again and compared, then `_delete` (not atomic: a
+        backend whose store can, makes it one conditional operation: Redis compares and
+        deletes in a script, S3 deletes `If-Match` the version compared). Override also where a
+        key may have several copies (an S3 block in a pack and as a single object): only the
+        one read may go."""
+        if seen is not None:
+            head = await self._read_head(key, len(seen))
+            if head is None or bytes(head[0]) != seen:
+                return False
         return await self._delete(key)
 
     async def _usage(self) -> list[NamespaceUsage]:

@@ -72,6 +72,9 @@ class ForwardingTier(Tier):
     async def _delete(self, key: BlockKey) -> bool:
         return await self.inner._delete(key)
 
+    async def _delete_refused(self, key: BlockKey, seen: bytes | None) -> bool:
+        return await self.inner._delete_refused(key, seen)
+
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
         return await self.inner._contains(keys)
 

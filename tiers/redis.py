@@ -56,6 +56,13 @@ __all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
 
+_DELETE_IF_SEEN = """
+local value = redis.call('GETRANGE', KEYS[1], 0, string.len(ARGV[1]) - 1)
+if value == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+"""DEL the key while its value begins with ARGV[1] (a refused object's head as read)."""
+
 
 class RedisTier(Tier):
     """Blocks in Redis, on the runtime's event loop thread (redis.asyncio and `tiers.resp`)."""
@@ -263,6 +270,14 @@ class RedisTier(Tier):
     async def _delete(self, key: BlockKey) -> bool:
         with self._errors.around("DEL"):
             return bool(await self._client.delete(self._name(key)))
+
+    async def _delete_refused(self, key: BlockKey, seen: bytes | None) -> bool:
+        """DEL while the value still begins with `seen`, compared and deleted in one script
+        (atomic on the server); without `seen`, DEL."""
+        if seen is None:
+            return await self._delete(key)
+        with self._errors.around("EVAL"):
+            return bool(await self._client.eval(_DELETE_IF_SEEN, 1, self._name(key), seen))
 
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
         with self._errors.around("EXISTS"):

@@ -62,6 +62,7 @@ from connectors.vllm.versions import check_vllm_version
 from connectors.vllm.worker import KvtierWorker, engine_layout
 from tiering import gil
 from tiering.errors import ConfigError
+from tiering.keys import store_namespace
 from tiering.manager import TieringOffloadingManager
 from tiering.primary import PrimaryPool
 from tiers.copy import CopyEngine, CpuCopyEngine
@@ -128,6 +129,9 @@ class TieredOffloadingSpec(OffloadingSpec):
             self.role,
             self.namespace.canonical_json().decode(),
         )
+        if self.kvtier.auth.secret is not None:
+            stored = store_namespace(self.namespace.namespace(), self.kvtier.auth.secret)
+            log.info("kvtier stores it under the secret's names, as namespace %s", stored.hex())
 
     def get_manager(self) -> OffloadingManager:
         pool = PrimaryPool(

@@ -14,7 +14,7 @@ import redis
 
 from kvtier.cli import main
 from kvtier.servers import RedisServer
-from tiering.keys import BlockKey, make_key
+from tiering.keys import BlockKey, make_key, store_namespace
 from tiering.testing import payload
 from tiers.file import BlockFileTier
 from tiers.redis import RedisTier
@@ -50,23 +50,25 @@ class Medium:
         else:
             self.entry = {"name": "t", "type": "redis", "url": server.url}
 
-    def tier(self, secret: bytes | None) -> Any:
+    def tier(self, secret: bytes | None, namespace: bytes = NS) -> Any:
         if self.kind == "files":
-            return BlockFileTier(namespace=NS, path=self.path, min_free=0, secret=secret)
-        return RedisTier(namespace=NS, url=self.url, secret=secret)
+            return BlockFileTier(namespace=namespace, path=self.path, min_free=0, secret=secret)
+        return RedisTier(namespace=namespace, url=self.url, secret=secret)
 
-    def write(self, secret: bytes | None) -> None:
+    def write(
+        self, secret: bytes | None, namespace: bytes = NS, blocks: range = range(BLOCKS)
+    ) -> None:
         async def go() -> None:
-            async with self.tier(secret) as tier:
-                await tier.put_many([(k(i), payload(SIZE, i)) for i in range(BLOCKS)])
+            async with self.tier(secret, namespace) as tier:
+                await tier.put_many([(k(i), payload(SIZE, i)) for i in blocks])
 
         asyncio.run(go())
 
-    def found(self, secret: bytes | None) -> int:
+    def found(self, secret: bytes | None, namespace: bytes = NS) -> int:
         """How many of the owner's blocks a reader with `secret` gets back, exact."""
 
         async def go() -> int:
-            async with self.tier(secret) as tier:
+            async with self.tier(secret, namespace) as tier:
                 got = [await tier.get_bytes(k(i), SIZE) for i in range(BLOCKS)]
             return sum(g == payload(SIZE, i) for i, g in enumerate(got))
 
@@ -189,3 +191,26 @@ def test_delete_unauthenticated_is_the_operators_explicit_word(
     )
     assert code == 0 and report["repaired"] == BLOCKS and report["left"] == []
     assert medium.found(OTHER) == 0
+
+
+def test_repair_in_the_owners_own_names_deletes_the_forgeries(
+    medium: Medium,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In the store namespace of the owner's secret, where a stranger who listed the store
+    wrote 3 objects without a MAC beside the owner's 20: a repair with another secret
+    deletes nothing (the names are not its secret's); the owner's repair deletes the 3
+    forgeries without being told to, and every block the owner wrote stays."""
+    own = store_namespace(NS, OWNER)
+    medium.write(OWNER, own)
+    medium.write(None, own, range(BLOCKS, BLOCKS + 3))
+    code, report, _ = verify(medium, tmp_path, OTHER, capsys, monkeypatch)
+    assert report["repaired"] == 0 and len(report["left"]) == BLOCKS + 3
+    code, report, table = verify(medium, tmp_path, OWNER, capsys, monkeypatch)
+    assert report["checked"] == BLOCKS + 3 and report["ok"] == BLOCKS
+    assert report["repaired"] == 3 and report["left"] == []
+    assert {reason for _, reason in report["bad"]} == {"auth"}
+    assert code == 0 and "0 deleted, 0 left" in table
+    assert medium.found(OWNER, own) == BLOCKS

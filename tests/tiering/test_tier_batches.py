@@ -170,7 +170,7 @@ class TestBatchMemoryTier(TierConformance):
     @pytest.fixture
     def make_tier(self) -> MakeTier:
         def make(**options: Any) -> Tier:
-            return BatchMemoryTier(namespace=NAMESPACE, **options)
+            return BatchMemoryTier(**{"namespace": NAMESPACE, **options})
 
         return make
 

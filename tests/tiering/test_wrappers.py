@@ -22,7 +22,7 @@ class TestForwardingTier(TierConformance):
     @pytest.fixture
     def make_tier(self) -> MakeTier:
         def make(**options: Any) -> Tier:
-            return ForwardingTier(MemoryTier(namespace=NAMESPACE, **options))
+            return ForwardingTier(MemoryTier(**{"namespace": NAMESPACE, **options}))
 
         return make
 

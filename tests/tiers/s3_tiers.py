@@ -12,11 +12,10 @@ from tiers.s3 import S3Tier
 
 def s3_tier(server: SeaweedS3, prefix: str, **options: Any) -> S3Tier:
     return S3Tier(
-        namespace=NAMESPACE,
         bucket=server.bucket,
         prefix=prefix,
         endpoint_url=server.endpoint,
         access_key=server.ACCESS_KEY,
         secret_key=server.SECRET_KEY,
-        **options,
+        **{"namespace": NAMESPACE, **options},
     )

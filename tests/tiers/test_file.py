@@ -43,7 +43,10 @@ class TestFileTier(TierConformance):
     def make_tier(self, request: pytest.FixtureRequest, tmp_path: Path) -> MakeTier:
         def make(**options: Any) -> Tier:
             return BlockFileTier(
-                namespace=NAMESPACE, path=tmp_path, min_free=0, direct=request.param, **options
+                path=tmp_path,
+                min_free=0,
+                direct=request.param,
+                **{"namespace": NAMESPACE, **options},
             )
 
         return make
@@ -87,12 +90,11 @@ class TestSegmentFileTier(TierConformance):
     def make_tier(self, request: pytest.FixtureRequest, tmp_path: Path) -> MakeTier:
         def make(**options: Any) -> Tier:
             return SegmentFileTier(
-                namespace=NAMESPACE,
                 path=tmp_path,
                 min_free=0,
                 direct=request.param,
                 segment_size="1MiB",
-                **options,
+                **{"namespace": NAMESPACE, **options},
             )
 
         return make

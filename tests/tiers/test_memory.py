@@ -21,7 +21,7 @@ class TestMemoryTier(TierConformance):
     @pytest.fixture
     def make_tier(self) -> MakeTier:
         def make(**options: Any) -> Tier:
-            return MemoryTier(namespace=NAMESPACE, **options)
+            return MemoryTier(**{"namespace": NAMESPACE, **options})
 
         return make
 

@@ -42,9 +42,9 @@ def flush(port: int, password: str | None = None) -> None:
     client.close()
 
 
-def name(k: BlockKey) -> bytes:
+def name(k: BlockKey, namespace: bytes = NAMESPACE) -> bytes:
     """The Redis key of block `k` (the naming of `tiers.redis`)."""
-    return f"kvtier:{NAMESPACE.hex()}:{k.hex()}".encode()
+    return f"kvtier:{namespace.hex()}:{k.hex()}".encode()
 
 
 def plant(port: int, k: BlockKey, blob: bytes) -> None:
@@ -114,10 +114,10 @@ class RedisHooks(TierConformance):
             self.raw.close()
 
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
-        self.raw.set(name(key), blob)
+        self.raw.set(name(key, tier.namespace), blob)
 
     async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
-        value: bytes | None = self.raw.get(name(key))
+        value: bytes | None = self.raw.get(name(key, tier.namespace))
         return value
 
 
@@ -127,7 +127,7 @@ class TestRedisTier(RedisHooks):
         flush(redis_server.port)
 
         def make(**options: Any) -> Tier:
-            return RedisTier(namespace=NAMESPACE, url=redis_server.url, **options)
+            return RedisTier(url=redis_server.url, **{"namespace": NAMESPACE, **options})
 
         with self.connected(redis_server):
             yield make
@@ -141,7 +141,9 @@ class TestRedisTierThroughRedisPy(RedisHooks):
         flush(redis_server.port)
 
         def make(**options: Any) -> Tier:
-            return RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=False, **options)
+            return RedisTier(
+                url=redis_server.url, fast_path=False, **{"namespace": NAMESPACE, **options}
+            )
 
         with self.connected(redis_server):
             yield make
@@ -161,7 +163,9 @@ class TestRedisTierWithAuth(RedisHooks):
         flush(auth_server.port, "s3cret")
 
         def make(**options: Any) -> Tier:
-            return RedisTier(namespace=NAMESPACE, url=auth_server.url, password="s3cret", **options)
+            return RedisTier(
+                url=auth_server.url, password="s3cret", **{"namespace": NAMESPACE, **options}
+            )
 
         with self.connected(auth_server):
             yield make
@@ -174,7 +178,9 @@ class TestRedisClusterTier(RedisHooks):
             flush(node.port)
 
         def make(**options: Any) -> Tier:
-            return RedisTier(namespace=NAMESPACE, url=redis_cluster.url, cluster=True, **options)
+            return RedisTier(
+                url=redis_cluster.url, cluster=True, **{"namespace": NAMESPACE, **options}
+            )
 
         with self.connected(redis_cluster):
             yield make

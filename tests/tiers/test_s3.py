@@ -26,10 +26,10 @@ from tiers.s3 import S3Tier
 pytestmark = pytest.mark.s3
 
 
-def name(prefix: str, k: BlockKey) -> str:
+def name(prefix: str, k: BlockKey, namespace: bytes = NAMESPACE) -> str:
     """The object name of block `k` stored alone (the naming of `tiers.s3`)."""
     text = k.hex()
-    return f"{prefix}{NAMESPACE.hex()}/{text[:2]}/{text}"
+    return f"{prefix}{namespace.hex()}/{text[:2]}/{text}"
 
 
 @contextlib.contextmanager
@@ -63,7 +63,10 @@ class S3Hooks(TierConformance):
     async def raw_put(self, tier: Tier, key: BlockKey, blob: bytes) -> None:
         """Store object bytes as they are, as a single object."""
         await asyncio.to_thread(
-            self.raw.put_object, Bucket=self.bucket, Key=name(self.prefix, key), Body=blob
+            self.raw.put_object,
+            Bucket=self.bucket,
+            Key=name(self.prefix, key, tier.namespace),
+            Body=blob,
         )
 
     async def raw_get(self, tier: Tier, key: BlockKey) -> bytes | None:
@@ -76,7 +79,7 @@ class S3Hooks(TierConformance):
         if packed is not None:
             pack, offset, length = packed
             return await asyncio.to_thread(self.read, pack, f"bytes={offset}-{offset + length - 1}")
-        return await asyncio.to_thread(self.read, name(self.prefix, key))
+        return await asyncio.to_thread(self.read, name(self.prefix, key, tier.namespace))
 
     def read(self, name: str, range: str | None = None) -> bytes | None:
         from botocore.exceptions import ClientError

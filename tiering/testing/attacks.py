@@ -9,10 +9,15 @@ sections `tiering.testing.tier.TierConformance` is made of.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from tiering.envelope import SEEN_BYTES
 from tiering.errors import CorruptObject
 from tiering.format import MAX_BLOCK_BYTES, REMOVABLE
+from tiering.keys import store_namespace
+from tiering.refusals import RecentRefusals
 from tiering.testing.crafted import (
     CRAFTED_BLOCK,
     PEAK_BYTES,
@@ -23,7 +28,7 @@ from tiering.testing.crafted import (
     stored_object,
     with_payload,
 )
-from tiering.testing.data import OTHER_SECRET, SECRET, key, payload
+from tiering.testing.data import NAMESPACE, OTHER_SECRET, SECRET, key, payload
 from tiering.testing.hooks import MakeTier, TierHooks, asynctest
 
 __all__ = ["AttackTests"]
@@ -258,6 +263,136 @@ class AttackTests(TierHooks):
             for k, blob in planted.items():  # (another secret's: not provably damaged)
                 left = await self.raw_get(tier, k)
                 assert left is not None and bytes(left) == bytes(blob)
+
+    # -- names under a secret --------------------------------------------------------------------
+
+    @asynctest
+    async def test_deployments_of_different_secrets_never_share_a_name(
+        self, make_tier: MakeTier
+    ) -> None:
+        """Each deployment stores a layout's blocks under its own secret's store namespace
+        (`tiering.keys.store_namespace`): a writer without the secret, with another one, or
+        with the secret before a rotation, that writes 20 blocks first occupies none of the
+        owner's names. The owner stores all 20 (no duplicate), hits all 20, and so does a
+        fresh owner after it; the first writer's objects stay its own."""
+        async with make_tier() as probe:
+            if not (probe.persistent or probe.shared):
+                pytest.skip(f"{probe.type_name}: two tier instances share no store")
+        ours = store_namespace(NAMESPACE, SECRET)
+        blocks = [(key(i), payload(4096, i)) for i in range(20)]
+        for first in (None, OTHER_SECRET):
+            theirs = store_namespace(NAMESPACE, first)
+            planted = [(k, payload(4096, 100 + i)) for i, (k, _) in enumerate(blocks)]
+            async with make_tier(secret=first, namespace=theirs) as planter:
+                assert await planter.put_many(planted) == [None] * 20
+            async with make_tier(secret=SECRET, namespace=ours) as owner:
+                for k, _ in blocks:
+                    await owner.delete(k)
+                assert await owner.put_many(blocks) == [None] * 20
+                assert owner.counters["duplicates"] == 0, dict(owner.counters)
+                buffers = [bytearray(4096) for _ in blocks]
+                found = await owner.get_many(
+                    [(k, b) for (k, _), b in zip(blocks, buffers, strict=True)]
+                )
+                assert found == [True] * 20 and buffers == [d for _, d in blocks], first
+            async with make_tier(secret=SECRET, namespace=ours, read_only=self.one_writer) as fresh:
+                found = await fresh.get_many([(k, bytearray(4096)) for k, _ in blocks])
+                assert found == [True] * 20, (first, dict(fresh.counters))
+            async with make_tier(
+                secret=first, namespace=theirs, read_only=self.one_writer
+            ) as again:
+                buffers = [bytearray(4096) for _ in planted]
+                found = await again.get_many(
+                    [(k, b) for (k, _), b in zip(planted, buffers, strict=True)]
+                )
+                assert found == [True] * 20 and buffers == [d for _, d in planted], first
+
+    @asynctest
+    async def test_in_its_own_names_a_forgery_is_removed_and_written_over(
+        self, make_tier: MakeTier
+    ) -> None:
+        """In its secret's store namespace an object without a valid MAC is a forgery (the
+        names are no secret to whoever lists the store): a writable tier refuses it, counted,
+        removes it, and its next put of the block lands, so no name is unusable for good;
+        through `get` and `get_many` alike."""
+        ns = store_namespace(NAMESPACE, SECRET)
+        async with make_tier(secret=SECRET, namespace=ns) as tier:
+            assert tier.names_owned
+            size = CRAFTED_BLOCK
+            data = payload(size, 6)
+            altered = bytearray(data)
+            altered[100] ^= 1
+            planted = {
+                key(1): craft(key(1), data, namespace=ns, align=tier.align),
+                key(2): craft(
+                    key(2), data, namespace=ns, align=tier.align, mac_secret=OTHER_SECRET
+                ),
+                key(3): with_payload(
+                    craft(key(3), data, namespace=ns, align=tier.align, mac_secret=SECRET),
+                    bytes(altered),
+                ),
+            }
+            for k, blob in planted.items():
+                await self.raw_put(tier, k, blob)
+            assert await tier.get(key(1), bytearray(size)) is False
+            found = await tier.get_many([(key(i), bytearray(size)) for i in (2, 3)])
+            assert found == [False, False], found
+            assert tier.counters["corrupt.auth"] == 3, dict(tier.counters)
+            for k in planted:
+                assert await self.raw_get(tier, k) is None, k
+            assert await tier.put_many([(k, data) for k in planted]) == [None] * 3
+            assert tier.counters["duplicates"] == 0, dict(tier.counters)
+            buffers = [bytearray(size) for _ in planted]
+            found = await tier.get_many(list(zip(planted, buffers, strict=True)))
+            assert found == [True] * 3 and buffers == [data] * 3
+
+    @asynctest
+    async def test_a_removal_takes_only_the_object_it_refused(self, make_tier: MakeTier) -> None:
+        """Engines that refuse one forgery at once remove it once: an engine whose refused
+        object was replaced meanwhile (a peer removed it and wrote the block) leaves the new
+        object, because a removal is conditional on the bytes the read saw."""
+        ns = store_namespace(NAMESPACE, SECRET)
+        async with make_tier(secret=SECRET, namespace=ns) as tier:
+            size = CRAFTED_BLOCK
+            data = payload(size, 8)
+            forged = craft(key(1), data, namespace=ns, align=tier.align)
+            good = craft(key(1), data, namespace=ns, align=tier.align, mac_secret=SECRET)
+            seen = forged[:SEEN_BYTES]
+            await self.raw_put(tier, key(1), good)  # written over the forgery after the read
+            assert await tier._call(tier._delete_refused(key(1), seen)) is False
+            assert await self.raw_get(tier, key(1)) == good
+            into = bytearray(size)
+            assert await tier.get(key(1), into) and into == data
+            await self.raw_put(tier, key(1), forged)
+            assert await tier._call(tier._delete_refused(key(1), seen)) is True
+            assert await self.raw_get(tier, key(1)) is None
+
+    @asynctest
+    async def test_a_refused_object_left_in_place_is_a_fast_miss(self, make_tier: MakeTier) -> None:
+        """An object a tier may not remove (another secret's, in names not its own secret's)
+        is read and refused once: for a while after (`tiering.refusals`), lookups of its name
+        answer no without reading it, counted under `refused_skips`; after the while, the next
+        lookup reads it again. It stays in place throughout."""
+        async with make_tier(secret=SECRET) as tier:
+            size = CRAFTED_BLOCK
+            data = payload(size, 9)
+            foreign = craft(key(1), data, align=tier.align, mac_secret=OTHER_SECRET)
+            await self.raw_put(tier, key(1), foreign)
+            await tier.put(key(2), data)
+            assert await tier.get(key(1), bytearray(size)) is False
+            for _ in range(5):
+                assert await tier.get(key(1), bytearray(size)) is False
+            assert await tier.contains([key(1), key(2)]) == [False, True]
+            found = await tier.get_many([(key(1), bytearray(size)), (key(2), bytearray(size))])
+            assert found == [False, True]
+            assert tier.counters["corrupt.auth"] == 1, dict(tier.counters)
+            assert tier.counters["refused_skips"] == 7, dict(tier.counters)
+            tier.refused = RecentRefusals(hold_for=0.05)
+            assert await tier.get(key(1), bytearray(size)) is False
+            await asyncio.sleep(0.1)
+            assert await tier.get(key(1), bytearray(size)) is False
+            assert tier.counters["corrupt.auth"] == 3, dict(tier.counters)
+            assert await self.raw_get(tier, key(1)) == foreign
 
     @asynctest
     async def test_hits_on_another_writers_objects_are_counted(self, make_tier: MakeTier) -> None:

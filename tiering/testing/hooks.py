@@ -6,13 +6,14 @@ ones (pytest would otherwise skip an abstract class without a word):
 
 - `make_tier` (a fixture): `make(**options)` makes a fresh tier object on the same storage at
   each call; it is called inside the test's event loop (tiers may bind to it), with the options
-  `capacity`, `read_only`, `codec` and `secret`;
+  `capacity`, `read_only`, `codec`, `secret` and `namespace` (which wins over the fixture's own);
 - `store_down` (a fixture): `store_down(tier)` is a context manager inside which the tier's store
   is unreachable (the server stopped, the directory taken away) and after which it is back; a
   tier whose store cannot go down (a dict in the process) skips with the reason;
-- `raw_put(tier, key, blob)` and `raw_get(tier, key)`: store object bytes, and read them back
-  (None when absent), bypassing `tier`, the way a stranger would (a plain file write, a raw Redis
-  SET, a raw S3 PUT), so nothing planted goes through the code under test.
+- `raw_put(tier, key, blob)` and `raw_get(tier, key)`: store object bytes under the name `tier`
+  gives `key` (in `tier.namespace`), and read them back (None when absent), bypassing `tier`,
+  the way a stranger would (a plain file write, a raw Redis SET, a raw S3 PUT), so nothing
+  planted goes through the code under test.
 
 `raw_put_large` has a default (the object written in full); a store that can make a large object
 cheaply (a sparse file) overrides it and raises `large_object_bytes`.

@@ -273,6 +273,34 @@ class BlockFiles:
         self.shared.removed(size)
         return True
 
+    def remove_if(self, path: Path, seen: bytes) -> bool:
+        """Remove the object file at `path` only while it begins with `seen` (the object a
+        read refused); whether it did. The file is first moved aside under a temporary name
+        of this writer's (one atomic rename: no writer can change it there), compared, and
+        put back when it is another object (unless one was written under the name
+        meanwhile, which then stays)."""
+        aside = path.with_name(f".{path.name}.{self._tag}.{next(self._tmp)}.tmp")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise TierUnavailable(f"tier {self.name!r}: cannot remove {path}: {e.strerror}") from e
+        try:
+            st = os.lstat(aside)
+            head = b""
+            if stat.S_ISREG(st.st_mode):
+                with open(aside, "rb") as f:
+                    head = f.read(len(seen))
+            if head != seen:
+                place_once(aside, path)
+                return False
+            os.unlink(aside)
+        except OSError as e:
+            raise TierUnavailable(f"tier {self.name!r}: cannot remove {path}: {e.strerror}") from e
+        self.shared.removed(st.st_size)
+        return True
+
 
 def _exists(path: Path) -> bool:
     try:

@@ -212,6 +212,12 @@ class BlockFileTier(FileTier, layout="files"):
         self._forget(key)
         return await self._run(self._files.remove, self._path(key))
 
+    async def _delete_refused(self, key: BlockKey, seen: bytes | None) -> bool:
+        if seen is None:
+            return await self._delete(key)
+        self._forget(key)
+        return await self._run(self._files.remove_if, self._path(key), seen)
+
     async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
         """From the index; keys it lacks, when other processes write the directory, from the
         disk, in one pool call (a key found enters the index)."""
@@ -251,7 +257,7 @@ class BlockFileTier(FileTier, layout="files"):
         """As `Tier._refuse`; the key leaves the index either way, and one left in place (a
         neighbour's) is remembered, so a directory check does not bring it back."""
         self._forget(key)
-        if error.reason not in REMOVABLE:
+        if not self.removable(error):
             self._refused[key] = None
             if len(self._refused) > _REFUSED:
                 self._refused.popitem(last=False)

@@ -254,13 +254,21 @@ class S3Tier(Tier):
             await self._bucket.delete(self._name(key))
         return existed or forgotten
 
-    async def _delete_refused(self, key: BlockKey) -> bool:
+    async def _delete_refused(self, key: BlockKey, seen: bytes | None) -> bool:
         """Only the copy `_read` read: the packed one where the index has one (a pack that
-        lies about a key proves nothing of its single object, another engine's), else the
-        single object."""
+        lies about a key proves nothing of its single object, another engine's: the index
+        forgets the key, so a put writes it again), else the single object, while it is the
+        one read (its head compared, then deleted `If-Match` the version compared)."""
         pending, packed = self._packs.where(key)
         if pending is None and packed is None:
-            return await self._delete(key)
+            if seen is None:
+                return await self._delete(key)
+            name = self._name(key)
+            version = await self._bucket.head_meta(name)
+            head = None if version is None else await self._bucket.get_head(name, len(seen))
+            if version is None or head is None or bytes(head[0]) != seen:
+                return False
+            return await self._bucket.delete_if_match(name, version[0])
         forgotten, empty_pack = self._packs.forget(key)
         if empty_pack is not None:
             await self._bucket.delete(empty_pack)
