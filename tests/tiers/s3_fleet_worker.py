@@ -10,10 +10,17 @@ the `go` file, then does its `mode`:
 - `watch`: asks `contains` for `keys` every `poll` seconds, logging `seen i t` the first time
   each is found, until all are or `linger` seconds pass.
 
+- `forge`: no engine but a stranger who can write the bucket: every `interval` seconds for
+  `linger` seconds, rewrites `<prefix>kvtier-lease` and every lease object it lists under the
+  prefix (`kvtier-lease-*`, probes aside), with a new forged body (`forge: "garbage"`: a
+  lease-like JSON line and a random MAC) or the first body it read of that object
+  (`forge: "replay"`), logging `forged n t` after each round.
+
 All along it rewrites its `status` file (its counters, writer id and pid) every 0.2 s, and at
 the end closes the tier and writes `done` to its log. Options for a test: `lease_ttl` (the
-lease's `LEASE_TTL`), `clock_skew` (seconds added to this process's `time.time`: a host whose clock
-is off; boto3's signatures, from `datetime`, are not moved).
+lease's `LEASE_TTL`), `secret` (hex: the tier's `auth.secret`), `clock_skew` (seconds added to
+this process's `time.time`: a host whose clock is off; boto3's signatures, from `datetime`, are
+not moved).
 """
 
 from __future__ import annotations
@@ -40,7 +47,47 @@ def main(spec: dict[str, Any]) -> None:
     if spec.get("clock_skew"):
         skew = float(spec["clock_skew"])
         time.time = lambda: WALL() + skew
-    asyncio.run(run(spec))
+    if spec["mode"] == "forge":
+        forge(spec)
+    else:
+        asyncio.run(run(spec))
+
+
+def forge(spec: dict[str, Any]) -> None:
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=spec["endpoint"],
+        aws_access_key_id=spec["access_key"],
+        aws_secret_access_key=spec["secret_key"],
+        region_name="us-east-1",
+    )
+    bucket, lease = spec["bucket"], spec["prefix"] + "kvtier-lease"
+    log = open(spec["log"], "a", buffering=1)  # noqa: SIM115 - lives as long as the worker
+    print("ready", WALL(), file=log)
+    first: dict[str, bytes] = {}
+    end = time.monotonic() + spec.get("linger", 10.0)
+    n = 0
+    while time.monotonic() < end:
+        listed = client.list_objects_v2(Bucket=bucket, Prefix=lease).get("Contents", [])
+        names = {lease} | {o["Key"] for o in listed if "-probe-" not in o["Key"]}
+        for name in sorted(names):
+            if spec["forge"] == "replay":
+                if name not in first:
+                    try:
+                        first[name] = client.get_object(Bucket=bucket, Key=name)["Body"].read()
+                    except client.exceptions.NoSuchKey:
+                        continue
+                body = first[name]
+            else:
+                line = {"holder": os.urandom(16).hex(), "n": n, "nonce": os.urandom(8).hex()}
+                body = json.dumps(line).encode() + b"\n" + os.urandom(32).hex().encode()
+            client.put_object(Bucket=bucket, Key=name, Body=body)
+        n += 1
+        print("forged", n, WALL(), file=log)
+        time.sleep(spec.get("interval", 1.0))
+    print("done", WALL(), file=log)
 
 
 async def run(spec: dict[str, Any]) -> None:
@@ -55,6 +102,7 @@ async def run(spec: dict[str, Any]) -> None:
         endpoint_url=spec["endpoint"],
         access_key=spec["access_key"],
         secret_key=spec["secret_key"],
+        secret=bytes.fromhex(spec["secret"]) if spec.get("secret") else None,
         **spec.get("options", {}),
     )
     status = Path(spec["status"])

@@ -73,6 +73,52 @@ def test_a_crafted_lease_object_delays_the_sweep_by_one_lease_at_most(
     asyncio.run(body())
 
 
+def test_with_a_secret_a_lease_not_written_with_it_is_taken_over_at_once(
+    s3_server: SeaweedS3,
+) -> None:
+    """With `auth.secret`, a lease object whose MAC does not verify is no holder's, however
+    fresh: a genuine lease of this deployment copied from another prefix, or 3 MiB of garbage
+    (never read past `LEASE_BYTES`). The tier takes each over at once, well within
+    `LEASE_TTL`, counts it (`leases_forged`), and sweeps."""
+    from tiering.testing import SECRET
+    from tiers.s3.lease import LEASE_TTL
+
+    client: Any = s3_server.client()
+    options = {"capacity": 50_000, "sweep_interval": 0.2, "secret": SECRET}
+
+    async def held(tier: Any) -> float:
+        start = time.monotonic()
+        while not tier._sweeper.lease.held:
+            assert time.monotonic() < start + LEASE_TTL, tier.counters
+            await asyncio.sleep(0.05)
+        return time.monotonic() - start
+
+    async def body() -> None:
+        elsewhere = f"donor-{uuid.uuid4().hex[:8]}/"
+        async with s3_tier(s3_server, elsewhere, **options) as donor:
+            await donor.put(key(0), payload(1000, 0))
+            await held(donor)
+            name = donor._sweeper.lease.name
+            genuine = client.get_object(Bucket=s3_server.bucket, Key=name)["Body"].read()
+        prefix = f"copied-{uuid.uuid4().hex[:8]}/"
+        for planted in (genuine, b"\xff" * (3 << 20)):
+            async with s3_tier(s3_server, prefix, **options) as tier:
+                lease = tier._sweeper.lease.name
+                assert lease == prefix + name[len(elsewhere) :]
+                client.put_object(Bucket=s3_server.bucket, Key=lease, Body=planted)
+                for i in range(6):
+                    await tier.put(key(i), payload(20_000, i))
+                assert await held(tier) < LEASE_TTL / 2
+                assert tier.counters["leases_forged"] == 1
+                swept = time.monotonic()
+                while (await tier.stat()).bytes_used > 50_000:
+                    assert time.monotonic() < swept + 5, tier.counters
+                    await asyncio.sleep(0.1)
+                assert tier.counters["errors"] == 0
+
+    asyncio.run(body())
+
+
 def test_a_planted_pack_whose_index_lies_serves_no_wrong_block(s3_server: SeaweedS3) -> None:
     """A pack whose index gives key 50 the range of a valid object of key 51, key 52 a range
     of garbage, key 53 more bytes than its block: each is a refused miss; nobody gets key 51's

@@ -351,3 +351,83 @@ def test_a_writer_whose_clock_is_behind_is_found_within_the_same_bound(fleet: Fl
     lags = _lags(pack_done, watcher.events("seen"))
     print(f"\nvisibility of a writer 10 minutes behind: {_figures(lags)}")
     assert max(lags) <= 1.0 + 1.0  # pack_refresh, and slack for a loaded machine
+
+
+@pytest.mark.parametrize("forge", ["garbage", "replay"])
+def test_with_a_secret_a_stranger_rewriting_the_lease_keeps_no_sweeper_off(
+    fleet: Fleet, forge: str
+) -> None:
+    """A stranger process who can write the bucket rewrites every lease object under the
+    prefix every second, with forged bodies or with the first genuine body it read, while an
+    engine with `auth.secret` and `capacity` 256 KiB writes ~2.5 MiB: the engine takes a
+    forged lease over at once (and counts it), its own lease written again by another is taken
+    back, a replayed one lapses with the write it came from, so it sweeps all along: at every
+    moment the objects older than `sweep_interval` and a pass fit within the capacity. Without
+    the lease's MAC every rewrite held the sweep off one `LEASE_TTL`, for good."""
+    from tiering.testing import SECRET
+
+    capacity = 256 << 10
+    writer = fleet.add(
+        "writer",
+        mode="write",
+        keys=[0, 160],
+        interval=0.05,
+        size=16 << 10,
+        lease_ttl=3.0,
+        secret=SECRET.hex(),
+        options={"capacity": capacity, "sweep_interval": 0.5},
+    )
+    stranger = fleet.add("stranger", mode="forge", forge=forge, interval=1.0, linger=30)
+    start = fleet.start()
+    window = 2.0
+    worst = 0
+    largest = 0
+    while writer.process.poll() is None:
+        at, listing = time.time(), fleet.listing()
+        largest = max(largest, sum(size for size, _ in listing.values()))
+        if at > start + window + 1.0:
+            old = sum(size for size, modified in listing.values() if modified < at - window)
+            worst = max(worst, old)
+        time.sleep(0.3)
+    assert writer.process.returncode == 0, writer.err.read_text()
+    counters = writer.counters()
+    rounds = len(stranger.lines("forged"))
+    print(
+        f"\n{forge} lease every 1 s ({rounds} rounds): objects older than {window:.0f}s at most"
+        f" {worst / 1024:.0f} KiB, the prefix at most {largest / 1024:.0f} KiB, capacity"
+        f" {capacity >> 10} KiB; {counters}"
+    )
+    assert rounds >= 5
+    assert worst <= capacity, (worst, counters)
+    assert counters.get("sweeps", 0) >= 5 and counters.get("swept", 0) >= 100, counters
+    if forge == "garbage":
+        assert counters.get("leases_forged", 0) >= 3, counters
+    assert not counters.get("errors"), counters
+
+
+def test_with_a_secret_a_peers_lease_is_honoured_and_another_secret_elects_its_own(
+    fleet: Fleet,
+) -> None:
+    """Two engines with one secret and a third with another write one prefix with `capacity`:
+    the first two elect one sweeper and neither takes the other's fresh lease over or counts
+    it forged; the third, whose lease object is another (its name carries a label of its
+    secret), elects itself and sweeps beside it, never contending for the first two's lease."""
+    from tiering.testing import OTHER_SECRET, SECRET
+
+    common = {"capacity": 256 << 10, "sweep_interval": 0.5}
+    spec = {"mode": "write", "interval": 0.1, "size": 16 << 10, "lease_ttl": 3.0, "linger": 1.0}
+    same = [
+        fleet.add(
+            f"s{n}", keys=[n * 1000, n * 1000 + 60], secret=SECRET.hex(), options=common, **spec
+        )
+        for n in range(2)
+    ]
+    other = fleet.add("o", keys=[5000, 5060], secret=OTHER_SECRET.hex(), options=common, **spec)
+    fleet.start()
+    fleet.wait()
+    counters = [w.counters() for w in (*same, other)]
+    assert sum(1 for c in counters[:2] if c.get("sweeps")) == 1, counters
+    assert sum(c.get("leases_taken", 0) for c in counters[:2]) == 1, counters
+    assert other.counters().get("sweeps") and other.counters().get("leases_taken") == 1
+    for c in counters:
+        assert not c.get("leases_forged") and not c.get("lease_lost"), counters

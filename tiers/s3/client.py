@@ -168,6 +168,14 @@ class Bucket:
         own (Unix seconds, as precise as its headers: a second); None when absent."""
         return await self._run(self._head_meta, name)
 
+    async def get_meta(
+        self, name: str, limit: int
+    ) -> tuple[bytes | None, str, float, float] | None:
+        """Object `name` with, from the same answer, its ETag, last modified and the server's
+        time of the answer (as `head_meta`); its body is None, never read, when it is larger
+        than `limit`; None when absent."""
+        return await self._run(self._get_meta, name, limit)
+
     async def delete_if_match(self, name: str, etag: str) -> bool:
         """Delete object `name` if it is still the version `etag`: whether it was."""
         return await self._run(self._delete_if_match, name, etag)
@@ -390,6 +398,30 @@ class Bucket:
         modified = response.get("LastModified")
         now = self.server_time()
         return (
+            str(response.get("ETag", "")),
+            now if modified is None else modified.timestamp(),
+            now,
+        )
+
+    def _get_meta(self, name: str, limit: int) -> tuple[bytes | None, str, float, float] | None:
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=name)
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in _MISSING:
+                return None
+            raise
+        self._clock(response)
+        body = response["Body"]
+        data: bytes | None = None
+        if int(response.get("ContentLength", 0)) <= limit:
+            data = body.read(limit + 1)
+            if len(data) > limit:  # a length the headers did not give
+                data = None
+        body.close()  # what is left unread: the connection goes
+        modified = response.get("LastModified")
+        now = self.server_time()
+        return (
+            data,
             str(response.get("ETag", "")),
             now if modified is None else modified.timestamp(),
             now,

@@ -185,6 +185,7 @@ class S3Tier(Tier):
                     tier=self.name,
                     writer=self.writer,
                     counters=self.counters,
+                    mac=self.envelope.mac,
                 ),
                 counters=self.counters,
                 swept=self._packs.drop,
