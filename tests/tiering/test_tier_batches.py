@@ -81,9 +81,10 @@ class CraftedAnswers(MemoryTier):
     ) -> list[RawWrite] | None:
         return list(self.writes)
 
-    async def _delete(self, key: BlockKey) -> bool:
+    async def _delete_refused(self, key: BlockKey, seen: bytes | None) -> bool:
+        """Record what the base asks to remove (the store holds none of the answers)."""
         self.deleted.append(key)
-        return await super()._delete(key)
+        return True
 
 
 def test_the_protocols_are_seen() -> None:
