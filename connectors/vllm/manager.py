@@ -116,14 +116,8 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
             labelnames=("tier",),
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
         ),
-        "vllm:kvtier_dropped_direct_evictions": OffloadingCounterMetadata(
-            documentation="Blocks evicted on the store path before a write-back tier had them."
-        ),
-        "vllm:kvtier_promotions_late": OffloadingCounterMetadata(
-            documentation="Promotions that outlived promotion.deadline (blocks recomputed)."
-        ),
     }
-    for name, metric in MANAGER_METRICS.items():
+    for name, metric in MANAGER_METRICS.items():  # (their documentation: MANAGER_COUNTERS)
         definitions[metric] = OffloadingCounterMetadata(documentation=MANAGER_COUNTERS[name])
     for name, doc in TIER_COUNTERS.items():
         definitions[f"vllm:kvtier_tier_{name}"] = OffloadingCounterMetadata(

@@ -280,9 +280,6 @@ class FileTier(Tier):
 
     # -- file I/O, in the pool -------------------------------------------------------------------
 
-    def _flags(self) -> int:
-        return os.O_DIRECT if self.direct else 0
-
     def _check_free(self, size: int) -> None:
         fs = os.statvfs(self.base)
         free = fs.f_bavail * fs.f_frsize
