@@ -8,7 +8,7 @@ setup(
     ext_modules=[
         Extension("tiers.copy._hostcopy", ["tiers/copy/_hostcopy.c"], extra_compile_args=["-O2"]),
         Extension("tiering.policies._arc", ["tiering/policies/_arc.c"], extra_compile_args=["-O2"]),
-        Extension("tiers._respread", ["tiers/_respread.c"], extra_compile_args=["-O2"]),
+        Extension("tiers.redis._respread", ["tiers/redis/_respread.c"], extra_compile_args=["-O2"]),
         Extension("tiering._pool", ["tiering/_pool.c"], extra_compile_args=["-O2"]),
     ]
 )

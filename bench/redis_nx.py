@@ -1,8 +1,8 @@
 """What writing once costs the Redis tier: SET NX against a plain SET, in the same run.
 
-The same batches as the tier's fast path sends them (`tiers.resp.set_command`, pipelines of
-`tiers.redis.PIPELINE_BYTES` of values, `--streams` of them at once on as many connections), to
-one redis-server on loopback started for the run, in alternating rounds:
+The same batches as the tier's fast path sends them (`tiers.redis.resp.set_command`, pipelines
+of `tiers.redis.pipelines.PIPELINE_BYTES` of values, `--streams` of them at once on as many
+connections), to one redis-server on loopback started for the run, in alternating rounds:
 
 - new keys: every key absent (the server flushed before each round, outside the timing): what
   NX adds to a write that lands;
@@ -37,9 +37,9 @@ if str(ROOT) not in sys.path:
 
 from kvtier.servers import HOST, RedisServer  # noqa: E402
 from tiering.units import parse_size  # noqa: E402
-from tiers.redis_pipelines import PIPELINE_BYTES  # noqa: E402
-from tiers.resp import RespConnection, command, set_command  # noqa: E402
-from tiers.resp_pool import RespPool  # noqa: E402
+from tiers.redis.pipelines import PIPELINE_BYTES  # noqa: E402
+from tiers.redis.resp import RespConnection, command, set_command  # noqa: E402
+from tiers.redis.resp_pool import RespPool  # noqa: E402
 
 
 async def batch(pool: RespPool, requests: list[list[Any]], streams: int) -> float:

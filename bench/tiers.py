@@ -294,12 +294,12 @@ def bench_redis_batch(directory: Path, repeat: int, streams: Sequence[int]) -> l
     """The tier's fast path on one promotion-sized batch, by `streams`, and at the default
     beside a busy engine thread (`Busy`) with the compiled reply reader and without it, against
     redis-benchmark on the same values in the same run (16 clients, as bench/ttft.py's limit)."""
-    import tiers.resp
+    import tiers.redis.resp
 
     server = RedisServer(directory / "redis-batch")
     server.start()
     blocks, size = BATCH_BLOCKS, BATCH_BLOCK_BYTES
-    compiled = tiers.resp._read_replies
+    compiled = tiers.redis.resp._read_replies
     cases = [(n, False, True) for n in streams]
     if compiled is not None:
         cases += [(2, True, True), (2, True, False)]
@@ -308,14 +308,14 @@ def bench_redis_batch(directory: Path, repeat: int, streams: Sequence[int]) -> l
         for rep in range(repeat):
             for case in cases if rep % 2 == 0 else list(reversed(cases)):
                 n, busy, fast = case
-                tiers.resp._read_replies = compiled if fast else None
+                tiers.redis.resp._read_replies = compiled if fast else None
                 tier = RedisTier(namespace=NAMESPACE, url=server.url, streams=n)
                 with Busy() if busy else contextlib.nullcontext():
                     (put, get), *_ = asyncio.run(one_batch(tier, blocks, size, 1))
                 write, read = redis_benchmark("127.0.0.1", server.port, size, blocks, 16)
                 runs[case].append({"put": put, "get": get, "raw_write": write, "raw_read": read})
     finally:
-        tiers.resp._read_replies = compiled
+        tiers.redis.resp._read_replies = compiled
         server.stop()
     rows = []
     for case in cases:

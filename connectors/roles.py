@@ -19,10 +19,10 @@ unreadable line ignored, at most `MAX_ROSTER_BYTES` read), and each role leaves 
 
 A role is judged dead by its pid only from its own pid namespace (the entry records it): a pid
 names nothing in another (a container sharing /dev/shm). From another, or for an entry that does
-not say, it is alive while its region is held (`tiers.region.held`: every process mapping it holds
-a lock, which the kernel reports across namespaces) with the token it recorded. A roster whose
-roles are all dead (an engine killed with -9: its engine id never comes back) is removed by the
-next role to join any roster of the directory (`_sweep`, at most `SWEEP_FILES`, none younger
+not say, it is alive while its region is held (`tiers.region.file.held`: every process mapping
+it holds a lock, which the kernel reports across namespaces) with the token it recorded. A roster
+whose roles are all dead (an engine killed with -9: its engine id never comes back) is removed by
+the next role to join any roster of the directory (`_sweep`, at most `SWEEP_FILES`, none younger
 than `SWEEP_AGE`: a roster being created holds no entry yet).
 """
 
@@ -46,7 +46,7 @@ from typing import Any
 from tiering.config import Config
 from tiering.errors import RegionError
 from tiers.region import DEFAULT_DIRECTORY, PrimaryRegion
-from tiers.region_file import held, read_header
+from tiers.region.file import held, read_header
 
 __all__ = ["MAX_ROSTER_BYTES", "Roster", "config_digests", "roster_directory"]
 

@@ -53,7 +53,8 @@ class TestRegistry:
         import sys
 
         monkeypatch.setitem(sys.modules, "redis", None)  # as if redis-py were not installed
-        monkeypatch.delitem(sys.modules, "tiers.redis", raising=False)
+        for name in [m for m in sys.modules if m == "tiers.redis" or m.startswith("tiers.redis.")]:
+            monkeypatch.delitem(sys.modules, name)  # the package and its modules, imported afresh
         with pytest.raises(
             MissingDependencyError,
             match=r"tier type 'redis' needs the redis package: pip install kvtier\[redis\]",

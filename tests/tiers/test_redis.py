@@ -134,7 +134,7 @@ class TestRedisTier(RedisHooks):
 
 
 class TestRedisTierThroughRedisPy(RedisHooks):
-    """The path TLS servers take: blocks through redis-py instead of `tiers.resp`."""
+    """The path TLS servers take: blocks through redis-py instead of `tiers.redis.resp`."""
 
     @pytest.fixture
     def make_tier(self, redis_server: RedisServer) -> Iterator[MakeTier]:
@@ -267,7 +267,7 @@ def test_keys_are_prefixed_by_namespace(redis_server: RedisServer) -> None:
             await tier.put(key(1), b"v")
         client = redis.Redis(host="127.0.0.1", port=redis_server.port)
         assert sorted(client.keys()) == [
-            f"kvtier:{NAMESPACE.hex()}".encode(),  # its last-write marker (`tiers.redis_usage`)
+            f"kvtier:{NAMESPACE.hex()}".encode(),  # its last-write marker (`tiers.redis.usage`)
             f"kvtier:{NAMESPACE.hex()}:{key(1).hex()}".encode(),
         ]
         client.close()
@@ -313,12 +313,12 @@ def test_a_value_the_server_refuses_fails_alone_and_the_pipeline_stays_in_step(
 ) -> None:
     """Out of memory mid-pipeline: the refused SETs fail one by one, the stored ones are
     readable on the same connections afterwards (no reply is read out of order)."""
-    import tiers.redis_pipelines
+    import tiers.redis.pipelines
 
     # The whole batch in one pipeline, as this test is about: split over several connections,
     # the values waiting in their query buffers count as used memory too, and the server may
     # refuse every SET before running any (it did, in one CI run).
-    monkeypatch.setattr(tiers.redis_pipelines, "PIPELINE_BYTES", 64 << 20)
+    monkeypatch.setattr(tiers.redis.pipelines, "PIPELINE_BYTES", 64 << 20)
     flush(redis_server.port)
     admin = redis.Redis(host="127.0.0.1", port=redis_server.port)
     used = int(admin.info("memory")["used_memory"])
@@ -409,21 +409,21 @@ def test_a_batch_of_large_blocks_goes_as_several_pipelines_at_most_streams_at_on
     another), each value still landing in its own buffer. Not more than `streams`, whatever
     `concurrency` allows: against one single-threaded server, 32 connections at once halved a
     64 MiB batch's throughput (BENCHMARKS.md)."""
-    import tiers.redis
-    import tiers.redis_pipelines
+    import tiers.redis.pipelines
+    import tiers.redis.resp_pool
 
     flush(redis_server.port)
-    monkeypatch.setattr(tiers.redis_pipelines, "PIPELINE_BYTES", 100_000)  # one 64 KiB block each
+    monkeypatch.setattr(tiers.redis.pipelines, "PIPELINE_BYTES", 100_000)  # one 64 KiB block each
     size = 64 << 10
     opened = 0
-    connect = tiers.redis.RespPool._connect
+    connect = tiers.redis.resp_pool.RespPool._connect
 
     async def counted(self: Any) -> Any:
         nonlocal opened
         opened += 1
         return await connect(self)
 
-    monkeypatch.setattr(tiers.redis.RespPool, "_connect", counted)
+    monkeypatch.setattr(tiers.redis.resp_pool.RespPool, "_connect", counted)
 
     async def body() -> None:
         async with RedisTier(
@@ -450,13 +450,13 @@ def test_a_batch_waiting_for_its_streams_is_bounded_by_the_deadline(
     """A pipeline's wait for one of the batch's `streams` counts against its deadline, as the
     connection pool's wait does: a slow server fails the blocks still queued within the
     deadline (misses), instead of a batch taking its pipelines' count times as long."""
-    import tiers.redis
-    import tiers.redis_pipelines
+    import tiers.redis.pipelines
+    import tiers.redis.resp_pool
 
     flush(redis_server.port)
-    monkeypatch.setattr(tiers.redis_pipelines, "PIPELINE_BYTES", 100_000)  # one 64 KiB block each
+    monkeypatch.setattr(tiers.redis.pipelines, "PIPELINE_BYTES", 100_000)  # one 64 KiB block each
     size = 64 << 10
-    run = tiers.redis.RespPool.run
+    run = tiers.redis.resp_pool.RespPool.run
 
     async def slow(self: Any, exchange: Any) -> Any:
         await asyncio.sleep(0.2)  # a server that takes 0.2 s per pipeline
@@ -467,7 +467,7 @@ def test_a_batch_waiting_for_its_streams_is_bounded_by_the_deadline(
             namespace=NAMESPACE, url=redis_server.url, streams=1, timeout=0.5
         ) as tier:
             assert await tier.put_many([(key(i), payload(size, i)) for i in range(6)]) == [None] * 6
-            monkeypatch.setattr(tiers.redis.RespPool, "run", slow)
+            monkeypatch.setattr(tiers.redis.resp_pool.RespPool, "run", slow)
             buffers = [bytearray(size) for _ in range(6)]
             start = time.monotonic()
             found = await tier.get_many([(key(i), b) for i, b in enumerate(buffers)])
@@ -662,7 +662,7 @@ def test_an_oversized_object_in_a_batch_fails_alone_and_the_others_arrive(
 ) -> None:
     """In one pipeline: a value a little too large is drained (the replies after it stay in
     step and are read into their own buffers), memory stays bounded."""
-    import tiers.redis_pipelines
+    import tiers.redis.pipelines
 
     flush(redis_server.port)
     size = 64 << 10
@@ -671,7 +671,7 @@ def test_an_oversized_object_in_a_batch_fails_alone_and_the_others_arrive(
         tier = RedisTier(namespace=NAMESPACE, url=redis_server.url, fast_path=fast_path)
         async with tier:
             await tier.put_many([(key(i), payload(size, i)) for i in (1, 3)])
-            plant(redis_server.port, key(2), bytes(tiers.redis_pipelines.DRAIN))
+            plant(redis_server.port, key(2), bytes(tiers.redis.pipelines.DRAIN))
             pooled = set(map(id, tier._fast._idle)) if tier._fast is not None else set()
             buffers = [bytearray(size) for _ in range(3)]
             found, peak = await peak_of(
@@ -693,7 +693,7 @@ def test_a_huge_object_in_a_fast_pipeline_costs_a_connection_not_its_size(
 ) -> None:
     """Past `DRAIN` the value is not read at all: its connection is dropped and the GETs after
     it are sent again on another, so every other block of the batch still arrives."""
-    import tiers.redis_pipelines
+    import tiers.redis.pipelines
 
     flush(redis_server.port)
     size = 64 << 10
@@ -704,7 +704,7 @@ def test_a_huge_object_in_a_fast_pipeline_costs_a_connection_not_its_size(
             await tier.put_many([(key(i), payload(size, i)) for i in (1, 3, 5)])
             for i in (2, 4):
                 plant(redis_server.port, key(i), bytes(BIG))
-            assert BIG > tiers.redis_pipelines.DRAIN
+            assert BIG > tiers.redis.pipelines.DRAIN
             buffers = [bytearray(size) for _ in range(5)]
             found, peak = await peak_of(
                 tier.get_many([(key(i + 1), b) for i, b in enumerate(buffers)])
@@ -929,7 +929,7 @@ def test_a_fast_path_connection_takes_a_large_receive_buffer(redis_server: Redis
     1.03-1.29 GiB/s inside the engine)."""
     import socket
 
-    import tiers.resp
+    import tiers.redis.resp
 
     async def body() -> None:
         async with RedisTier(namespace=NAMESPACE, url=redis_server.url) as tier:
@@ -938,7 +938,7 @@ def test_a_fast_path_connection_takes_a_large_receive_buffer(redis_server: Redis
             assert await tier.get(key(1), bytearray(4096)) is True
             (conn,) = tier._fast._idle
             got = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-            assert got >= min(tiers.resp.RCVBUF, rmem_max()), got
+            assert got >= min(tiers.redis.resp.RCVBUF, rmem_max()), got
 
     asyncio.run(body())
 

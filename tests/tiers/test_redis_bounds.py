@@ -21,10 +21,10 @@ from tests.helpers.breaker_engine import FAILURES, Engine, k
 from tiering.errors import TierError, TierFull
 from tiering.primary import LookupResult
 from tiering.testing import NAMESPACE, key, payload
-from tiers import redis_bounds
 from tiers.redis import RedisTier
-from tiers.redis_bounds import ServerMemory, judge, redis_size
-from tiers.redis_pipelines import PIPELINE_MAX_VALUE
+from tiers.redis import bounds as redis_bounds
+from tiers.redis.bounds import ServerMemory, judge, redis_size
+from tiers.redis.pipelines import PIPELINE_MAX_VALUE
 
 pytestmark = pytest.mark.redis
 
@@ -69,7 +69,7 @@ def cluster(redis_cluster: RedisClusterServers) -> Iterator[RedisClusterServers]
 
 
 def findings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "tiers.redis_bounds"]
+    return [r.getMessage() for r in caplog.records if r.name == "tiers.redis.bounds"]
 
 
 async def first_call(tier: RedisTier) -> str | None:
@@ -174,7 +174,7 @@ def test_a_server_configured_each_way_gets_its_one_line(
     maxmemory, policy, capacity, ttl, expected = CASES[case]
     configure(fresh.port, maxmemory, policy)
     where = f"127.0.0.1:{fresh.port}"
-    caplog.set_level(logging.INFO, "tiers.redis_bounds")
+    caplog.set_level(logging.INFO, "tiers.redis.bounds")
 
     async def body() -> None:
         tier = RedisTier(
@@ -196,7 +196,7 @@ def test_a_server_configured_each_way_gets_its_one_line(
         else:
             line = f"tier 'shared': {expected.format(where=where)}"
             assert said == line and findings(caplog) == [line]
-            assert [r.levelno for r in caplog.records if r.name == "tiers.redis_bounds"] == [
+            assert [r.levelno for r in caplog.records if r.name == "tiers.redis.bounds"] == [
                 logging.WARNING
             ]
 

@@ -28,7 +28,7 @@ from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
 from tiering.testing.crafted import corrupt_variants
 from tiers.redis import RedisTier
-from tiers.resp import set_command
+from tiers.redis.resp import set_command
 
 pytestmark = pytest.mark.redis
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from tiers.region import PAGE, RegionLayout
-from tiers.region_prefault import PREFAULT_CHUNK, shard_pages
+from tiers.region.prefault import PREFAULT_CHUNK, shard_pages
 
 
 def test_shard_ranges_are_at_most_one_chunk() -> None:

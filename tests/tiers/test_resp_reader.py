@@ -1,6 +1,7 @@
-"""The compiled reader of pipelined GET replies (tiers/_respread.c, `RespConnection.values_into`):
-byte for byte what the Python reader (`value_into`) answers, whatever the replies are and however
-the bytes arrive; the replies it does not take are left unread for the Python reader.
+"""The compiled reader of pipelined GET replies (tiers/redis/_respread.c,
+`RespConnection.values_into`): byte for byte what the Python reader (`value_into`) answers,
+whatever the replies are and however the bytes arrive; the replies it does not take are left
+unread for the Python reader.
 
 The replies come from the other end of a socket pair, written by a thread in chunks of random
 sizes (one byte to a few hundred KiB) with pauses: every split of a bulk line, a header, a
@@ -19,11 +20,11 @@ from collections.abc import Iterator
 
 import pytest
 
-import tiers.resp as resp
+import tiers.redis.resp as resp
 from tiering.format import encode
 from tiering.keys import make_key
 from tiering.testing import payload
-from tiers.resp import RespConnection, RespError
+from tiers.redis.resp import RespConnection, RespError
 
 NS = bytes(16)
 
@@ -86,7 +87,7 @@ async def read_all(
 
 
 def test_the_compiled_reader_is_built() -> None:
-    assert resp._read_replies is not None  # `pip install` builds tiers/_respread.c
+    assert resp._read_replies is not None  # `pip install` builds tiers/redis/_respread.c
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -2,11 +2,11 @@
 
 Keys are `kvtier:<namespace hex>:<key hex>`, so several models share a server without seeing
 each other's blocks and `kvtier ls` can scan one namespace. Batches (`contains`, `get_many`,
-`put_many`) go in pipelines (`tiers.redis_pipelines`); its settings are `tiers.redis_options`,
-its error translation `tiers.redis_errors`, the wire protocol `tiers.resp`.
+`put_many`) go in pipelines (`tiers.redis.pipelines`); its settings are `tiers.redis.options`,
+its error translation `tiers.redis.errors`, the wire protocol `tiers.redis.resp`.
 
-Blocks move through `tiers.resp` on a plain-TCP server: a GET lands in the primary slot with no
-intermediate copy and a SET sends header and payload from where they lie (redis-py copies a
+Blocks move through `tiers.redis.resp` on a plain-TCP server: a GET lands in the primary slot
+with no intermediate copy and a SET sends header and payload from where they lie (redis-py copies a
 value two or three times on the way). TLS and Cluster go through redis-py (`redis.asyncio`,
 which packs large values faster than hiredis's packer), as do the other
 commands. Connection errors become `TierUnavailable`; the tier's deadline bounds every call.
@@ -18,7 +18,7 @@ read: another secret's stays). A damaged object is deleted by the reader that re
 the next write lands. A SET the server refuses because it is full (an OOM reply:
 `maxmemory` with `noeviction`) is `TierFull`, which the manager's write breaker takes while
 promotions go on; whether the server bounds the store at all is checked once, in the background
-of the tier's first call (`tiers.redis_bounds`).
+of the tier's first call (`tiers.redis.bounds`).
 
 Anyone who can write to the server can put another type under a block's key (a list, say):
 reads of its value answer WRONGTYPE, which is that object's fault, not the tier's (a `magic`
@@ -44,13 +44,13 @@ from tiering.errors import ConfigError
 from tiering.keys import BlockKey
 from tiering.secrets import redact_url, url_secrets
 from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
-from tiers.redis_bounds import BoundsCheck, read_memory
-from tiers.redis_errors import RedisErrors, empty, replies, within, wrong_type
-from tiers.redis_options import URL_ARGUMENTS, URL_QUERY, RedisOptions, milliseconds
-from tiers.redis_pipelines import Pipelines
-from tiers.redis_usage import WriteMarker, marker_name, scan_usage
-from tiers.resp import ReplyError, RespConnection, command, set_command
-from tiers.resp_pool import RespPool
+from tiers.redis.bounds import BoundsCheck, read_memory
+from tiers.redis.errors import RedisErrors, empty, replies, within, wrong_type
+from tiers.redis.options import URL_ARGUMENTS, URL_QUERY, RedisOptions, milliseconds
+from tiers.redis.pipelines import Pipelines
+from tiers.redis.resp import ReplyError, RespConnection, command, set_command
+from tiers.redis.resp_pool import RespPool
+from tiers.redis.usage import WriteMarker, marker_name, scan_usage
 
 __all__ = ["RedisOptions", "RedisTier"]
 
@@ -65,7 +65,8 @@ return 0
 
 
 class RedisTier(Tier):
-    """Blocks in Redis, on the runtime's event loop thread (redis.asyncio and `tiers.resp`)."""
+    """Blocks in Redis, on the runtime's event loop thread (redis.asyncio and
+    `tiers.redis.resp`)."""
 
     type_name = "redis"
     persistent = True  # the server keeps blocks when this process restarts
@@ -173,7 +174,7 @@ class RedisTier(Tier):
             scrub=self._errors.scrub,
         )
         """Whether the server bounds the store as `capacity` says: checked once, in the
-        background of the first call of a writable tier (`tiers.redis_bounds`)."""
+        background of the first call of a writable tier (`tiers.redis.bounds`)."""
         self._pipelines = Pipelines(
             client=self._client,
             fast=self._fast,
@@ -322,7 +323,7 @@ class RedisTier(Tier):
 
     async def _usage(self) -> list[NamespaceUsage]:
         """Every namespace under `kvtier:` on the server, every master of a Cluster
-        (`tiers.redis_usage`: sizes by MEMORY USAGE, the last write from each namespace's
+        (`tiers.redis.usage`: sizes by MEMORY USAGE, the last write from each namespace's
         marker)."""
         tally = await scan_usage(self._client, self._errors.around, time.time())
         return tally.result(self.name)
@@ -349,7 +350,7 @@ class RedisTier(Tier):
         """The expiry of a SET, in milliseconds (None: none)."""
         return None if self.ttl is None else milliseconds(self.ttl)
 
-    # -- pipelined batches (`tiers.redis_pipelines`) ---------------------------------------------
+    # -- pipelined batches (`tiers.redis.pipelines`) ---------------------------------------------
 
     async def _read_many(
         self, keys: Sequence[BlockKey], payloads: Sequence[memoryview], limits: Sequence[int]

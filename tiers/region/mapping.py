@@ -5,8 +5,8 @@ The scheduler process creates it and maps it as bytes (numpy or memoryview), so 
 read and write slots in place; each worker maps it and takes its own shard of every slot as a
 tensor, which its copy engine fills and drains. No KV byte crosses a pipe.
 
-The file's layout, header and name are in `tiers.region_file`; mapping its pages ahead of the
-first copies in `tiers.region_prefault`. The header records a random token, which every process
+The file's layout, header and name are in `tiers.region.file`; mapping its pages ahead of the
+first copies in `tiers.region.prefault`. The header records a random token, which every process
 that maps the region reads (`PrimaryRegion.token`): two processes of one engine prove with it
 that they map the same file (`connectors.roles`). The file is created sparse (ftruncate; no
 page is touched until a copy writes it), removed by its creator at close, and a file left by a
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tiering.errors import RegionError
-from tiers.region_file import (
+from tiers.region.file import (
     DEFAULT_DIRECTORY,
     PAGE,
     TOKEN_BYTES,
@@ -38,7 +38,7 @@ from tiers.region_file import (
     region_path,
     write_header,
 )
-from tiers.region_prefault import Prefault
+from tiers.region.prefault import Prefault
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,7 @@ __all__ = [
     "region_path",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tiers.region")  # every line about the region under one logger
 
 MAX_REGISTRATION = 64 << 30
 """The most bytes `PrimaryRegion.pin` registers in one call (vLLM's bound, V32 `gpu_worker.py`)."""

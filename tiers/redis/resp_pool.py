@@ -1,4 +1,4 @@
-"""The Redis tier's pool of fast-path connections to one server (`tiers.resp`), on the
+"""The Redis tier's pool of fast-path connections to one server (`tiers.redis.resp`), on the
 runtime's event loop thread: opened on demand, with their handshake under a deadline, and kept
 while they are healthy."""
 
@@ -9,8 +9,8 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tiers.resp import RCVBUF, RespConnection
-from tiers.resp_commands import HandshakeError, RespError, command
+from tiers.redis.resp import RCVBUF, RespConnection
+from tiers.redis.resp_commands import HandshakeError, RespError, command
 
 __all__ = ["RespPool"]
 

@@ -17,9 +17,9 @@ from tiering.batching import RawRead, RawWrite
 from tiering.errors import CorruptObject, TierError
 from tiering.keys import BlockKey
 from tiering.tier import Buffer
-from tiers.redis_errors import RedisErrors, empty, replies, within
-from tiers.resp import ReplyError, RespConnection, command, set_command
-from tiers.resp_pool import RespPool
+from tiers.redis.errors import RedisErrors, empty, replies, within
+from tiers.redis.resp import ReplyError, RespConnection, command, set_command
+from tiers.redis.resp_pool import RespPool
 
 __all__ = ["DRAIN", "PIPELINE_BYTES", "PIPELINE_MAX_VALUE", "Pipelines"]
 

@@ -19,7 +19,7 @@ from redis import exceptions as redis_errors
 
 from tiering.errors import CorruptObject, TierError, TierFull, TierTimeout, TierUnavailable
 from tiering.secrets import redact_text
-from tiers.resp import ReplyError, RespError
+from tiers.redis.resp import ReplyError, RespError
 
 __all__ = ["RedisErrors", "empty", "replies", "within", "wrong_type"]
 

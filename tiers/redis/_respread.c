@@ -23,8 +23,8 @@
 
 #include <Python.h>
 
-/* Every field is 64 bits wide, so that the ctypes mirror (`tiers.resp._ReadState`) is a row of
- * c_uint64; addresses are integers. */
+/* Every field is 64 bits wide, so that the ctypes mirror (`tiers.redis.resp._ReadState`) is a
+ * row of c_uint64; addresses are integers. */
 typedef struct {
     uint64_t count;       /* replies to read */
     uint64_t head;        /* address of uint64_t[count]: each item's header buffer */

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from tiers.region_file import PAGE, RegionLayout
+from tiers.region.file import PAGE, RegionLayout
 
 __all__ = ["PREFAULT_CHUNK", "Prefault", "shard_pages"]
 

@@ -3,8 +3,8 @@ SET from one without joining header and payload, on the runtime's event loop (no
 sockets, no threads, no intermediate copies of a block).
 
 This module is the connection and its reply parser; the pool of connections is
-`tiers.resp_pool`, the commands and the protocol's errors `tiers.resp_commands`. It speaks to
-one plain-TCP server and only the commands the tier's data path needs (GET, SET,
+`tiers.redis.resp_pool`, the commands and the protocol's errors `tiers.redis.resp_commands`. It
+speaks to one plain-TCP server and only the commands the tier's data path needs (GET, SET,
 AUTH, SELECT, PING); redis-py stays for everything else (EXISTS, DEL, SCAN, TLS, Cluster). A
 connection whose exchange did not finish (an error, a timeout, a cancellation) is closed, never
 reused: its position in the reply stream is unknown.
@@ -23,7 +23,7 @@ from tiering.errors import CorruptObject
 from tiering.format import peek_lengths
 from tiering.tier import Buffer
 from tiers.native import load_function
-from tiers.resp_commands import HandshakeError, ReplyError, RespError, command, set_command
+from tiers.redis.resp_commands import HandshakeError, ReplyError, RespError, command, set_command
 
 __all__ = [
     "HandshakeError",
@@ -43,7 +43,8 @@ REPLY_MAX = 1 << 20
 
 
 class _ReadState(ctypes.Structure):
-    """`kvtier_resp_state` of tiers/_respread.c: every field 64 bits, addresses as integers."""
+    """`kvtier_resp_state` of tiers/redis/_respread.c: every field 64 bits, addresses as
+    integers."""
 
     _fields_ = [
         (name, ctypes.c_uint64)
@@ -68,7 +69,7 @@ class _ReadState(ctypes.Structure):
 
 
 _read_replies = load_function(
-    "tiers._respread",
+    "tiers.redis._respread",
     "kvtier_resp_read",
     [ctypes.c_int, ctypes.POINTER(_ReadState)],
     ctypes.c_int,
@@ -304,7 +305,7 @@ class RespConnection:
     async def values_into(
         self, payloads: Sequence[memoryview], limits: Sequence[int]
     ) -> list[tuple[bytes, bool]]:
-        """`value_into` of the next replies, by the compiled reader (tiers/_respread.c: one
+        """`value_into` of the next replies, by the compiled reader (tiers/redis/_respread.c: one
         call per readiness event, the GIL released for it, however many bytes it moves), up to
         the first reply it does not take (nil, an error reply, an object whose size does not
         split into a header and exactly its payload, one over its limit): that one is left
