@@ -8,10 +8,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tiering.counters import EVICTIONS
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, Medium, NamespaceUsage, Tier, TierStat
+from tiering.tier.counters import EVICTIONS
 
 __all__ = ["MemoryTier"]
 

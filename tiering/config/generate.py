@@ -26,7 +26,7 @@ from tiering.config.schema import (
 )
 from tiering.config.tiers import TIER_KEYS, option_fields, required, variants
 from tiering.errors import ConfigError
-from tiering.options import Field, fields_of
+from tiering.tier.options import Field, fields_of
 
 __all__ = ["json_schema", "markdown_table", "write_json_schema"]
 
@@ -49,7 +49,7 @@ def _tier_types() -> list[tuple[str, type | None]]:
 
 def _base_tier_fields() -> dict[str, Field]:
     """The options every tier takes (those of the `Tier` base class's record)."""
-    from tiering.options import TierOptions
+    from tiering.tier.options import TierOptions
 
     return {n: f for n, f in fields_of(TierOptions).items() if n not in TIER_KEYS}
 

@@ -1,6 +1,6 @@
 """A tier type's own options, as the configuration reads and documents them.
 
-A tier class declares them in its `Options` record (`tiering.options.TierOptions`); a class
+A tier class declares them in its `Options` record (`tiering.tier.options.TierOptions`); a class
 that picks a concrete class from its options (`variant`, e.g. the file tier's `layout`) is
 asked first, so each variant accepts only its own. The keys of `TierConfig` (`capacity`
 among them, though every record has it) are read by the configuration itself.
@@ -13,8 +13,8 @@ from typing import Any
 
 from tiering.config.schema import TierConfig
 from tiering.errors import ConfigError
-from tiering.options import Field, fields_of
 from tiering.tier import Tier
+from tiering.tier.options import Field, fields_of
 
 __all__ = ["TIER_KEYS", "option_fields", "required", "tier_class", "variant_of", "variants"]
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Self, Union
 
 from tiering.errors import ConfigError
-from tiering.format import CHECKSUMS, CODECS
 from tiering.secrets import redact_text, secrets_in
+from tiering.tier.format import CHECKSUMS, CODECS
 from tiering.units import (
     DURATION_PATTERN,
     MAX_COUNT,
