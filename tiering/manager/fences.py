@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+from tiering.manager.counters import RESET_SLOTS_FENCED, RESET_SLOTS_QUARANTINED
 from tiering.manager.steplock import StepLock
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
@@ -89,12 +90,12 @@ class ResetFences:
             keep: set[int] = set()
             if stuck:  # jobs that did not end (a hung disk): their slots stay out of use
                 keep = self.pool.slots_in_use() | self._quarantined
-                self.counters["reset_slots_quarantined"] += len(keep - self._quarantined)
+                self.counters[RESET_SLOTS_QUARANTINED] += len(keep - self._quarantined)
                 self.stuck |= stuck
             self._quarantined = keep
             if fence:
                 fenced = self.pool.slots_in_use()
-                self.counters["reset_slots_fenced"] += len(fenced - self._fenced)
+                self.counters[RESET_SLOTS_FENCED] += len(fenced - self._fenced)
                 self._fenced = fenced
                 self._fence_until = None if fence_steps is None else step + fence_steps
             self.pool.reset(keep | self._fenced)

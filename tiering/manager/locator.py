@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from tiering.keys import BlockKey
+from tiering.manager.counters import FOUND, LOOKUPS, NOT_FOUND
 from tiering.manager.jobs import JobSink
 from tiering.manager.tierstate import TierState
 
@@ -97,7 +98,7 @@ class TierLocator:
         check, timeout = self.sink.check, self.timeout
         for state, ask in asked:
             check(state, ask, timeout)
-            state.counters["lookups"] += len(ask)
+            state.counters[LOOKUPS] += len(ask)
 
     def answered(
         self, state: TierState, keys: list[BlockKey], present: list[bool], now: float
@@ -110,9 +111,9 @@ class TierLocator:
             waiting.discard(state.index)
             if here:
                 self._found[key].add(state.index)
-                state.counters["hits"] += 1
+                state.counters[FOUND] += 1
             else:
-                state.counters["misses"] += 1
+                state.counters[NOT_FOUND] += 1
             if not waiting:
                 del self.checking[key]
                 found = self._found.pop(key)

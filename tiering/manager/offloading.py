@@ -70,6 +70,7 @@ from tiering.config import Config, TierConfig
 from tiering.errors import StateError
 from tiering.keys import BlockKey
 from tiering.manager.bookkeeping import Arrivals, Bookkeeping
+from tiering.manager.counters import CLOSE_ERRORS, STORE_COMPLETIONS_IGNORED, STORES_FAILED
 from tiering.manager.demotion import Demoter
 from tiering.manager.fences import ResetFences
 from tiering.manager.jobs import JobSink
@@ -326,9 +327,9 @@ class TieringOffloadingManager:
             and key not in promoter.late
         ]
         if len(mine) < len(keys):
-            self.counters["store_completions_ignored"] += len(keys) - len(mine)
+            self.counters[STORE_COMPLETIONS_IGNORED] += len(keys) - len(mine)
         if not ok:
-            self.counters["stores_failed"] += len(mine)
+            self.counters[STORES_FAILED] += len(mine)
         pool.complete_store(mine, ok=ok)
         if ok and self._write_through:
             self.demoter.stored(mine)  # pinned and demoted by the runtime, between steps
@@ -486,7 +487,7 @@ class TieringOffloadingManager:
                 drain=bookkeeping.drain,
             )
         except StateError:  # the runtime was shut down already: nothing more can be written
-            self.counters["close_errors"] += 1
+            self.counters[CLOSE_ERRORS] += 1
         with self.lock.held():  # serialized with `on_tick`, which claims under the lock
             bookkeeping.closed = True
             bookkeeping.urgency.set(False)
@@ -494,5 +495,5 @@ class TieringOffloadingManager:
             try:
                 self.runtime.run_sync(state.tier.close, timeout)
             except Exception:  # closing must not stop the rest from closing
-                self.counters["close_errors"] += 1
+                self.counters[CLOSE_ERRORS] += 1
         self.runtime.shutdown()
