@@ -204,7 +204,7 @@ class StubbornMemoryTier(MemoryTier):
         except asyncio.CancelledError:
             await work
             raise
-        return self._objects.get(key)
+        return self._index.get(key)
 
 
 def test_a_late_promotion_is_a_miss_and_keeps_its_slot_until_the_tier_lets_go(
