@@ -81,7 +81,6 @@ class ResetFences:
         runtime = self.runtime
         while runtime.pending() and self.clock() < deadline:
             time.sleep(0.001)
-        runtime.poll()
         with self.lock.held():
             # Apply what ended first: a finished job's slots are then no longer in use, and
             # only those of the engine's copies and of jobs that did not end are held below.
