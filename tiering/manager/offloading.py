@@ -74,7 +74,7 @@ from tiering.manager.counters import CLOSE_ERRORS, STORE_COMPLETIONS_IGNORED, ST
 from tiering.manager.demotion import Demoter
 from tiering.manager.fences import ResetFences
 from tiering.manager.jobs import JobSink
-from tiering.manager.locator import ABSENT, TierLocator
+from tiering.manager.locator import ASKING, TierLocator
 from tiering.manager.promotion import Promoter
 from tiering.manager.refusals import StoreRefusals
 from tiering.manager.stats import StatsSnapshot
@@ -169,7 +169,7 @@ class TieringOffloadingManager:
             )
         arrivals = Arrivals()
         self.sink = JobSink(arrivals.arrived)
-        self.locator = TierLocator(self.tiers, self.sink, config.faults.timeout)
+        self.locator = TierLocator(self.tiers, self.sink, config.faults.timeout, clock)
         self.demoter = Demoter(
             pool,
             self.tiers,
@@ -226,8 +226,6 @@ class TieringOffloadingManager:
         self.refusals = StoreRefusals(pool, slot_view, config.primary.capacity, self.counters)
         self.usage = UsagePoller(self.tiers, runtime, config.metrics.usage_interval)
         self._publish = publish
-        self._indexed = [(t.tier.knows, t) for t in self.tiers if t.indexed]
-        """The indexed tiers' `knows`, in order: a lookup asks them without I/O."""
         self._write_through = bool(self.demoter.write_through)
         """Some tier is written through: a completed store is queued for it."""
         runtime.add_hook(self.bookkeeping.on_tick)
@@ -269,21 +267,12 @@ class TieringOffloadingManager:
             return _PENDING  # queued this step, or its slot not allocated yet
         if key in promoter.refused:
             return _MISS
-        unsure = False  # an indexed tier whose store others write cannot say (None)
-        for knows, state in self._indexed:
-            here = knows(key)
-            if here:
-                return promoter.request(key, state)
-            if here is None:
-                unsure = True
-        locator = self.locator
-        if not (locator.checked or unsure):
+        where = self.locator.find(key)
+        if where is None:
             return _MISS
-        known = locator.known.get(key)
-        if known is not None and known[1] > self.clock():
-            return _MISS if known[0] == ABSENT else promoter.request(key, self.tiers[known[0]])
-        locator.queue_check(key)  # submitted at the end of the step
-        return _RETRY
+        if where is ASKING:
+            return _RETRY  # looked for at the end of the step
+        return promoter.request(key, where)
 
     def prepare_store(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
         grant, jobs = self.lock.call(self._prepare_store, keys)
