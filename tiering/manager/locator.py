@@ -31,6 +31,8 @@ NEGATIVE_TTL = 2.0
 """Seconds a block found in no tier is taken as absent before it is looked for again."""
 POSITIVE_TTL = 30.0
 """Seconds a block found in (or demoted to) a tier without an index is taken as there."""
+
+
 class _Asking(enum.Enum):
     ASKING = "asking"
 
