@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 from kvtier.replay import replay_tiered  # noqa: E402
 from kvtier.trace import load_trace  # noqa: E402
 from tiering.config import parse_config  # noqa: E402
+from tiering.manager.counters import BOOKKEEPING_SECONDS  # noqa: E402
 
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz"
 
@@ -165,7 +166,7 @@ def _row(name: str, r: Any) -> dict[str, Any]:
         / max(sum(r.blocks_by_call.values()), 1),
         "blocks_handed": dict(r.blocks_by_call),
         "runtime_bookkeeping_us_per_block": 1e6
-        * r.stats["manager"].get("bookkeeping_seconds", 0.0)
+        * r.stats["manager"].get(BOOKKEEPING_SECONDS, 0.0)
         / max(r.block_refs, 1),
         "manager": r.stats["manager"],
         "tiers": {

@@ -1,6 +1,7 @@
 """kvtier's compiled extensions, loaded where they were built (`setup.py` builds each as an
-ordinary extension; `pip install` without a C compiler skips them): each has a Python
-fallback, which runs slower, with one warning that says so."""
+ordinary extension; `pip install` without a C compiler skips them): each but ARC has a Python
+fallback, which runs slower, with one warning that says so; without ARC's, `arc` is refused
+with one line (`tiering.policies.arc`)."""
 
 from __future__ import annotations
 

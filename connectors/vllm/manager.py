@@ -40,7 +40,7 @@ from connectors.vllm.versions import traits
 from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
-from tiering.manager.stats import MANAGER_COUNTERS, TIER_COUNTERS
+from tiering.manager.counters import MANAGER_COUNTERS, MANAGER_METRICS, TIER_COUNTERS
 from tiering.manager.usage import USAGE_GAUGES
 from tiering.primary import LookupResult as KvtierLookup
 
@@ -49,15 +49,6 @@ __all__ = ["CONFIG_INFO_KEYS", "KvtierManager", "config_info", "metric_definitio
 USED = "vllm:kvtier_primary_used_perc"
 WRITING = "vllm:kvtier_primary_write_perc"
 READING = "vllm:kvtier_primary_read_perc"
-MANAGER_METRICS = {
-    "demotions_dropped_direct_eviction": "vllm:kvtier_dropped_direct_evictions",
-    "promotions_late": "vllm:kvtier_promotions_late",
-    "idle_waits": "vllm:kvtier_idle_waits",
-    "blocks_warmed": "vllm:kvtier_blocks_warmed",
-    "warm_stopped": "vllm:kvtier_warm_stopped",
-    "stores_failed": "vllm:kvtier_stores_failed",
-    "store_completions_ignored": "vllm:kvtier_store_completions_ignored",
-}
 BREAKER = "vllm:kvtier_tier_breaker_open"
 LATENCY = "vllm:kvtier_tier_job_seconds"
 

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from connectors import rendezvous
+from tiering.manager import counters
+from tiering.manager.counters import metric
 
 if TYPE_CHECKING:
     import torch
@@ -383,15 +385,15 @@ _METRICS = {
     ("vllm:kv_offload_store_bytes", None): ("store_bytes",),
     ("vllm:kv_offload_load_time", None): ("load_seconds",),
     ("vllm:kv_offload_store_time", None): ("store_seconds",),
-    ("vllm:kvtier_tier_promotions", None): ("tier_promotions",),
-    ("vllm:kvtier_tier_demotions", None): ("tier_demotions",),
-    ("vllm:kvtier_tier_bytes_promoted", None): ("bytes_promoted",),
-    ("vllm:kvtier_tier_promotion_seconds", None): ("promotion_seconds",),
-    ("vllm:kvtier_blocks_warmed", None): ("blocks_warmed",),
-    ("vllm:kvtier_tier_hits_other_writer", None): ("hits_other_writer",),
-    ("vllm:kvtier_tier_errors", None): ("tier_errors",),
-    ("vllm:kvtier_tier_promotion_failures", None): ("promotion_failures",),
-    ("vllm:kvtier_promotions_late", None): ("promotions_late",),
+    (metric(counters.PROMOTIONS), None): ("tier_promotions",),
+    (metric(counters.DEMOTIONS), None): ("tier_demotions",),
+    (metric(counters.BYTES_PROMOTED), None): ("bytes_promoted",),
+    (metric(counters.PROMOTION_SECONDS), None): ("promotion_seconds",),
+    (metric(counters.BLOCKS_WARMED), None): ("blocks_warmed",),
+    (metric(counters.HITS_OTHER_WRITER), None): ("hits_other_writer",),
+    (metric(counters.ERRORS), None): ("tier_errors",),
+    (metric(counters.PROMOTION_FAILURES), None): ("promotion_failures",),
+    (metric(counters.PROMOTIONS_LATE), None): ("promotions_late",),
 }
 """vLLM metrics the scenario reports: (name, source label) -> the result keys it adds to.
 `kvtier_cached_tokens` is every prompt token kvtier served, by any source: host (the CPU

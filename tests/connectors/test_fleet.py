@@ -38,7 +38,7 @@ from kvtier.chat_fleet import (
     s3_store,
 )
 from kvtier.servers import RedisClusterServers, SeaweedS3
-from tiering.manager.stats import TIER_COUNTERS
+from tiering.manager.counters import TIER_COUNTERS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

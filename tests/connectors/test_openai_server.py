@@ -35,7 +35,7 @@ import yaml
 
 from kvtier.venv import ensure_vllm_venv
 from tests.connectors.openai_model import WORDS, write_chat_model
-from tiering.manager.stats import TIER_COUNTERS
+from tiering.manager.counters import TIER_COUNTERS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

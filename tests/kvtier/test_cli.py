@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,15 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit) as info:
             main([name, "--help"])
         assert info.value.code == 0 and f"usage: kvtier {name}" in capsys.readouterr().out
+
+
+def test_the_readme_lists_every_command() -> None:
+    """README's command table has a row for each subcommand (the CLI route in CONTRIBUTING
+    ends there)."""
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    readme = (ROOT / "README.md").read_text()
+    missing = [name for name in commands.choices if f"| `kvtier {name}" not in readme]
+    assert missing == [], f"README.md's command table lacks: {missing}"
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -150,3 +160,20 @@ def test_the_cli_tier_factory_lets_every_extra_win_over_the_entry_options() -> N
         assert make_tier(config, entry, bytes(16)).timeout == 1.0
     finally:
         asyncio.run(tier.close())
+
+
+def test_each_newcomers_route_is_at_most_five_files_that_exist() -> None:
+    """CONTRIBUTING.md's routes: each kind of change names at most five files (a sentence after
+    `;` is a variant of the route), and every path it names exists."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    section = text.split("## A newcomer's routes", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) >= 6, rows  # the table's rows, without its head
+    for row in rows[1:]:
+        change, files = (cell.strip() for cell in row.strip("|").split(" | "))
+        main_route = re.sub(r"\([^()]*\)", "", files.split(";")[0])
+        items = [item for item in main_route.split(", ") if item.strip()]
+        assert len(items) <= 5, (change, items)
+        for path in re.findall(r"`([\w./-]+)`", files):
+            if "/" in path and "<" not in path and not path.startswith(("vllm/", "kv_")):
+                assert (ROOT / path).exists(), (change, path)

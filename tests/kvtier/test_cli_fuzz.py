@@ -8,6 +8,7 @@ exception kvtier did not expect: a fuzz case that reaches it has found a bug.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -23,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvtier.cli import main
+from kvtier.cli import build_parser, main
 from tests.helpers.paths import ROOT
 from tiering.keys import make_key
 
@@ -201,31 +202,27 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"config": config, "trace": trace, "root": root}
 
 
-COMMANDS = ["validate", "show", "stats", "ls", "inspect", "migrate", "verify", "purge", "replay"]
-OPTIONS = [
-    "--tier",
-    "--namespace",
-    "--limit",
-    "--from",
-    "--to",
-    "--older-than",
-    "--journal",
-    "--concurrency",
-    "--capacity",
-    "--policy",
-    "--block-bytes",
-    "--requests",
-    "--engines",
-    "--route",
-    "--seed",
-    "--move",
-    "--dry-run",
-    "--verify",
-    "--resume",
-    "--repair",
-    "--yes",
-    "--json",
-]
+SLOW = {"demo", "bench"}
+"""Commands the fuzzer leaves out: each starts real work (a vLLM engine, a timed benchmark) on
+any valid arguments; their argument handling is tested on its own (test_demo, test_bench)."""
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return {name: sub for name, sub in action.choices.items() if name not in SLOW}
+
+
+COMMANDS = sorted(_subcommands())
+"""Every command but the slow ones, from the parser: a new command is fuzzed as it lands."""
+OPTIONS = sorted(
+    {
+        option
+        for sub in _subcommands().values()
+        for action in sub._actions
+        for option in action.option_strings
+        if option.startswith("--") and option not in ("--help", "--config")
+    }
+)
 values = st.one_of(
     st.sampled_from(
         ["a", "b", "nowhere", NS.hex(), "0", "-1", "1", "3", "1e20", "100000000000000000000"]

@@ -36,7 +36,7 @@ class DelayTier(MemoryTier):
         except asyncio.CancelledError:
             await work
             raise
-        return self._objects.get(key)
+        return self._index.get(key)
 
 
 class HangTier(MemoryTier):

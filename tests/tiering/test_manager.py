@@ -204,7 +204,7 @@ class StubbornMemoryTier(MemoryTier):
         except asyncio.CancelledError:
             await work
             raise
-        return self._objects.get(key)
+        return self._index.get(key)
 
 
 def test_a_late_promotion_is_a_miss_and_keeps_its_slot_until_the_tier_lets_go(
@@ -381,7 +381,7 @@ def test_a_second_fenced_reset_counts_only_new_slots_and_one_flush_frees_all(
 def test_every_counter_exists_at_zero_from_the_start(make: Callable[..., Harness]) -> None:
     h = make([memory_tier("a"), memory_tier("b")])
     stats = h.manager.stats()
-    for name in ("lookups", "hits", "promotions", "demotion_failures", "bytes_promoted"):
+    for name in ("lookups", "found", "promotions", "demotion_failures", "bytes_promoted"):
         assert stats["tiers"]["a"][name] == 0 and stats["tiers"]["b"][name] == 0
     assert stats["manager"]["promotions_late"] == 0
     assert stats["manager"]["demotions_dropped_direct_eviction"] == 0

@@ -159,7 +159,7 @@ class TestTierLocator:
         assert locator.where(k(1)) is states[0]
         assert locator.holds(states[0], k(1), now=11.0)
         assert not locator.holds(states[0], k(1), now=10.0 + POSITIVE_TTL)
-        assert states[0].counters["hits"] == 1 and states[1].counters["hits"] == 1
+        assert states[0].counters["found"] == 1 and states[1].counters["found"] == 1
 
     def test_a_block_found_nowhere_is_absent_for_a_while(self) -> None:
         (state,) = tier_states(False)
@@ -169,7 +169,7 @@ class TestTierLocator:
         locator.submit_checks()
         locator.answered(state, [k(2)], [False], now=5.0)
         assert locator.known[k(2)] == (ABSENT, 5.0 + NEGATIVE_TTL)
-        assert locator.where(k(2)) is None and state.counters["misses"] == 1
+        assert locator.where(k(2)) is None and state.counters["not_found"] == 1
         locator.found_in([k(2)], 0, now=6.0)
         assert locator.where(k(2)) is state
         locator.clear()

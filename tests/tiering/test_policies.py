@@ -15,13 +15,13 @@ import tiering.policies.arc as arc_module
 from kvtier.trace import load_trace, trace_keys
 from tests.helpers.paths import ROOT
 from tests.tiering.arc_reference import ReferenceARC
+from tiering.config import parse_config
 from tiering.errors import ConfigError, UnknownNameError
 from tiering.keys import BlockKey
 from tiering.policies import (
     ARCPolicy,
     EvictionPolicy,
     LRUPolicy,
-    PythonARCPolicy,
     create_policy,
     get_policy_class,
     policy_names,
@@ -153,10 +153,10 @@ def _use(policy: EvictionPolicy[str, int], key: str, protected: Container[str] =
 ArcClass = Callable[[int], Any]
 
 
-@pytest.fixture(params=["compiled", "python"])
-def arc_class(request: pytest.FixtureRequest) -> ArcClass:
-    """ARC on its compiled core (`ARCPolicy`) and in Python (`PythonARCPolicy`, its fallback)."""
-    return ARCPolicy if request.param == "compiled" else PythonARCPolicy
+@pytest.fixture
+def arc_class() -> ArcClass:
+    """ARC on its compiled core, the only one (the plain rendering is the tests' reference)."""
+    return ARCPolicy
 
 
 class TestARC:
@@ -238,14 +238,20 @@ class TestARC:
 class TestCompiledARC:
     def test_an_install_builds_it_and_arc_runs_on_it(self) -> None:
         assert arc_module._CORE is not None  # `pip install` builds tiering/policies/_arc.c
-        assert create_policy("arc", 4).compiled  # type: ignore[attr-defined]
+        policy = create_policy("arc", 4)
+        assert isinstance(policy, ARCPolicy) and isinstance(policy._core, arc_module._CORE)
 
-    def test_without_it_arc_runs_in_python(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def test_without_it_arc_is_refused_with_one_line(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """An install without the compiled core (no C compiler) refuses `arc` when the config
+        is read, with one line saying what to do, instead of running a second ARC."""
         monkeypatch.setattr(arc_module, "_CORE", None)
-        policy: ARCPolicy[str, int] = ARCPolicy(2)
-        assert not policy.compiled and isinstance(policy._core, PythonARCPolicy)
-        policy.insert_many(["a", "b"], [0, 1])
-        assert policy.evict(1, ()) == [("a", 0)] and policy.lists() == (["b"], [], ["a"], [])
+        with pytest.raises(ConfigError, match="compiled ARC core") as refused:
+            parse_config({"primary": {"eviction": "arc"}})
+        assert str(refused.value).startswith("primary.eviction: arc needs")
+        assert "\n" not in str(refused.value) and "lru" in str(refused.value)
+        with pytest.raises(ConfigError, match="compiled ARC core"):
+            ARCPolicy(2)
+        assert parse_config({"primary": {"eviction": "lru"}}).primary.eviction == "lru"
 
     def test_a_call_from_inside_its_own_call_is_refused(self) -> None:
         """A container whose `__contains__` (Python code, run while `evict` holds pointers into

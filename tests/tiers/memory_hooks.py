@@ -15,14 +15,14 @@ def plant(tier: Tier, key: BlockKey, blob: bytes) -> None:
     """Store object bytes in a memory tier as they are, replacing any."""
     assert isinstance(tier, MemoryTier)
     tier._delete_now(key)
-    tier._objects[key] = blob
+    tier._index[key] = blob
     tier._bytes += len(blob)
 
 
 def stored(tier: Tier, key: BlockKey) -> bytes | None:
     """The object bytes a memory tier holds for `key`, unverified; None when absent."""
     assert isinstance(tier, MemoryTier)
-    return tier._objects.get(key)
+    return tier._index.get(key)
 
 
 class WriteOnceMemoryTier(MemoryTier):
@@ -30,6 +30,6 @@ class WriteOnceMemoryTier(MemoryTier):
     answering False when the key is there): for tests of how the base and wrappers count."""
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool | None:
-        if key in self._objects:
+        if key in self._index:
             return False
         return await super()._write(key, parts)

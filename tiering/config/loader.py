@@ -108,9 +108,11 @@ def parse_config(data: object, env: Mapping[str, str] | None = None) -> Config:
         if name != "auth"
     }
     try:
-        get_policy_class(sections["primary"].eviction)
+        reason = get_policy_class(sections["primary"].eviction).unavailable()
     except ConfigError as e:
         raise ConfigError(f"primary.eviction: {e}") from None
+    if reason is not None:
+        raise ConfigError(f"primary.eviction: {reason}")
     return Config(
         version=version,
         tiers=_tiers(top.get("tiers", [])),

@@ -18,6 +18,13 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 
 from tiering import gil
+from tiering.manager.counters import (
+    BOOKKEEPING_CPU_SECONDS,
+    BOOKKEEPING_ON_SCHEDULER,
+    BOOKKEEPING_SECONDS,
+    ERRORS,
+    IDLE_WAITS,
+)
 from tiering.manager.demotion import Demoter
 from tiering.manager.fences import ResetFences
 from tiering.manager.jobs import Demotion, ExistenceCheck, JobSink, Promotion, TierJob, answers
@@ -132,7 +139,7 @@ class Bookkeeping:
         if self.fences.due(step):
             self.fences.flushed()  # the copies in flight at the last reset have ended
         if self.work_queued or (arrivals.queue and arrivals.since < step - 1):
-            self.counters["bookkeeping_on_scheduler"] += 1
+            self.counters[BOOKKEEPING_ON_SCHEDULER] += 1
             self.between()
             return self.sink.take(), False  # (the facade submits them after the step)
         if not self.work_queued and self.between_due():
@@ -146,7 +153,7 @@ class Bookkeeping:
         urgent = self.urgent()
         self.urgency.set(urgent)
         if idle and (urgent or self.warm.warming):
-            self.counters["idle_waits"] += 1
+            self.counters[IDLE_WAITS] += 1
             self.progress.clear()
             return True
         return False
@@ -212,8 +219,8 @@ class Bookkeeping:
             if jobs:
                 self.runtime.submit_from_loop(jobs)
             self.urgency.set(self.urgent())
-            self.counters["bookkeeping_seconds"] += time.perf_counter() - start
-            self.counters["bookkeeping_cpu_seconds"] += time.thread_time() - cpu
+            self.counters[BOOKKEEPING_SECONDS] += time.perf_counter() - start
+            self.counters[BOOKKEEPING_CPU_SECONDS] += time.thread_time() - cpu
         finally:
             self.ticking = False
             self.lock.release()
@@ -251,7 +258,7 @@ class Bookkeeping:
             if result.ok and result.fault is None:
                 state.latencies.append(result.seconds)
             else:  # failed, refused, or a batch that faulted (`JobResult.fault`)
-                state.counters["errors"] += 1
+                state.counters[ERRORS] += 1
             match job:
                 case ExistenceCheck(keys=keys):
                     present = answers(result, len(keys), False)

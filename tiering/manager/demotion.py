@@ -30,6 +30,13 @@ from dataclasses import dataclass, field
 
 from tiering.errors import TierError
 from tiering.keys import BlockKey
+from tiering.manager.counters import (
+    DEMOTION_FAILURES,
+    DEMOTIONS,
+    DEMOTIONS_DROPPED,
+    DEMOTIONS_SKIPPED,
+    DIRECT_EVICTIONS,
+)
 from tiering.manager.jobs import Demotion, JobSink, SlotHold, answers, put_from
 from tiering.manager.locator import TierLocator, known_at
 from tiering.manager.steplock import StepLock
@@ -137,7 +144,7 @@ class Demoter:
         stored = [key for key in queued if lookup(key) is _HIT]
         if len(stored) < len(queued):
             for state in self.write_through:
-                state.counters["demotions_dropped"] += len(queued) - len(stored)
+                state.counters[DEMOTIONS_DROPPED] += len(queued) - len(stored)
         now = self.clock()
         for state in self.write_through:
             keys = [key for key in stored if not self.locator.holds(state, key, now)]
@@ -145,10 +152,10 @@ class Demoter:
                 continue
             room = self.max_inflight - state.inflight
             if room <= 0:
-                state.counters["demotions_dropped"] += len(keys)
+                state.counters[DEMOTIONS_DROPPED] += len(keys)
                 continue
             batch = keys[:room]
-            state.counters["demotions_dropped"] += len(keys) - len(batch)
+            state.counters[DEMOTIONS_DROPPED] += len(keys) - len(batch)
             slots = self.pool.pin_for_demotion(batch)  # released when the tier has them
             self._submit(state, batch, slots, SlotHold.PINNED)
 
@@ -249,7 +256,7 @@ class Demoter:
         stay there until the engine's copy runs (a later step), so copy them out now and demote
         the copies. A memcpy per block on the scheduler's thread: background reclaim keeps
         these rare, and `max_inflight` bounds them (beyond it they are dropped and counted)."""
-        self.counters["direct_evictions"] += len(grant.evicted)
+        self.counters[DIRECT_EVICTIONS] += len(grant.evicted)
         now = self.clock()
         copies: dict[int, bytes] = {}
         for state in self.write_back:
@@ -258,7 +265,7 @@ class Demoter:
             evicted = list(zip(grant.evicted, grant.evicted_slots, strict=True))
             for key, slot in self.admit(state, evicted, now):
                 if len(chosen) >= room:
-                    state.counters["demotions_dropped"] += 1
+                    state.counters[DEMOTIONS_DROPPED] += 1
                     continue
                 if slot not in copies:
                     copies[slot] = bytes(self.slot_view(slot))
@@ -286,7 +293,7 @@ class Demoter:
             where, index = self.locator.known.get, state.index
             chosen = [b for b in blocks if not known_at(where(b[0]), index, now)]
         if len(chosen) < len(blocks):
-            state.counters["demotions_skipped"] += len(blocks) - len(chosen)
+            state.counters[DEMOTIONS_SKIPPED] += len(blocks) - len(chosen)
         history = self.history
         for policy in state.admission:
             chosen = policy.admit(chosen, history, now)
@@ -312,8 +319,8 @@ class Demoter:
         state.inflight -= len(keys)
         outcomes = answers(result, len(keys), result.error or TierError("malformed answer"))
         stored = [key for key, outcome in zip(keys, outcomes, strict=True) if outcome is None]
-        state.counters["demotions"] += len(stored)
-        state.counters["demotion_failures"] += len(keys) - len(stored)
+        state.counters[DEMOTIONS] += len(stored)
+        state.counters[DEMOTION_FAILURES] += len(keys) - len(stored)
         if stored:
             if not state.indexed:  # an indexed tier knows it has them
                 self.locator.found_in(stored, state.index, self.clock())

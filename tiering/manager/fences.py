@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 
+from tiering.manager.counters import RESET_SLOTS_FENCED, RESET_SLOTS_QUARANTINED
 from tiering.manager.steplock import StepLock
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
@@ -80,7 +81,6 @@ class ResetFences:
         runtime = self.runtime
         while runtime.pending() and self.clock() < deadline:
             time.sleep(0.001)
-        runtime.poll()
         with self.lock.held():
             # Apply what ended first: a finished job's slots are then no longer in use, and
             # only those of the engine's copies and of jobs that did not end are held below.
@@ -89,12 +89,12 @@ class ResetFences:
             keep: set[int] = set()
             if stuck:  # jobs that did not end (a hung disk): their slots stay out of use
                 keep = self.pool.slots_in_use() | self._quarantined
-                self.counters["reset_slots_quarantined"] += len(keep - self._quarantined)
+                self.counters[RESET_SLOTS_QUARANTINED] += len(keep - self._quarantined)
                 self.stuck |= stuck
             self._quarantined = keep
             if fence:
                 fenced = self.pool.slots_in_use()
-                self.counters["reset_slots_fenced"] += len(fenced - self._fenced)
+                self.counters[RESET_SLOTS_FENCED] += len(fenced - self._fenced)
                 self._fenced = fenced
                 self._fence_until = None if fence_steps is None else step + fence_steps
             self.pool.reset(keep | self._fenced)

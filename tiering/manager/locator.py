@@ -13,13 +13,17 @@ order, that has it. A block another engine stores is therefore found within `NEG
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import enum
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Final, Literal
 
 from tiering.keys import BlockKey
+from tiering.manager.counters import FOUND, LOOKUPS, NOT_FOUND
 from tiering.manager.jobs import JobSink
 from tiering.manager.tierstate import TierState
 
-__all__ = ["ABSENT", "NEGATIVE_TTL", "POSITIVE_TTL", "TierLocator"]
+__all__ = ["ABSENT", "ASKING", "NEGATIVE_TTL", "POSITIVE_TTL", "TierLocator"]
 
 ABSENT = -1
 """The tier index of a block found in no tier."""
@@ -29,20 +33,29 @@ POSITIVE_TTL = 30.0
 """Seconds a block found in (or demoted to) a tier without an index is taken as there."""
 
 
+class _Asking(enum.Enum):
+    ASKING = "asking"
+
+
+ASKING: Final = _Asking.ASKING
+"""`TierLocator.find`'s answer for a block the tiers are being asked about: ask again later."""
+
+
 class TierLocator:
     """Where blocks are known to be. Scheduler process, under the step lock (scheduler or
     runtime thread).
 
     `known` maps a key to `(tier index or ABSENT, expiry)`; `checking` the keys whose check
-    is out to the tiers yet to answer; `to_check` the keys queued this step. `lookup` reads
-    `known` and `checking` directly (they are never rebound): the lookup path stays one dict
-    probe.
+    is out to the tiers yet to answer; `to_check` the keys queued this step. A lookup asks
+    `find` one question: the tier to promote a block from, none, or ask again later.
     """
 
     __slots__ = (
         "_found",
+        "_knows",
         "checked",
         "checking",
+        "clock",
         "indexed",
         "known",
         "sink",
@@ -51,19 +64,48 @@ class TierLocator:
         "to_check",
     )
 
-    def __init__(self, tiers: Sequence[TierState], sink: JobSink, timeout: float) -> None:
+    def __init__(
+        self,
+        tiers: Sequence[TierState],
+        sink: JobSink,
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`sink` takes the checks; `timeout` is a check's deadline (`faults.timeout`)."""
         self.tiers = list(tiers)
         self.sink = sink
         self.timeout = timeout
+        self.clock = clock
         self.checked = [t for t in self.tiers if not t.indexed]
         """The tiers asked by every existence check."""
         self.indexed = [t for t in self.tiers if t.indexed]
         """The tiers asked about the keys their index cannot say (`knows` None)."""
+        self._knows = [(t.tier.knows, t) for t in self.indexed]
+        """The indexed tiers' `knows`, in order: `find` asks them without I/O."""
         self.known: dict[BlockKey, tuple[int, float]] = {}
         self.checking: dict[BlockKey, set[int]] = {}
         self._found: dict[BlockKey, set[int]] = {}
         self.to_check: list[BlockKey] = []
+
+    def find(self, key: BlockKey) -> TierState | Literal[_Asking.ASKING] | None:
+        """Where to promote `key` from: the first indexed tier whose index has it, else the
+        tier a fresh answer names; None when no tier has it (as far as one can say now);
+        `ASKING` when the tiers are being asked (the check is queued here, submitted at the
+        end of the step)."""
+        unsure = False  # an indexed tier whose store others write cannot say (None)
+        for knows, state in self._knows:
+            here = knows(key)
+            if here:
+                return state
+            if here is None:
+                unsure = True
+        if not (self.checked or unsure):
+            return None
+        known = self.known.get(key)
+        if known is not None and known[1] > self.clock():
+            return None if known[0] == ABSENT else self.tiers[known[0]]
+        self.queue_check(key)
+        return ASKING
 
     def queue_check(self, key: BlockKey) -> None:
         """Look for `key` in the checked tiers (submitted at the end of the step)."""
@@ -97,7 +139,7 @@ class TierLocator:
         check, timeout = self.sink.check, self.timeout
         for state, ask in asked:
             check(state, ask, timeout)
-            state.counters["lookups"] += len(ask)
+            state.counters[LOOKUPS] += len(ask)
 
     def answered(
         self, state: TierState, keys: list[BlockKey], present: list[bool], now: float
@@ -110,9 +152,9 @@ class TierLocator:
             waiting.discard(state.index)
             if here:
                 self._found[key].add(state.index)
-                state.counters["hits"] += 1
+                state.counters[FOUND] += 1
             else:
-                state.counters["misses"] += 1
+                state.counters[NOT_FOUND] += 1
             if not waiting:
                 del self.checking[key]
                 found = self._found.pop(key)

@@ -3,7 +3,7 @@
 Scheduler process: called on the scheduler's thread, with its bookkeeping on the runtime's
 (**Threads**, below). It serves the primary pool's contract (so the vLLM adapter serves it
 unchanged) and moves blocks between the primary and the tiers on the runtime, never waiting on
-I/O. It is a facade over one object per concept:
+I/O. It is a facade over one object per concept, built and wired by `wiring.wire`:
 
 - `StepLock` (`steplock`): the lock the scheduler holds for a step;
 - `TierLocator` (`locator`): where each block is known to be, with its TTLs, and the batched
@@ -60,7 +60,6 @@ touches shared state asserts that its thread holds the lock (`StepLock.owned`).
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
@@ -69,19 +68,12 @@ from typing import Any
 from tiering.config import Config, TierConfig
 from tiering.errors import StateError
 from tiering.keys import BlockKey
-from tiering.manager.bookkeeping import Arrivals, Bookkeeping
-from tiering.manager.demotion import Demoter
-from tiering.manager.fences import ResetFences
-from tiering.manager.jobs import JobSink
-from tiering.manager.locator import ABSENT, TierLocator
-from tiering.manager.promotion import Promoter
-from tiering.manager.refusals import StoreRefusals
+from tiering.manager.counters import CLOSE_ERRORS, STORE_COMPLETIONS_IGNORED, STORES_FAILED
+from tiering.manager.locator import ASKING
 from tiering.manager.stats import StatsSnapshot
-from tiering.manager.steplock import StepLock
-from tiering.manager.tierstate import TierEvent, TierState
-from tiering.manager.usage import UsagePoller
-from tiering.manager.warm import WarmStart
-from tiering.placement import BlockHistory, PromotionGate, gate_class
+from tiering.manager.tierstate import TierEvent
+from tiering.manager.wiring import wire
+from tiering.placement import PromotionGate
 from tiering.primary import KeyState, LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
 from tiering.runtime import Job, Runtime
 from tiering.tier import Tier
@@ -108,7 +100,6 @@ class TieringOffloadingManager:
     `lock` (module docstring)."""
 
     __slots__ = (
-        "_indexed",
         "_publish",
         "_write_through",
         "bookkeeping",
@@ -146,87 +137,27 @@ class TieringOffloadingManager:
         publish: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         """`gate` replaces the one `promotion.gate` names; `publish` receives `snapshot()` at
-        the end of every step, under the lock (it must not block)."""
-        self.pool = pool
-        self.tiers = [TierState.of(cfg, tier, i) for i, (cfg, tier) in enumerate(tiers)]
-        self.config = config
-        self.runtime = runtime
-        self.clock = clock
-        self.counters: defaultdict[str, float] = defaultdict(float)
-        self.lock = StepLock(forbidden=runtime.on_loop_thread)
-        """Guards the pool and every piece below between the scheduler's calls and the
-        runtime's bookkeeping. Held by the scheduler from a step's first `lookup` to
-        `on_schedule_end`; `quiet()` holds it from outside."""
-        policies = [policy for state in self.tiers for policy in state.admission]
-        self.history = BlockHistory(
-            tracks_hits=any(p.needs_hits for p in policies),
-            tracks_age=any(p.needs_age for p in policies),
-        )
-        if gate is None:
-            gate = gate_class(config.promotion.gate)(
-                block_tokens=block_tokens, prefill_rate=config.promotion.prefill_rate
-            )
-        arrivals = Arrivals()
-        self.sink = JobSink(arrivals.arrived)
-        self.locator = TierLocator(self.tiers, self.sink, config.faults.timeout)
-        self.demoter = Demoter(
+        the end of every step, under the lock (it must not block). The collaborators are
+        built and wired by `tiering.manager.wiring.wire`."""
+        parts = wire(
             pool,
-            self.tiers,
-            self.locator,
-            self.history,
-            self.sink,
-            slot_view=slot_view,
-            timeout=config.faults.timeout,
-            reserve=max(1, pool.num_slots // 10) if reserve is None else reserve,
-            max_inflight=max_inflight,
-            counters=self.counters,
-            clock=clock,
-        )
-        self.promoter = Promoter(
-            pool,
-            self.tiers,
-            self.locator,
-            self.history,
-            gate,
-            self.sink,
-            slot_view=slot_view,
-            deadline=config.promotion.deadline,
-            recompute_per_block=block_tokens / config.promotion.prefill_rate,
-            counters=self.counters,
-            clock=clock,
-            write_back=bool(self.demoter.write_back),
-        )
-        block_bytes = max(1, len(slot_view(0)))
-        indexed = any(state.indexed for state in self.tiers)
-        self.warm = WarmStart(
-            pool,
-            self.tiers,
-            self.promoter,
-            self.counters,
-            budget=config.primary.warm_start // block_bytes if indexed else 0,
-            block_bytes=block_bytes,
-            reserve=self.demoter.reserve if self.demoter.write_back else 0,
-        )
-        self.fences = ResetFences(pool, runtime, self.lock, self.counters, clock)
-        self.bookkeeping = Bookkeeping(
-            self.tiers,
-            self.sink,
-            arrivals,
-            locator=self.locator,
-            promoter=self.promoter,
-            demoter=self.demoter,
-            warm=self.warm,
-            fences=self.fences,
-            history=self.history,
+            tiers,
+            slot_view,
+            config=config,
             runtime=runtime,
-            lock=self.lock,
-            counters=self.counters,
+            block_tokens=block_tokens,
+            reserve=reserve,
+            max_inflight=max_inflight,
+            clock=clock,
+            gate=gate,
         )
-        self.refusals = StoreRefusals(pool, slot_view, config.primary.capacity, self.counters)
-        self.usage = UsagePoller(self.tiers, runtime, config.metrics.usage_interval)
+        self.pool, self.tiers, self.config, self.runtime = pool, parts.tiers, config, runtime
+        self.clock, self.counters, self.lock = clock, parts.counters, parts.lock
+        self.history, self.sink, self.locator = parts.history, parts.sink, parts.locator
+        self.demoter, self.promoter, self.warm = parts.demoter, parts.promoter, parts.warm
+        self.fences, self.bookkeeping = parts.fences, parts.bookkeeping
+        self.refusals, self.usage = parts.refusals, parts.usage
         self._publish = publish
-        self._indexed = [(t.tier.knows, t) for t in self.tiers if t.indexed]
-        """The indexed tiers' `knows`, in order: a lookup asks them without I/O."""
         self._write_through = bool(self.demoter.write_through)
         """Some tier is written through: a completed store is queued for it."""
         runtime.add_hook(self.bookkeeping.on_tick)
@@ -268,21 +199,12 @@ class TieringOffloadingManager:
             return _PENDING  # queued this step, or its slot not allocated yet
         if key in promoter.refused:
             return _MISS
-        unsure = False  # an indexed tier whose store others write cannot say (None)
-        for knows, state in self._indexed:
-            here = knows(key)
-            if here:
-                return promoter.request(key, state)
-            if here is None:
-                unsure = True
-        locator = self.locator
-        if not (locator.checked or unsure):
+        where = self.locator.find(key)
+        if where is None:
             return _MISS
-        known = locator.known.get(key)
-        if known is not None and known[1] > self.clock():
-            return _MISS if known[0] == ABSENT else promoter.request(key, self.tiers[known[0]])
-        locator.queue_check(key)  # submitted at the end of the step
-        return _RETRY
+        if where is ASKING:
+            return _RETRY  # looked for at the end of the step
+        return promoter.request(key, where)
 
     def prepare_store(self, keys: Iterable[BlockKey]) -> StoreGrant | None:
         grant, jobs = self.lock.call(self._prepare_store, keys)
@@ -326,9 +248,9 @@ class TieringOffloadingManager:
             and key not in promoter.late
         ]
         if len(mine) < len(keys):
-            self.counters["store_completions_ignored"] += len(keys) - len(mine)
+            self.counters[STORE_COMPLETIONS_IGNORED] += len(keys) - len(mine)
         if not ok:
-            self.counters["stores_failed"] += len(mine)
+            self.counters[STORES_FAILED] += len(mine)
         pool.complete_store(mine, ok=ok)
         if ok and self._write_through:
             self.demoter.stored(mine)  # pinned and demoted by the runtime, between steps
@@ -486,7 +408,7 @@ class TieringOffloadingManager:
                 drain=bookkeeping.drain,
             )
         except StateError:  # the runtime was shut down already: nothing more can be written
-            self.counters["close_errors"] += 1
+            self.counters[CLOSE_ERRORS] += 1
         with self.lock.held():  # serialized with `on_tick`, which claims under the lock
             bookkeeping.closed = True
             bookkeeping.urgency.set(False)
@@ -494,5 +416,5 @@ class TieringOffloadingManager:
             try:
                 self.runtime.run_sync(state.tier.close, timeout)
             except Exception:  # closing must not stop the rest from closing
-                self.counters["close_errors"] += 1
+                self.counters[CLOSE_ERRORS] += 1
         self.runtime.shutdown()

@@ -23,6 +23,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tiering.keys import BlockKey
+from tiering.manager.counters import (
+    BYTES_PROMOTED,
+    DROPPED_DIRECT_EVICTION,
+    GATED,
+    PROMOTION_ALLOCATION_FAILURES,
+    PROMOTION_FAILURES,
+    PROMOTION_SECONDS,
+    PROMOTIONS,
+    PROMOTIONS_LATE,
+)
 from tiering.manager.jobs import JobSink, Promotion, answers
 from tiering.manager.locator import TierLocator
 from tiering.manager.tierstate import TierState
@@ -121,7 +131,7 @@ class Promoter:
         """A lookup found `key` in `state`'s tier: PENDING once queued, MISS when gated."""
         allows = self._gate_allows
         if allows is not None and not allows(state):
-            state.counters["gated"] += 1
+            state.counters[GATED] += 1
             return _MISS
         self.queued[state.index].append(key)
         self.promoting[key] = state.index
@@ -139,7 +149,7 @@ class Promoter:
             _, seq, keys = heapq.heappop(deadlines)
             late = [key for key in keys if batch_of.get(key) == seq]
             self.late.update(late)
-            self.counters["promotions_late"] += len(late)
+            self.counters[PROMOTIONS_LATE] += len(late)
             marked += late
         return marked
 
@@ -161,11 +171,11 @@ class Promoter:
                 if pool.events:
                     self.failed += refused
                 self.refused.update(refused)  # (the others became resident meanwhile)
-                self.counters["promotion_allocation_failures"] += len(refused)
+                self.counters[PROMOTION_ALLOCATION_FAILURES] += len(refused)
             if grant.evicted:
                 self.history.forget(grant.evicted)
                 if self.write_back:
-                    self.counters["demotions_dropped_direct_eviction"] += len(grant.evicted)
+                    self.counters[DROPPED_DIRECT_EVICTION] += len(grant.evicted)
             if grant.keys:
                 batch = list(zip(grant.keys, grant.slots, strict=True))
                 self.submit_batch(index, batch)
@@ -223,11 +233,11 @@ class Promoter:
             batch_of.pop(key, None)
         if self.late:
             self.late.difference_update(key for key, _ in batch)
-        state.counters["promotion_seconds"] += result.seconds
+        state.counters[PROMOTION_SECONDS] += result.seconds
         if arrived:
             self.pool.complete_promotion(arrived)
-            state.counters["promotions"] += len(arrived)
-            state.counters["bytes_promoted"] += len(arrived) * len(self.slot_view(batch[0][1]))
+            state.counters[PROMOTIONS] += len(arrived)
+            state.counters[BYTES_PROMOTED] += len(arrived) * len(self.slot_view(batch[0][1]))
             if not job.bulk:  # (a bulk read beside a starting engine says nothing of a request's)
                 per_block = result.seconds / len(batch)
                 previous = state.seconds_per_block
@@ -238,7 +248,7 @@ class Promoter:
             self.pool.complete_promotion(missing, ok=False)
             if self.pool.events:
                 self.failed += missing
-            state.counters["promotion_failures"] += len(missing)
+            state.counters[PROMOTION_FAILURES] += len(missing)
             self.locator.absent(missing, self.clock())
         return found
 

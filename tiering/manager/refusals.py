@@ -7,6 +7,11 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 from tiering.keys import BlockKey
+from tiering.manager.counters import (
+    STORE_BLOCKS_REFUSED,
+    STORES_REFUSED_NO_ROOM,
+    STORES_REFUSED_TOO_LARGE,
+)
 from tiering.primary import KeyState, PrimaryPool
 
 __all__ = ["StoreRefusals"]
@@ -42,8 +47,10 @@ class StoreRefusals:
         wanted = dict.fromkeys(keys)
         new = sum(1 for key in wanted if key not in pool)
         cause = "too_large" if len(wanted) > pool.num_slots else "no_room"
-        self.counters[f"stores_refused_{cause}"] += 1
-        self.counters["store_blocks_refused"] += new
+        self.counters[
+            STORES_REFUSED_TOO_LARGE if cause == "too_large" else STORES_REFUSED_NO_ROOM
+        ] += 1
+        self.counters[STORE_BLOCKS_REFUSED] += new
         if cause in self._told:
             return
         self._told.add(cause)

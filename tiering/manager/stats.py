@@ -8,64 +8,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tiering.manager.counters import HITS_OTHER_WRITER, MANAGER_COUNTERS, TIER_COUNTERS
 from tiering.manager.tierstate import TierState
 from tiering.manager.usage import UsagePoller
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
 
-__all__ = ["MANAGER_COUNTERS", "TIER_COUNTERS", "StatsSnapshot", "breaker_figures"]
+__all__ = ["StatsSnapshot", "breaker_figures"]
 
-TIER_COUNTERS = {
-    "lookups": "Blocks looked for in the tier (existence checks).",
-    "hits": "Blocks the tier had when looked for.",
-    "misses": "Blocks the tier did not have when looked for.",
-    "promotions": "Blocks promoted from the tier into the CPU primary.",
-    "promotion_failures": "Promotions that failed (error, timeout, corrupt or missing block).",
-    "demotions": "Blocks written to the tier.",
-    "demotion_failures": "Blocks the tier failed to write.",
-    "demotions_dropped": "Demotions dropped because the tier had too many in flight.",
-    "demotions_skipped": "Demotions not written: the tier already held the block.",
-    "gated": "Tier hits not used because loading was estimated slower than recomputing.",
-    "errors": "Tier jobs that failed (the breaker counts these).",
-    "bytes_promoted": "Bytes promoted from the tier.",
-    "promotion_seconds": (
-        "Seconds the tier's promotion jobs took, from their start to their result (with"
-        " bytes_promoted: the promotion throughput)."
-    ),
-    "hits_other_writer": (
-        "Blocks loaded from the tier that another engine (or an earlier run) stored (the"
-        " objects' writer tag; not authenticated)."
-    ),
-    "usage_failures": (
-        "Usage listings of the tier's store that failed or passed their deadline (its last"
-        " figures stay)."
-    ),
-}
-"""The counters every tier has in a snapshot, at zero until they move, so that a dashboard
-tells zero from missing; the documentation is what the metrics endpoints say."""
-MANAGER_COUNTERS = {
-    "demotions_dropped_direct_eviction": (
-        "Blocks evicted on the store path before a write-back tier had them."
-    ),
-    "promotions_late": "Promotions that outlived promotion.deadline (blocks recomputed).",
-    "idle_waits": (
-        "Empty engine steps that waited for a promotion or existence check to end instead of"
-        " spinning."
-    ),
-    "blocks_warmed": "Blocks read into the CPU primary at start (primary.warm_start).",
-    "warm_stopped": "Warm starts ended early because a batch failed as a whole.",
-    "stores_failed": (
-        "Blocks whose store from the engine failed (vLLM 0.34+ reports it): dropped from the"
-        " CPU primary, never served."
-    ),
-    "store_completions_ignored": (
-        "Blocks the engine said it stored that the CPU primary was not writing for it (after a"
-        " cache reset, or completed twice): ignored."
-    ),
-}
-"""The manager's counters that a snapshot always has (others appear once they move)."""
 _TIER_ZEROS = dict.fromkeys(TIER_COUNTERS, 0.0)
-_FROM_TIER = ("hits_other_writer",)
+_FROM_TIER = (HITS_OTHER_WRITER,)
 """Counters of `TIER_COUNTERS` that the tier itself keeps (`Tier.counters`)."""
 _MANAGER_ZEROS = dict.fromkeys(MANAGER_COUNTERS, 0.0)
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tiering.manager.counters import USAGE_FAILURES
 from tiering.manager.tierstate import TierState
 from tiering.runtime import Runtime
 
@@ -76,7 +77,7 @@ class UsagePoller:
 
     def figures(self, tier: str) -> dict[str, Any]:
         """The usage gauges of `tier` (empty before its first answer) and `usage_failures`."""
-        return {**self._rows.get(tier, {}), "usage_failures": self._failures.get(tier, 0)}
+        return {**self._rows.get(tier, {}), USAGE_FAILURES: self._failures.get(tier, 0)}
 
     def close(self) -> None:
         """No poll more; the one in flight is cancelled."""

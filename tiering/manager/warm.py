@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tiering.keys import BlockKey
+from tiering.manager.counters import BLOCKS_WARMED, WARM_BATCHES, WARM_RETRIES, WARM_STOPPED
 from tiering.manager.jobs import Promotion
 from tiering.manager.promotion import Promoter
 from tiering.manager.tierstate import TierState
@@ -190,7 +191,7 @@ class WarmStart:
         self.warming = True
         self.keys.update(grant.keys)
         self.asked = False
-        self.counters["warm_batches"] += 1
+        self.counters[WARM_BATCHES] += 1
         batch = list(zip(grant.keys, grant.slots, strict=True))
         self.promoter.submit_batch(
             index, batch, bulk=True, deadline=len(batch) * self.block_bytes / WARM_MIN_RATE
@@ -205,9 +206,9 @@ class WarmStart:
         batch = job.batch
         self.warming = False
         self.keys.difference_update(key for key, _ in batch)
-        self.counters["blocks_warmed"] += sum(1 for ok in found if ok is True)
+        self.counters[BLOCKS_WARMED] += sum(1 for ok in found if ok is True)
         if not result.ok or result.fault is not None:
-            self.counters["warm_stopped"] += 1
+            self.counters[WARM_STOPPED] += 1
             self.end(f"tier {state.config.name!r} failed")
         elif not self._over:
             again = [
@@ -219,7 +220,7 @@ class WarmStart:
                 self._retried.update(key for _, key in again)
                 self._plan += again
                 self.budget += len(again)
-                self.counters["warm_retries"] += len(again)
+                self.counters[WARM_RETRIES] += len(again)
             elif not self.budget:
                 self._said_end("done")
 
@@ -242,6 +243,6 @@ class WarmStart:
         log.info(
             "kvtier: warm start ended (%s): %d blocks read in %.2f s",
             why,
-            self.counters["blocks_warmed"],
+            self.counters[BLOCKS_WARMED],
             time.monotonic() - self._began,
         )

@@ -9,7 +9,7 @@ accepted wherever a policy name is (`primary.eviction` in the YAML, `kvtier repl
 from __future__ import annotations
 
 from tiering.plugins import Registry
-from tiering.policies.arc import ARCPolicy, PythonARCPolicy
+from tiering.policies.arc import ARCPolicy
 from tiering.policies.base import EvictionPolicy
 from tiering.policies.lru import LRUPolicy
 
@@ -18,7 +18,6 @@ __all__ = [
     "ARCPolicy",
     "EvictionPolicy",
     "LRUPolicy",
-    "PythonARCPolicy",
     "create_policy",
     "get_policy_class",
     "policy_names",

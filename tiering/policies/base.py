@@ -39,6 +39,12 @@ class EvictionPolicy(ABC, Generic[K, V]):
         self.capacity = capacity
         """The most keys the owner will keep resident (ARC sizes its ghost lists from it)."""
 
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this policy cannot run in this install (a missing compiled part), as one line;
+        None when it can. The config loader refuses a policy that cannot run."""
+        return None
+
     @abstractmethod
     def get(self, key: K) -> V | None:
         """The value of a resident key, or None. Has no effect on recency."""

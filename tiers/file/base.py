@@ -4,24 +4,23 @@ free-space guard, the thread pool and the batch plumbing.
 A layout is a subclass that names itself (`class BlockFileTier(FileTier, layout="files")`);
 `FileTier.variant(options)` picks the class of the `layout` an options mapping asks for, and
 each layout accepts only its own options. The layouts keep their own index (`_index`: every
-key the tier holds, `knows` answers from it) and count their own bytes (`_bytes_used`).
+key the tier holds, oldest first; `tiers.indexed.IndexedTier` answers from it) and count their
+own bytes (`_bytes_used`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
-from abc import abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from tiering.errors import ConfigError, TierFull, TierTimeout
 from tiering.keys import BlockKey
-from tiering.tier import Buffer, Medium, NamespaceUsage, Tier, TierStat
+from tiering.tier import Buffer, Medium, NamespaceUsage
 from tiering.tier.batching import RawWrite
 from tiering.tier.counters import corrupt
 from tiering.tier.options import TierOptions, fields_of, option
@@ -34,6 +33,7 @@ from tiers.file.direct import (
     round_up,
 )
 from tiers.file.usage import FileUsage
+from tiers.indexed import IndexedTier
 from tiers.threads import IOThreads
 
 __all__ = ["LAYOUTS", "FileOptions", "FileTier"]
@@ -71,14 +71,13 @@ class FileOptions(TierOptions):
     )
 
 
-class FileTier(Tier):
+class FileTier(IndexedTier):
     """Runtime thread (the event loop): the base of the file tier's layouts; file I/O runs in
     a pool of `concurrency` threads. The index is only touched on the loop thread."""
 
     type_name = "file"
     persistent = True
     medium = Medium.DISK
-    supports_listing = True
     evicts = True
     align = BLOCK
     indexed = True
@@ -95,7 +94,7 @@ class FileTier(Tier):
     """Where a namespace directory's objects are (relative glob)."""
 
     _index: dict[BlockKey, Any]
-    """Every key the tier holds (set by the layout)."""
+    """Every key the tier holds, oldest first (set by the layout)."""
 
     def __init_subclass__(cls, *, layout: str = "", **kwargs: Any) -> None:
         """A layout's class names its layout: `class X(FileTier, layout="files")`."""
@@ -184,30 +183,6 @@ class FileTier(Tier):
         self.damaged.append((where, reason, removed))
         verb = "removing" if removed else "leaving"
         log.warning("tier %r: %s a damaged object at start, %s: %s", self.name, verb, where, detail)
-
-    # -- primitives both layouts answer from the index -------------------------------------------
-
-    @abstractmethod
-    def _bytes_used(self) -> int:
-        """Bytes the tier's objects take, as capacity counts them."""
-
-    def knows(self, key: BlockKey) -> bool | None:
-        return key in self._index
-
-    def newest(self, n: int) -> list[BlockKey]:
-        # Both layouts keep their index oldest first: by write time at start, then in the
-        # order objects are written (and, for the files layout, read).
-        return list(itertools.islice(reversed(self._index), max(0, n)))
-
-    async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
-        return [key in self._index for key in keys]
-
-    async def _stat(self) -> TierStat:
-        return TierStat(len(self._index), self._bytes_used(), self.capacity)
-
-    async def _list(self) -> AsyncIterator[BlockKey]:
-        for key in list(self._index):
-            yield key
 
     async def _namespaces(self) -> list[bytes]:
         found: list[bytes] = []
