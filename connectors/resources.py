@@ -10,7 +10,6 @@ whose `shutdown` is `close`; a spec that fails half-way closes what it had opene
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["Resources"]
 
 TIER_CLOSE_TIMEOUT = 5.0
-"""Seconds each tier is given to close when no manager was built to close it."""
+"""Seconds each tier is given to close."""
 
 
 class Resources:
@@ -43,7 +42,7 @@ class Resources:
         self.metrics_server: MetricsServer | None = None
         self.manager: TieringOffloadingManager | None = None
         """Set by the spec once built over `runtime` and `tiers`: its shutdown flushes into
-        the tiers before it closes them and the runtime."""
+        the tiers, which are closed here after it, then the runtime."""
         self.engine: CopyEngine | None = None
         """A worker's copy engine, set by the spec once built over `region`."""
         self._closed = False
@@ -81,9 +80,8 @@ class Resources:
     def close(self) -> None:
         """Close what was opened, once, in this order, each step taken whatever the one before
         raised (the first error is raised at the end): the metrics server; the manager (its
-        shutdown flushes into the tiers, then closes them and the runtime) or, where none was
-        built, the tiers; the runtime (stopping its thread); the copy engine (joining its
-        threads); the region; the roster."""
+        shutdown flushes into the tiers and stops its work); the tiers; the runtime (stopping
+        its thread); the copy engine (joining its threads); the region; the roster."""
         if self._closed:
             return
         self._closed = True
@@ -92,10 +90,10 @@ class Resources:
             steps.append(self.metrics_server.close)
         if self.manager is not None:
             steps.append(self.manager.shutdown)
-        elif self.tiers:
+        if self.tiers:
             steps.append(self._close_tiers)
         if self.runtime is not None:
-            steps.append(self.runtime.shutdown)  # idempotent: the manager's stopped it already
+            steps.append(self.runtime.shutdown)
         if self.engine is not None:
             steps.append(self.engine.shutdown)
         if self.region is not None:
@@ -112,8 +110,7 @@ class Resources:
             raise error
 
     def _close_tiers(self) -> None:
-        runtime = self.runtime
-        assert runtime is not None  # opened with the tiers
-        for _, tier in self.tiers:
-            with contextlib.suppress(Exception):  # one tier's failure must not keep the rest open
-                runtime.run_sync(tier.close, TIER_CLOSE_TIMEOUT)
+        from tiering.manager import close_tiers
+
+        assert self.runtime is not None  # opened with the tiers
+        close_tiers(self.runtime, self.tiers, TIER_CLOSE_TIMEOUT)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from tiering.keys import BlockKey
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.stepping import StepDriver
 from tiering.tier import Tier
+
+if TYPE_CHECKING:
+    from tiering.runtime import Runtime
 
 __all__ = [
     "REPLAY_NAMESPACE",
@@ -218,10 +221,11 @@ class ReplayEngine:
     `TieringOffloadingManager` over `capacity` synthesized primary blocks of `block_bytes`, its
     runtime and a `StepDriver`.
 
-    `tiers` replaces the tiers `config` would build (a fleet hands each engine its view of one
-    shared tier); `model` runs in every step, after the manager's end of step (the model's
-    forward pass; None: none, the runtime is only let finish); `clock` is the manager's; `name`
-    the runtime thread's.
+    `tiers` replaces the tiers `config` would build, and `runtime` the runtime it would start
+    (a fleet hands each engine its view of one shared tier, on a runtime of its own): what the
+    engine opened it closes, what it was given its giver closes; `model` runs in every step,
+    after the manager's end of step (the model's forward pass; None: none, the runtime is only
+    let finish); `clock` is the manager's; `name` the runtime thread's.
     """
 
     def __init__(
@@ -231,6 +235,7 @@ class ReplayEngine:
         block_bytes: int,
         *,
         tiers: Sequence[tuple[TierConfig, Tier]] | None = None,
+        runtime: Runtime | None = None,
         model: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "kvtier-runtime",
@@ -241,12 +246,20 @@ class ReplayEngine:
         self.config = config
         self.memory = np.zeros((capacity, block_bytes), dtype=np.uint8)
         memory = self.memory
+        self._runtime: Runtime | None = None
+        """The runtime this engine started (None: it was given one)."""
+        self._tiers: list[tuple[TierConfig, Tier]] | None = None
+        """The tiers this engine opened (None: it was given them)."""
+        if runtime is None:
+            runtime = self._runtime = Runtime(config.faults.breaker, name)
+        if tiers is None:
+            tiers = self._tiers = build_tiers(config, REPLAY_NAMESPACE)
         self.manager = TieringOffloadingManager(
             PrimaryPool(capacity, config.primary.eviction),
-            build_tiers(config, REPLAY_NAMESPACE) if tiers is None else tiers,
+            tiers,
             lambda slot: memoryview(memory[slot]),
             config=config,
-            runtime=Runtime(config.faults.breaker, name),
+            runtime=runtime,
             block_tokens=BLOCK_TOKENS,
             clock=clock,
         )
@@ -292,8 +305,16 @@ class ReplayEngine:
         return self.manager.stats()
 
     def close(self, flush: float | None = None) -> None:
-        """Shut the manager down (`flush`: as `TieringOffloadingManager.shutdown`)."""
+        """Shut the manager down (`flush`: as `TieringOffloadingManager.shutdown`), then close
+        the tiers and the runtime this engine opened (not those it was given)."""
+        from tiering.manager import close_tiers
+
         self.manager.shutdown(flush=flush)
+        runtime = self.manager.runtime
+        if self._tiers is not None:
+            close_tiers(runtime, self._tiers)
+        if self._runtime is not None:
+            self._runtime.shutdown()
 
 
 def model_step() -> Callable[[], None]:

@@ -260,7 +260,11 @@ class Runtime:
         """Call `hook` on the runtime's thread at every tick; it returns whether it did or has
         work (the runtime keeps ticking while it does, and for `IDLE_AFTER` after). It must not
         block; an exception is logged."""
-        self._hooks.append(hook)
+        self._hooks = [*self._hooks, hook]  # a new list: the loop iterates the old one
+
+    def remove_hook(self, hook: Callable[[], bool]) -> None:
+        """Stop calling `hook` (from any thread; a tick under way may still call it once)."""
+        self._hooks = [h for h in self._hooks if h != hook]  # (bound methods: equal, not same)
 
     def nudge(self) -> None:
         """Make sure the hooks run within a tick: start the runtime or wake it if it is idle (a

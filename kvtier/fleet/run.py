@@ -16,6 +16,7 @@ from kvtier.trace import TraceRequest
 from tiering.config import Config, tier_from_config
 from tiering.errors import TierError
 from tiering.keys import BlockKey
+from tiering.runtime import Runtime
 from tiering.tier import Tier, TierStat
 
 __all__ = ["STORE_SAMPLE", "UNTIMED_GAP", "Fleet", "FleetRun", "arrivals"]
@@ -62,6 +63,8 @@ class Fleet:
         self.inners: list[Tier] = []
         self.views: list[EngineTier] = []
         self.engines: list[ReplayEngine] = []
+        self.runtimes: list[Runtime] = []
+        """Each engine's runtime, the fleet's: its view is closed on it, before it stops."""
         self.shared: Tier | None = None
         self.indexed = False
         """Each engine's tier has an index of its own (`files`)."""
@@ -82,14 +85,16 @@ class Fleet:
                 holds = self._writer_holds if self.indexed else None
                 view = EngineTier(inner, engine, self.ledger, shared_lock=lock, holds=holds)
                 self.views.append(view)
+                runtime = Runtime(config.faults.breaker, f"kvtier-engine-{engine}")
+                self.runtimes.append(runtime)
                 self.engines.append(
                     ReplayEngine(
                         config,
                         capacity,
                         block_bytes,
                         tiers=[(config.tiers[0], view)],
+                        runtime=runtime,
                         clock=self.clock,
-                        name=f"kvtier-engine-{engine}",
                     )
                 )
         except BaseException:
@@ -129,11 +134,19 @@ class Fleet:
         return dict(total)
 
     def close(self) -> None:
-        """Stop every engine without a flush (the replay is over; each closes its view, and
-        its own tier on a real store), then the tiers no engine closes: the stand-in, or a
-        tier whose engine was never built."""
+        """Stop every engine without a flush (the replay is over), then close what the fleet
+        opened: each engine's view (and through it its own tier on a real store) on that
+        engine's runtime, the runtime, and the tiers no view closes: the stand-in, or a tier
+        whose engine was never built."""
+        from tiering.manager import close_tiers
+
         for engine in self.engines:
             engine.close(flush=0)
+        config = self.config.tiers[0]
+        for view, runtime in zip(self.views, self.runtimes, strict=False):
+            close_tiers(runtime, [(config, view)])
+        for runtime in self.runtimes:
+            runtime.shutdown()
         left = [self.shared] if self.shared is not None else self.inners[len(self.engines) :]
         for tier in left:
             asyncio.run(tier.close())

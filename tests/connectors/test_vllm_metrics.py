@@ -22,6 +22,7 @@ import numpy as np
 from connectors.vllm.manager import KvtierManager, metric_definitions
 from tiering.config import Config, MetricsConfig, TierConfig
 from tiering.manager import TieringOffloadingManager
+from tiering.manager import close_tiers
 from tiering.primary import PrimaryPool
 from tiering.runtime import Runtime
 from tiering.testing import NAMESPACE
@@ -34,12 +35,14 @@ config = Config(tiers=(TierConfig(name="nvme", type="file", capacity=1 << 30),),
 memory = np.zeros((4, 4096), dtype=np.uint8)
 manager = TieringOffloadingManager(
     PrimaryPool(4, "lru"), [(config.tiers[0], tier)], lambda s: memoryview(memory[s]),
-    config=config, runtime=Runtime(), block_tokens=32)
+    config=config, runtime=(runtime := Runtime()), block_tokens=32)
 deadline = time.monotonic() + 20
 while manager.usage.polls < 1 and time.monotonic() < deadline:
     time.sleep(0.02)
 stats = KvtierManager(manager, None).get_stats()
 manager.shutdown()
+close_tiers(runtime, [(config.tiers[0], tier)])
+runtime.shutdown()
 print(json.dumps({
     "definitions": {name: [type(m).__name__, m.documentation, list(m.labelnames)]
                     for name, m in metric_definitions().items()},

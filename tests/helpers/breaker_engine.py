@@ -12,7 +12,7 @@ import numpy as np
 
 from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
 from tiering.keys import BlockKey, make_key
-from tiering.manager import TieringOffloadingManager
+from tiering.manager import TieringOffloadingManager, close_tiers
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.runtime import Job, Runtime
 from tiering.stepping import StepDriver
@@ -45,9 +45,10 @@ class Engine:
             ),
         )
         self.runtime = Runtime(config.faults.breaker)
+        self.tiers = [(cfg, tier)]
         self.manager = TieringOffloadingManager(
             PrimaryPool(slots, "lru"),
-            [(cfg, tier)],
+            self.tiers,
             lambda s: memoryview(self.memory[s]),
             config=config,
             runtime=self.runtime,
@@ -110,3 +111,5 @@ class Engine:
 
     def close(self) -> None:
         self.manager.shutdown()
+        close_tiers(self.runtime, self.tiers)
+        self.runtime.shutdown()

@@ -22,7 +22,7 @@ from tiering.config import (
     TierConfig,
 )
 from tiering.keys import BlockKey, make_key
-from tiering.manager import TieringOffloadingManager
+from tiering.manager import TieringOffloadingManager, close_tiers
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.runtime import Runtime
 from tiering.stepping import StepDriver
@@ -65,6 +65,7 @@ class Harness:
             metrics=kw.pop("metrics", MetricsConfig()),
         )
         self.runtime = Runtime(config.faults.breaker)
+        self.tiers = tiers
         self.manager = TieringOffloadingManager(
             PrimaryPool(slots, "lru", events=True),
             tiers,
@@ -110,7 +111,10 @@ class Harness:
         return seen
 
     def close(self) -> None:
+        """Shut the manager down, then close what the harness opened: the tiers, the runtime."""
         self.manager.shutdown()
+        close_tiers(self.runtime, self.tiers)
+        self.runtime.shutdown()
 
 
 async def hog(seconds: float) -> None:

@@ -55,8 +55,8 @@ def test_another_thread_waits_for_the_step_and_may_end_it(
 ) -> None:
     """The scheduler's thread holds the lock for its step; a call from another thread
     (`stats`, `take_events`, `prepare_store`) waits for that step to end instead of running
-    inside it unlocked, and a cleanup thread's `shutdown` ends a step left open, closing the
-    tiers and the runtime."""
+    inside it unlocked, and a cleanup thread's `shutdown` ends a step left open and stops the
+    manager (the tiers and the runtime are its opener's to close)."""
     h, _tier = through
     h.store(1)
     assert h.manager.lookup(k(1)) is HIT  # the step begins, on this thread
@@ -77,7 +77,10 @@ def test_another_thread_waits_for_the_step_and_may_end_it(
         closer.join(10)
     assert not closer.is_alive()
     assert "ended by another thread" in caplog.text
-    assert h.runtime._closed  # the runtime was shut down
+    assert h.manager.bookkeeping.closed and h.manager.bookkeeping.on_tick not in h.runtime._hooks
+    assert not h.runtime._closed and not _tier._closed  # the harness's, closed by it
+    h.close()
+    assert h.runtime._closed and _tier._closed
 
 
 def test_write_through_demotes_each_stored_block(through: tuple[Harness, MemoryTier]) -> None:
@@ -795,7 +798,7 @@ def test_shutdown_writes_what_write_through_tiers_were_still_to_get(
 ) -> None:
     """Blocks stored in the engine's last step are demoted between steps; an engine that stops
     right after (vLLM's offline LLM) runs no step more: shutdown writes them, and waits for the
-    demotions in flight, before it closes the tiers."""
+    demotions in flight, before it stops."""
     cfg, tier = memory_tier(indexed=True)
     h = make([(cfg, tier)])
     h.store(1, 2)  # stored and completed in the last step; the step's end never comes

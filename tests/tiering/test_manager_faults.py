@@ -13,7 +13,7 @@ import pytest
 from kvtier.servers import RedisServer, SeaweedS3
 from tiering.config import BreakerConfig, Config, FaultsConfig, PromotionConfig, TierConfig
 from tiering.keys import BlockKey, make_key
-from tiering.manager import TieringOffloadingManager
+from tiering.manager import TieringOffloadingManager, close_tiers
 from tiering.primary import LookupResult, PrimaryPool
 from tiering.runtime import Runtime
 from tiering.stepping import StepDriver
@@ -41,9 +41,10 @@ class Engine:
             faults=FaultsConfig(timeout=1.0, breaker=BreakerConfig(failures=3, cooldown=0.5)),
         )
         self.runtime = Runtime(config.faults.breaker)
+        self.tiers = [(cfg, tier)]
         self.manager = TieringOffloadingManager(
             PrimaryPool(32, "lru"),
-            [(cfg, tier)],
+            self.tiers,
             lambda s: memoryview(self.memory[s]),
             config=config,
             runtime=self.runtime,
@@ -53,6 +54,12 @@ class Engine:
 
     def fill(self, key: BlockKey, slot: int) -> None:
         self.memory[slot] = key[31]
+
+    def close(self) -> None:
+        """Shut the manager down, then close what this engine opened."""
+        self.manager.shutdown()
+        close_tiers(self.runtime, self.tiers)
+        self.runtime.shutdown()
 
     @property
     def slowest(self) -> float:
@@ -102,7 +109,7 @@ def exercise(engine: Engine, stop: Any, start: Any) -> None:
     stats = engine.manager.stats()["tiers"]
     (figures,) = stats.values()
     assert figures["errors"] > 0 and figures["promotions"] >= 2
-    engine.manager.shutdown()
+    engine.close()
 
 
 @pytest.mark.redis

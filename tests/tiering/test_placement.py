@@ -155,7 +155,7 @@ def test_the_manager_uses_the_gate_the_config_names(restored: None) -> None:
     import numpy as np
 
     from tiering.config import parse_config
-    from tiering.manager import TieringOffloadingManager
+    from tiering.manager import TieringOffloadingManager, close_tiers
     from tiering.primary import LookupResult, PrimaryPool
     from tiering.runtime import Runtime
     from tiering.testing import NAMESPACE
@@ -172,7 +172,7 @@ def test_the_manager_uses_the_gate_the_config_names(restored: None) -> None:
         [(config.tiers[0], tier)],
         lambda s: memoryview(memory[s]),
         config=config,
-        runtime=Runtime(),
+        runtime=(runtime := Runtime()),
         block_tokens=16,
     )
     try:
@@ -183,6 +183,8 @@ def test_the_manager_uses_the_gate_the_config_names(restored: None) -> None:
         assert manager.tiers[0].counters["gated"] == 1
     finally:
         manager.shutdown()
+        close_tiers(runtime, [(config.tiers[0], tier)])
+        runtime.shutdown()
 
 
 def test_a_tier_takes_any_admission_policy_the_registry_knows(restored: None) -> None:

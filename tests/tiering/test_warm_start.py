@@ -54,7 +54,7 @@ def written(
         h.store(i)
         h.settle()
         time.sleep(0.01)  # the files layout orders by mtime, which the kernel sets per tick
-    h.manager.shutdown()
+    h.close()
     return TierConfig(name="nvme", type="file", write=write)
 
 

@@ -3,6 +3,6 @@ contract (`offloading.TieringOffloadingManager`: the facade; its module docstrin
 pieces)."""
 
 from tiering.manager.offloading import TieringOffloadingManager
-from tiering.manager.tierstate import TierEvent, build_tiers
+from tiering.manager.tierstate import TierEvent, build_tiers, close_tiers
 
-__all__ = ["TierEvent", "TieringOffloadingManager", "build_tiers"]
+__all__ = ["TierEvent", "TieringOffloadingManager", "build_tiers", "close_tiers"]

@@ -210,7 +210,7 @@ BOOKKEEPING_ON_SCHEDULER: Final = _count(
 CLOSE_ERRORS: Final = _count(
     "close_errors",
     "manager",
-    "Failures at close: the flush after the runtime shut down, or a tier's close.",
+    "Shutdowns whose flush could not run: the runtime was shut down already.",
 )
 
 TIER_COUNTERS: Final = {c.name: c.meaning for c in COUNTERS if c.scope == "tier"}

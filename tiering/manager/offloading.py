@@ -378,13 +378,14 @@ class TieringOffloadingManager:
             self.pool, self.tiers, self.counters, self.runtime, latencies=False, usage=self.usage
         ).as_dict()
 
-    def shutdown(self, timeout: float = 5.0, flush: float | None = None) -> None:
+    def shutdown(self, flush: float | None = None) -> None:
         """For as long as `flush` seconds allow (`shutdown.flush` when None), write what the
         write-through tiers were still to get and (`shutdown.resident`) the blocks still
         resident to the write-back tiers that outlive the engine (disk and remote media;
         newest first), waiting for the tier jobs in flight (their slots are still mapped:
-        nothing is cut off in the middle: `Demoter.flush`); then close the tiers (each within
-        `timeout`) and the runtime.
+        nothing is cut off in the middle: `Demoter.flush`); then stop: no job more, the hook
+        off the runtime. The tiers and the runtime stay open: whoever opened them closes them
+        (`tiering.manager.close_tiers`, `Runtime.shutdown`), after this.
 
         The blocks an engine stored in its last steps are queued for the write-through tiers
         between steps; an engine that stops right after its last request (vLLM's offline `LLM`)
@@ -393,7 +394,7 @@ class TieringOffloadingManager:
         primary held at the end (the most recent blocks) was lost to the next engine."""
         self.lock.end()
         bookkeeping = self.bookkeeping
-        if bookkeeping.closed:  # a second call: the tiers and the runtime are closed already
+        if bookkeeping.closed:  # a second call: stopped already
             return
         self.usage.close()
         with self.lock.held():
@@ -412,9 +413,4 @@ class TieringOffloadingManager:
         with self.lock.held():  # serialized with `on_tick`, which claims under the lock
             bookkeeping.closed = True
             bookkeeping.urgency.set(False)
-        for state in self.tiers:
-            try:
-                self.runtime.run_sync(state.tier.close, timeout)
-            except Exception:  # closing must not stop the rest from closing
-                self.counters[CLOSE_ERRORS] += 1
-        self.runtime.shutdown()
+        self.runtime.remove_hook(bookkeeping.on_tick)

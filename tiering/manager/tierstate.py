@@ -4,14 +4,16 @@ admission policies, its in-flight demotions and its figures; and how they are bu
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tiering.config import Config, TierConfig, tier_from_config
 from tiering.keys import BlockKey, store_namespace
 from tiering.placement import AdmissionPolicy, admission_class, default_admission
+from tiering.runtime import Runtime
 from tiering.tier import Tier
 
-__all__ = ["TierEvent", "TierState", "build_tiers"]
+__all__ = ["TierEvent", "TierState", "build_tiers", "close_tiers"]
 
 
 def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier]]:
@@ -20,6 +22,21 @@ def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier
     (`tiering.keys.store_namespace`)."""
     stored = store_namespace(namespace, config.auth.secret)
     return [(cfg, tier_from_config(cfg, stored, config)) for cfg in config.tiers]
+
+
+def close_tiers(
+    runtime: Runtime, tiers: Sequence[tuple[TierConfig, Tier]], timeout: float = 5.0
+) -> int:
+    """Close `tiers` (what `build_tiers` opened) on `runtime`'s loop, each within `timeout`
+    seconds, one's failure keeping none of the rest open; before the runtime is shut down,
+    after the manager over them (`TieringOffloadingManager.shutdown`). How many failed."""
+    failed = 0
+    for _, tier in tiers:
+        try:
+            runtime.run_sync(tier.close, timeout)
+        except Exception:  # one tier's failure must not keep the rest open
+            failed += 1
+    return failed
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ def adapter() -> Iterator[KvtierManager]:
         yield manager
     finally:
         manager.shutdown()
+        inner.runtime.shutdown()  # (opened here: the manager does not close it)
 
 
 def end_step(manager: KvtierManager) -> None:
