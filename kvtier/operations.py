@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tiering.errors import ConfigError, CorruptObject, StateError, TierError, TierUnavailable
-from tiering.format import REMOVABLE
 from tiering.keys import BlockKey
 from tiering.tier import ObjectInfo, Tier
-from tiering.usage import KeepsUsageMarks
+from tiering.tier.format import REMOVABLE
+from tiering.tier.usage import KeepsUsageMarks
 
 __all__ = [
     "JOURNAL_MAGIC",
@@ -168,7 +168,7 @@ class VerifyReport:
     repaired: int = 0
     left: list[tuple[str, str]] = field(default_factory=list)
     """(key hex, reason) of the bad objects a repair left in place: their reason proves no
-    damage (`tiering.format.REMOVABLE`), so they may be a neighbour's."""
+    damage (`tiering.tier.format.REMOVABLE`), so they may be a neighbour's."""
 
 
 async def verify(
@@ -180,7 +180,7 @@ async def verify(
 ) -> VerifyReport:
     """Read every object of the tier's namespace and check header, namespace, lengths,
     checksum and (with a secret) MAC; with `repair`, delete the objects whose damage is
-    provable (`tiering.format.REMOVABLE`: whoever wrote them, no reader can use them).
+    provable (`tiering.tier.format.REMOVABLE`: whoever wrote them, no reader can use them).
 
     An object that fails only this reader's checks is left and listed in `left`, repair or
     not: `auth` (another secret's, or written without one: a deployment beside this one, or

@@ -99,7 +99,7 @@ class TierFull(TierError, OSError):
 class CorruptObject(TierError, ValueError):
     """A stored object failed verification (checksum, namespace, format version, length...).
 
-    `reason` is one word, one of `tiering.format.REASONS`: tiers count refused objects under
+    `reason` is one word, one of `tiering.tier.format.REASONS`: tiers count refused objects under
     `corrupt.<reason>`. The message is `"<reason>: <detail>"`.
     """
 
@@ -107,6 +107,6 @@ class CorruptObject(TierError, ValueError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.seen: bytes | None = None
-        """The refused object's first bytes as read (`tiering.envelope.SEEN_BYTES`: its
+        """The refused object's first bytes as read (`tiering.tier.envelope.SEEN_BYTES`: its
         header, MAC and writer tag), when the envelope refused it: a removal takes the object
         only while the store still holds these bytes (`Tier._delete_refused`)."""

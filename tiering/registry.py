@@ -1,24 +1,22 @@
-"""Secondary tier types by name, and the one factory of a tier from its configuration entry.
+"""Secondary tier types by name, and a tier built by type name from its options.
 
 Built in: `memory`, `file`, `redis`, `s3`. Third-party tiers register in the entry-point group
 `kvtier.tiers` (`mytier = "mypackage.tiers:MyTier"`) or at run time with `register_tier`
 (`tiering.plugins.Registry`). A tier class that picks a concrete class from its options (the
 file tier's `layout`) is asked which (`variant(options)`) before its options are read.
-`tier_from_config` builds a tier of a YAML entry: the manager (`build_tiers`), the operator
-commands and the tests all build theirs with it.
+The registry knows tier classes, not the configuration: the configuration reads its tiers'
+options through it, and builds the tier of a YAML entry with `create_tier`
+(`tiering.config.tier_from_config`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tiering.errors import ConfigError
 from tiering.plugins import Registry
 from tiering.tier import Tier
-
-if TYPE_CHECKING:
-    from tiering.config import Config, TierConfig
 
 __all__ = [
     "TIERS",
@@ -26,7 +24,6 @@ __all__ = [
     "create_tier",
     "get_tier_class",
     "register_tier",
-    "tier_from_config",
     "tier_types",
 ]
 
@@ -83,26 +80,3 @@ def create_tier(type_name: str, *, namespace: bytes, **options: Any) -> Tier:
         raise ConfigError(f"tier type {type_name!r}: {e}") from e
     except TypeError as e:
         raise ConfigError(f"tier type {type_name!r}: {e}") from e
-
-
-def tier_from_config(
-    entry: TierConfig,
-    namespace: bytes,
-    config: Config,
-    *,
-    default_timeout: float | None = None,
-    **overrides: Any,
-) -> Tier:
-    """The tier of `entry` (one of `config.tiers`) in `namespace`, with the deployment's secret
-    (`auth.secret`). Its deadline is the entry's `timeout` option, else `default_timeout`, else
-    `faults.timeout`; `overrides` (`read_only=True`, a `timeout`, scratch options) win over the
-    entry's options."""
-    default = config.faults.timeout if default_timeout is None else default_timeout
-    return create_tier(
-        entry.type,
-        namespace=namespace,
-        name=entry.name,
-        capacity=entry.capacity,
-        secret=config.auth.secret,
-        **{"timeout": default, **entry.options, **overrides},
-    )

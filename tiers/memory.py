@@ -7,10 +7,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from tiering.counters import EVICTIONS
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, Medium, NamespaceUsage
+from tiering.tier.counters import EVICTIONS
 from tiers.indexed import IndexedTier
 
 __all__ = ["MemoryTier"]

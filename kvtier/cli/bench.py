@@ -15,7 +15,7 @@ from kvtier.cli.common import TIER, add_command, emit, make_tier, table, tier_co
 from kvtier.operations import purge_namespace
 from tiering.config import TierConfig, load_config
 from tiering.errors import ConfigError, KvtierError
-from tiering.format import MAX_BLOCK_BYTES
+from tiering.tier.format import MAX_BLOCK_BYTES
 from tiering.units import parse_size
 
 __all__ = ["add_parsers", "raw_baseline", "run_bench"]

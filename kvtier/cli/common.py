@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtier.cli import args as argtypes
-from tiering.config import Config, TierConfig
+from tiering.config import Config, TierConfig, tier_from_config
 from tiering.errors import ConfigError
 from tiering.tier import Tier
 
@@ -88,9 +88,7 @@ def tier_config(config: Config, name: str) -> TierConfig:
 
 
 def make_tier(config: Config, cfg: TierConfig, namespace: bytes, **extra: Any) -> Tier:
-    """The tier of `cfg` (`tiering.registry.tier_from_config`); `extra` wins over its options."""
-    from tiering.registry import tier_from_config
-
+    """The tier of `cfg` (`tiering.config.tier_from_config`); `extra` wins over its options."""
     return tier_from_config(cfg, namespace, config, **extra)
 
 

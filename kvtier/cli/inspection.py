@@ -26,9 +26,9 @@ from kvtier.cli.common import (
 from kvtier.operations import read_block
 from tiering.config import load_config
 from tiering.errors import CorruptObject, TierError, TierUnavailable
-from tiering.format import check_object
 from tiering.keys import BlockKey
 from tiering.tier import NamespaceUsage, Tier, as_key
+from tiering.tier.format import check_object
 
 __all__ = ["add_parsers", "header_fields", "run_inspect", "run_ls", "run_stats"]
 

@@ -19,8 +19,8 @@ from kvtier.replay import ReplayResult, replay, replay_tiered
 from kvtier.trace import load_trace
 from tiering.config import load_config
 from tiering.errors import ConfigError
-from tiering.format import MAX_BLOCK_BYTES
 from tiering.policies import get_policy_class
+from tiering.tier.format import MAX_BLOCK_BYTES
 
 __all__ = ["add_parser", "run"]
 

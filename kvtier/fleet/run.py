@@ -13,7 +13,7 @@ from kvtier.fleet.figures import EngineFigures
 from kvtier.fleet.shared import EngineTier, Write, WriteLedger
 from kvtier.replay import MAX_DEFERRALS, REPLAY_NAMESPACE, Admitted, ReplayEngine
 from kvtier.trace import TraceRequest
-from tiering.config import Config
+from tiering.config import Config, tier_from_config
 from tiering.errors import TierError
 from tiering.keys import BlockKey
 from tiering.runtime import Runtime
@@ -119,8 +119,6 @@ class Fleet:
             return None
 
     async def _fresh_stat(self) -> TierStat:
-        from tiering.registry import tier_from_config
-
         config = self.config
         fresh = tier_from_config(
             config.tiers[0], REPLAY_NAMESPACE, config, default_timeout=STAT_TIMEOUT, read_only=True

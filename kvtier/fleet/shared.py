@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, Medium, Tier, TierStat
-from tiering.wrappers import ForwardingTier
+from tiering.tier.wrappers import ForwardingTier
 
 __all__ = ["EngineTier", "Holds", "Write", "WriteLedger"]
 

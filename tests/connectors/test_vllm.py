@@ -30,9 +30,9 @@ from tests.helpers.vllm_runs import (
     scenario,
     with_tiers,
 )
-from tiering.format import decode_header
 from tiering.keys import BlockKey, key_from_hex
 from tiering.testing import craft
+from tiering.tier.format import decode_header
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

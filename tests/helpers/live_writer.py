@@ -15,9 +15,8 @@ import json
 import sys
 from typing import Any
 
-from tiering.config import parse_config
+from tiering.config import parse_config, tier_from_config
 from tiering.keys import BlockKey, make_key
-from tiering.registry import tier_from_config
 from tiering.testing import payload
 
 

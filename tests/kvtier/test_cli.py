@@ -144,7 +144,7 @@ def test_an_installed_kvtier_finds_the_demo_config(tmp_path: Path) -> None:
 
 def test_the_cli_tier_factory_lets_every_extra_win_over_the_entry_options() -> None:
     """`make_tier(config, entry, namespace, **extra)`: `extra` wins over the entry's options,
-    a deadline too (as before the one factory, `tiering.registry.tier_from_config`)."""
+    a deadline too (as before the one factory, `tiering.config.tier_from_config`)."""
     import asyncio
 
     from kvtier.cli.common import make_tier

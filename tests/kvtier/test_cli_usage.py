@@ -16,9 +16,8 @@ import redis
 
 from kvtier.cli import main
 from kvtier.servers import RedisClusterServers, RedisServer, SeaweedS3
-from tiering.config import parse_config
+from tiering.config import parse_config, tier_from_config
 from tiering.keys import BlockKey, make_key
-from tiering.registry import tier_from_config
 from tiering.testing import payload
 
 pytestmark = [pytest.mark.redis, pytest.mark.s3]

@@ -14,6 +14,7 @@ from tests.helpers.paths import ROOT
 
 PACKAGES = ("tiering", "tiers", "connectors", "kvtier")
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+CIRCLE = "no import circle: no two modules or packages of one package import each other"
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
@@ -75,3 +76,31 @@ def test_a_planted_violation_fails(
         result.stdout
     )
     assert f"{where}._planted" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("where", "planted", "edge"),
+    [
+        # the circle issue 43 broke: the registry of tier types importing the configuration
+        ("tiering/registry.py", "from tiering.config import Config", ".registry -> .config"),
+        # one inside a package: the contract imports the base that subclasses it
+        ("tiering/tier/contract.py", "import tiering.tier.base", ".contract -> .base"),
+        # one only a function's import makes, between two packages of the data plane
+        ("tiers/threads.py", "def later():\n    import tiers.file", ".threads -> .file"),
+    ],
+)
+def test_a_planted_import_circle_fails(
+    tree_copy: Path, where: str, planted: str, edge: str
+) -> None:
+    module = tree_copy / where
+    kept = module.read_text()
+    module.write_text(kept + "\n" + planted + "\n")
+    try:
+        result = lint_imports(tree_copy)
+    finally:
+        module.write_text(kept)
+    assert result.returncode != 0, result.stdout
+    assert result.stdout.count(" BROKEN") == 1 and f"{CIRCLE} BROKEN" in result.stdout, (
+        result.stdout
+    )
+    assert edge in result.stdout, result.stdout

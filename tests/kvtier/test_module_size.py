@@ -1,6 +1,7 @@
 """The shape of the product modules (kvtier/, tiering/, tiers/, connectors/): none over 500
-lines, each opening with a docstring whose first line says what it is (not why it is long), and
-no benchmark figure in any docstring (BENCHMARKS.md holds them)."""
+lines, each opening with a docstring whose first line says what it is (not why it is long), no
+benchmark figure in any docstring (BENCHMARKS.md holds them), and at most fifteen modules side
+by side at tiering/'s root (a family of modules is a package)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.helpers.paths import ROOT
 
 PACKAGES = ("kvtier", "tiering", "tiers", "connectors")
 MAX_LINES = 500
+MAX_TIERING_ROOT = 15
 
 ABOUT_LENGTH = re.compile(r"\b\d{3,}\s+lines\b|\blines\s+long\b", re.IGNORECASE)
 """A module docstring that explains the module's size ("over 400 lines: ...") instead of
@@ -51,6 +53,12 @@ def docstrings(tree: ast.Module) -> Iterator[tuple[int, str]]:
 def test_there_are_product_modules_to_check() -> None:
     found = {relative(path).split("/")[0] for path in product_modules()}
     assert found == set(PACKAGES)
+
+
+def test_tiering_keeps_at_most_fifteen_modules_at_its_root() -> None:
+    """docs/DESIGN.md ("tiering/'s root") says which modules stay there and why."""
+    root = sorted(path.name for path in (ROOT / "tiering").glob("*.py"))
+    assert len(root) <= MAX_TIERING_ROOT, root
 
 
 def test_no_product_module_is_over_500_lines() -> None:

@@ -20,8 +20,7 @@ from kvtier.idle import idle_plan, purge_idle
 from kvtier.servers import RedisServer, SeaweedS3
 from tests.helpers.live_writer import block_key
 from tests.helpers.paths import ROOT
-from tiering.config import parse_config
-from tiering.registry import tier_from_config
+from tiering.config import parse_config, tier_from_config
 from tiering.testing import payload
 
 pytestmark = [pytest.mark.redis, pytest.mark.s3]

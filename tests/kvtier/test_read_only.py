@@ -234,7 +234,7 @@ def test_verify_reports_an_object_it_cannot_read_and_goes_on() -> None:
     """One object's read failing (a deadline on a large object, an odd reply) is reported
     against that object; the rest are still checked (verify stopped at the first)."""
     from kvtier.operations import verify
-    from tiering.wrappers import FaultyTier
+    from tiering.tier.wrappers import FaultyTier
     from tiers.memory import MemoryTier
 
     async def body() -> None:

@@ -42,7 +42,7 @@ def test_the_readme_tier_backend_passes_the_conformance_suite(tmp_path: Path) ->
 
 def test_the_module_the_readme_names_for_the_contract_holds_it() -> None:
     """The README's "Writing a tier backend" sends authors to a module for the full contract:
-    that module declares every primitive the README lists (it moved out of `tiering/tier.py`)."""
+    that module declares every primitive the README lists (the base, `Tier`, holds none of them)."""
     readme = (ROOT / "README.md").read_text()
     found = re.search(r"The full contract is in `([\w/]+\.py)`", readme)
     assert found, "README.md no longer says where the full contract is"

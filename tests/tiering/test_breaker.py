@@ -16,7 +16,7 @@ from tiering.errors import CorruptObject, TierFull, TierUnavailable
 from tiering.keys import BlockKey, make_key
 from tiering.runtime import Job, JobResult, Runtime
 from tiering.testing import NAMESPACE
-from tiering.wrappers import FaultyTier
+from tiering.tier.wrappers import FaultyTier
 from tiers.memory import MemoryTier
 
 BLOCK = 4096

@@ -13,14 +13,14 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.helpers.paths import ROOT
-from tiering.config import markdown_table, parse_config
+from tiering.config import markdown_table, parse_config, tier_from_config
 from tiering.config.__main__ import main
 from tiering.config.generate import _tier_branches
 from tiering.config.schema import Config, sections_of
 from tiering.config.tiers import option_fields, variants
 from tiering.errors import ConfigError
-from tiering.options import TierOptions, fields_of, option
-from tiering.registry import create_tier, register_tier, tier_from_config
+from tiering.registry import create_tier, register_tier
+from tiering.tier.options import TierOptions, fields_of, option
 from tiers.memory import MemoryTier
 
 NAMESPACE = bytes(range(16))

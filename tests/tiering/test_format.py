@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tiering.errors import ConfigError, CorruptObject
-from tiering.format import (
+from tiering.keys import FORMAT_VERSION, make_key
+from tiering.tier.format import (
     FIXED_FIELDS,
     HEADER_MIN,
     REASONS,
@@ -16,7 +17,6 @@ from tiering.format import (
     peek_lengths,
     verify_payload,
 )
-from tiering.keys import FORMAT_VERSION, make_key
 
 NS = bytes(range(16))
 KEY = make_key(bytes(32), 7)
@@ -126,7 +126,7 @@ def test_headers_that_lie_about_lengths(fields: dict[str, int], reason: str) -> 
 
 
 def test_the_object_size_must_match_its_header() -> None:
-    from tiering.format import check_object
+    from tiering.tier.format import check_object
 
     header, payload = encode(KEY, NS, b"abcdef")
     h = decode_header(header, KEY, NS)
@@ -145,7 +145,7 @@ def test_the_object_size_must_match_its_header() -> None:
 def test_decoding_is_bounded_by_the_claimed_length(codec: str) -> None:
     import tracemalloc
 
-    from tiering.format import compress, decompress
+    from tiering.tier.format import compress, decompress
 
     bomb = compress(codec, bytes(64 << 20))
     tracemalloc.start()
@@ -160,7 +160,7 @@ def test_decoding_is_bounded_by_the_claimed_length(codec: str) -> None:
 
 
 def test_macs() -> None:
-    from tiering.format import mac_key
+    from tiering.tier.format import mac_key
 
     secret = mac_key(b"a deployment secret")
     header, payload = encode(KEY, NS, b"abcdef", secret_key=secret, align=4096)
@@ -178,7 +178,7 @@ def test_macs() -> None:
 def test_a_zstd_payload_is_one_frame_and_nothing_after_it() -> None:
     import zstandard
 
-    from tiering.format import compress, decompress
+    from tiering.tier.format import compress, decompress
 
     block = b"kv" * 2048
     frame = compress("zstd", block)

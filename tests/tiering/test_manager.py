@@ -33,7 +33,7 @@ from tiering.metrics import MetricsServer
 from tiering.runtime import Job
 from tiering.testing import NAMESPACE
 from tiering.tier import Tier
-from tiering.wrappers import FaultyTier
+from tiering.tier.wrappers import FaultyTier
 from tiers.memory import MemoryTier
 
 

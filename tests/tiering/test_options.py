@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tiering.errors import ConfigError
-from tiering.options import REQUIRED, Field, TierOptions, fields_of, option
+from tiering.tier.options import REQUIRED, Field, TierOptions, fields_of, option
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,7 +132,7 @@ def test_an_annotation_that_says_nothing_needs_a_kind() -> None:
 
 
 def test_choices_may_name_a_tuple_imported_when_used() -> None:
-    field = Field("choice", choices="tiering.format:CODECS")
+    field = Field("choice", choices="tiering.tier.format:CODECS")
     assert field.names() == ("raw", "lz4", "zstd") and field.read("lz4", "x") == "lz4"
 
 

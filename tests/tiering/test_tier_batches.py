@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from tests.tiers.memory_hooks import plant, stored
-from tiering.batching import RawRead, RawWrite, ReadsMany, WritesMany
 from tiering.errors import CorruptObject, TierError, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
 from tiering.testing.crafted import corrupt_variants, stored_object
 from tiering.testing.tier import MakeTier, StoreDown, TierConformance
 from tiering.tier import Buffer, Tier
+from tiering.tier.batching import RawRead, RawWrite, ReadsMany, WritesMany
 from tiers.memory import MemoryTier
 
 SIZE = 4096

@@ -18,7 +18,7 @@ from tiering.keys import BlockKey
 from tiering.primary import KeyState
 from tiering.testing import NAMESPACE
 from tiering.tier import Buffer, Tier
-from tiering.wrappers import FaultyTier
+from tiering.tier.wrappers import FaultyTier
 from tiers.file import BlockFileTier, SegmentFileTier
 
 BLOCK = 4096

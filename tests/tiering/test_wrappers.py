@@ -14,7 +14,7 @@ from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
 from tiering.testing.tier import MakeTier, StoreDown, TierConformance
 from tiering.tier import Tier
-from tiering.wrappers import FaultyTier, ForwardingTier
+from tiering.tier.wrappers import FaultyTier, ForwardingTier
 from tiers.memory import MemoryTier
 
 

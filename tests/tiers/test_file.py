@@ -875,8 +875,8 @@ def test_an_object_outside_its_keys_directory_is_not_indexed(tmp_path: Path) -> 
     """A valid object for a key with a 1-byte hash (no fan-out directory can name it), or any
     object in another directory than its key's: the scan leaves it out, so eviction, ls and
     verify never meet a key they cannot place."""
-    from tiering.format import encode
     from tiering.keys import make_key
+    from tiering.tier.format import encode
 
     async def body() -> None:
         async with BlockFileTier(namespace=NAMESPACE, path=tmp_path, min_free=0) as tier:

@@ -23,10 +23,10 @@ import redis
 
 from kvtier.servers import RedisClusterServers, RedisServer
 from tiering.errors import TierError
-from tiering.format import decode_header
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
 from tiering.testing.crafted import corrupt_variants
+from tiering.tier.format import decode_header
 from tiers.redis import RedisTier
 from tiers.redis.resp import set_command
 

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import pytest
 
 import tiers.redis.resp as resp
-from tiering.format import encode
 from tiering.keys import make_key
 from tiering.testing import payload
+from tiering.tier.format import encode
 from tiers.redis.resp import RespConnection, RespError
 
 NS = bytes(16)

@@ -16,7 +16,7 @@ from kvtier.servers import RedisServer, SeaweedS3
 from tiering.errors import TierTimeout
 from tiering.keys import BlockKey, make_key
 from tiering.tier import NamespaceUsage
-from tiering.usage import UsageTally
+from tiering.tier.usage import UsageTally
 from tiers.file import BlockFileTier, SegmentFileTier
 from tiers.file.usage import FileUsage
 from tiers.redis import RedisTier
@@ -188,7 +188,7 @@ def test_a_tally_keeps_a_bounded_number_of_namespaces() -> None:
 
 def test_a_wrapped_tier_lists_its_store(tmp_path: Path) -> None:
     """`FaultyTier` (any `ForwardingTier`) lists what the tier it wraps lists."""
-    from tiering.wrappers import FaultyTier
+    from tiering.tier.wrappers import FaultyTier
 
     async def go() -> dict[str, tuple[int, int]]:
         async with BlockFileTier(namespace=NS, path=tmp_path, min_free=0) as tier:

@@ -32,6 +32,7 @@ from tiering.config.schema import (
     ShutdownConfig,
     TierConfig,
 )
+from tiering.config.tiers import tier_from_config
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -48,5 +49,6 @@ __all__ = [
     "load_config",
     "markdown_table",
     "parse_config",
+    "tier_from_config",
     "write_json_schema",
 ]

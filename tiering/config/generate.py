@@ -26,7 +26,8 @@ from tiering.config.schema import (
 )
 from tiering.config.tiers import TIER_KEYS, option_fields, required, variants
 from tiering.errors import ConfigError
-from tiering.options import Field, fields_of
+from tiering.registry import builtin_tier_types, get_tier_class
+from tiering.tier.options import Field, TierOptions, fields_of
 
 __all__ = ["json_schema", "markdown_table", "write_json_schema"]
 
@@ -36,8 +37,6 @@ _SECRET = {"type": "string", "pattern": f"^{ENV_PATTERN}$"}
 
 def _tier_types() -> list[tuple[str, type | None]]:
     """Each built-in tier type with its class (None when its dependencies are missing)."""
-    from tiering.registry import builtin_tier_types, get_tier_class
-
     found: list[tuple[str, type | None]] = []
     for type_name in builtin_tier_types():
         try:
@@ -49,8 +48,6 @@ def _tier_types() -> list[tuple[str, type | None]]:
 
 def _base_tier_fields() -> dict[str, Field]:
     """The options every tier takes (those of the `Tier` base class's record)."""
-    from tiering.options import TierOptions
-
     return {n: f for n, f in fields_of(TierOptions).items() if n not in TIER_KEYS}
 
 

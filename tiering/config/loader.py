@@ -7,7 +7,7 @@ environment variable NAME (an unset one is an error naming the field), so secret
 the file. Every key is read by the `Field` its declaration gives it (`tiering.config.schema`;
 a tier's own options: its class's `Options` record, `tiering.config.tiers`) and handed to the
 code in the unit it takes (sizes in bytes, durations in seconds). Numbers are finite and
-bounded (`tiering.units`), and the YAML itself is read within bounds (`tiering.safeyaml`), so
+bounded (`tiering.units`), and the YAML itself is read within bounds (`tiering.config.safeyaml`), so
 no file makes loading slow, deep or large.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from tiering import safeyaml
+from tiering.config import safeyaml
 from tiering.config.schema import (
     ENV_PATTERN,
     NAME,
@@ -34,9 +34,9 @@ from tiering.config.schema import (
 )
 from tiering.config.tiers import TIER_KEYS, option_fields, required, tier_class
 from tiering.errors import ConfigError
-from tiering.options import fields_of, read_fields
 from tiering.policies import get_policy_class
 from tiering.tier import MIN_SECRET_BYTES
+from tiering.tier.options import fields_of, read_fields
 from tiering.units import short_repr
 
 __all__ = ["load_config", "parse_config"]
@@ -222,7 +222,7 @@ def _auth(value: object, raw_secret: object) -> AuthConfig:
 
 def _interpolate(value: object, where: str, env: Mapping[str, str], depth: int) -> object:
     """`value` with `${NAME}` filled in from `env`; also refuses non-finite numbers and deep
-    nesting (an inline config from vLLM did not come through `tiering.safeyaml`)."""
+    nesting (an inline config from vLLM did not come through `tiering.config.safeyaml`)."""
     if depth > safeyaml.MAX_DEPTH:
         raise ConfigError(f"{where or 'config'}: nested deeper than {safeyaml.MAX_DEPTH} levels")
     if isinstance(value, str):

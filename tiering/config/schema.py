@@ -4,7 +4,7 @@ Every key is an `option` (its default, its help line, how its YAML value is read
 (`tiering.config.loader`), the JSON Schema and the documentation table
 (`tiering.config.generate`) are all produced from these declarations, so they cannot disagree.
 A section inside a section is a `section` field. A tier's own options are not here: each tier
-class declares them as its `Options` record (`tiering.options.TierOptions`).
+class declares them as its `Options` record (`tiering.tier.options.TierOptions`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from tiering.envelope import MIN_SECRET_BYTES
 from tiering.errors import ConfigError
-from tiering.options import option
+from tiering.tier.envelope import MIN_SECRET_BYTES
+from tiering.tier.options import option
 from tiering.units import format_size
 
 __all__ = [

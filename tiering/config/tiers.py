@@ -1,9 +1,12 @@
-"""A tier type's own options, as the configuration reads and documents them.
+"""A tier type's own options, as the configuration reads and documents them, and the tier of a
+configuration entry (`tier_from_config`).
 
-A tier class declares them in its `Options` record (`tiering.options.TierOptions`); a class
+A tier class declares them in its `Options` record (`tiering.tier.options.TierOptions`); a class
 that picks a concrete class from its options (`variant`, e.g. the file tier's `layout`) is
 asked first, so each variant accepts only its own. The keys of `TierConfig` (`capacity`
-among them, though every record has it) are read by the configuration itself.
+among them, though every record has it) are read by the configuration itself. The
+configuration finds tier classes in the registry (`tiering.registry`), which knows nothing of
+the configuration.
 """
 
 from __future__ import annotations
@@ -11,12 +14,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tiering.config.schema import TierConfig
+from tiering.config.schema import Config, TierConfig
 from tiering.errors import ConfigError
-from tiering.options import Field, fields_of
+from tiering.registry import create_tier, get_tier_class
 from tiering.tier import Tier
+from tiering.tier.options import Field, fields_of
 
-__all__ = ["TIER_KEYS", "option_fields", "required", "tier_class", "variant_of", "variants"]
+__all__ = [
+    "TIER_KEYS",
+    "option_fields",
+    "required",
+    "tier_class",
+    "tier_from_config",
+    "variant_of",
+    "variants",
+]
 
 TIER_KEYS = frozenset(fields_of(TierConfig))
 """The keys of a tier's mapping that are `TierConfig`'s own, not its class's options."""
@@ -31,8 +43,6 @@ def variant_of(cls: type[Tier], options: Mapping[str, Any]) -> type[Tier]:
 def tier_class(type_name: str, options: Mapping[str, Any], where: str) -> type[Tier]:
     """The class of tier type `type_name` that `options` (as written) select; a `ConfigError`
     names `where.type` (an unknown type) or `where.<option>` (an option `variant` refused)."""
-    from tiering.registry import get_tier_class
-
     try:
         cls = get_tier_class(type_name)
     except ConfigError as e:
@@ -69,3 +79,26 @@ def variants(cls: type[Tier]) -> list[tuple[type[Tier], str, tuple[str, ...]]]:
 def required(fields: Mapping[str, Field]) -> list[str]:
     """The names of the options that have no default, sorted."""
     return sorted(name for name, f in fields.items() if f.required)
+
+
+def tier_from_config(
+    entry: TierConfig,
+    namespace: bytes,
+    config: Config,
+    *,
+    default_timeout: float | None = None,
+    **overrides: Any,
+) -> Tier:
+    """The tier of `entry` (one of `config.tiers`) in `namespace`, with the deployment's secret
+    (`auth.secret`): the one way from a YAML entry to a tier. Its deadline is the entry's
+    `timeout` option, else `default_timeout`, else `faults.timeout`; `overrides`
+    (`read_only=True`, a `timeout`, scratch options) win over the entry's options."""
+    default = config.faults.timeout if default_timeout is None else default_timeout
+    return create_tier(
+        entry.type,
+        namespace=namespace,
+        name=entry.name,
+        capacity=entry.capacity,
+        secret=config.auth.secret,
+        **{"timeout": default, **entry.options, **overrides},
+    )

@@ -10,7 +10,7 @@ date).
 Two scopes: a **tier** counter is kept per secondary tier (`TierState.counters`) and exported
 as `vllm:kvtier_tier_<name>{tier=...}`; a **manager** counter is the engine's. One word, one
 meaning: a **hit** is a verified read of a block from a tier (the tier's own `hits`,
-`tiering.counters`); the manager's existence checks count what they `found` and did not
+`tiering.tier.counters`); the manager's existence checks count what they `found` and did not
 (`not_found`).
 """
 

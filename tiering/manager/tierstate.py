@@ -7,7 +7,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tiering.config import Config, TierConfig
+from tiering.config import Config, TierConfig, tier_from_config
 from tiering.keys import BlockKey, store_namespace
 from tiering.placement import AdmissionPolicy, admission_class, default_admission
 from tiering.runtime import Runtime
@@ -17,11 +17,9 @@ __all__ = ["TierEvent", "TierState", "build_tiers", "close_tiers"]
 
 
 def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier]]:
-    """The configured secondary tiers, in order (`tiering.registry.tier_from_config`), holding
+    """The configured secondary tiers, in order (`tiering.config.tier_from_config`), holding
     the blocks of the layout `namespace` under the store namespace of the deployment's secret
     (`tiering.keys.store_namespace`)."""
-    from tiering.registry import tier_from_config
-
     stored = store_namespace(namespace, config.auth.secret)
     return [(cfg, tier_from_config(cfg, stored, config)) for cfg in config.tiers]
 

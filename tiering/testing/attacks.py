@@ -13,11 +13,8 @@ import asyncio
 
 import pytest
 
-from tiering.envelope import SEEN_BYTES
 from tiering.errors import CorruptObject
-from tiering.format import MAX_BLOCK_BYTES, REMOVABLE
 from tiering.keys import store_namespace
-from tiering.refusals import RecentRefusals
 from tiering.testing.crafted import (
     CRAFTED_BLOCK,
     PEAK_BYTES,
@@ -30,6 +27,9 @@ from tiering.testing.crafted import (
 )
 from tiering.testing.data import NAMESPACE, OTHER_SECRET, SECRET, key, payload
 from tiering.testing.hooks import MakeTier, TierHooks, asynctest
+from tiering.tier.envelope import SEEN_BYTES
+from tiering.tier.format import MAX_BLOCK_BYTES, REMOVABLE
+from tiering.tier.refusals import RecentRefusals
 
 __all__ = ["AttackTests"]
 
@@ -370,7 +370,7 @@ class AttackTests(TierHooks):
     @asynctest
     async def test_a_refused_object_left_in_place_is_a_fast_miss(self, make_tier: MakeTier) -> None:
         """An object a tier may not remove (another secret's, in names not its own secret's)
-        is read and refused once: for a while after (`tiering.refusals`), lookups of its name
+        is read and refused once: for a while after (`tiering.tier.refusals`), lookups of its name
         answer no without reading it, counted under `refused_skips`; after the while, the next
         lookup reads it again. It stays in place throughout."""
         async with make_tier(secret=SECRET) as tier:

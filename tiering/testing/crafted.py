@@ -18,10 +18,18 @@ from typing import TypeVar
 
 import xxhash
 
-from tiering.format import CODECS, FIXED_FIELDS, MAGIC, MAX_BLOCK_BYTES, checksum, encode, mac_key
 from tiering.keys import FORMAT_VERSION, BlockKey
 from tiering.testing.data import NAMESPACE, OTHER_NAMESPACE, key, payload
 from tiering.tier import Tier
+from tiering.tier.format import (
+    CODECS,
+    FIXED_FIELDS,
+    MAGIC,
+    MAX_BLOCK_BYTES,
+    checksum,
+    encode,
+    mac_key,
+)
 
 __all__ = [
     "CRAFTED_BLOCK",

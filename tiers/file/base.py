@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from tiering.batching import RawWrite
-from tiering.counters import corrupt
 from tiering.errors import ConfigError, TierFull, TierTimeout
 from tiering.keys import BlockKey
-from tiering.options import TierOptions, fields_of, option
 from tiering.tier import Buffer, Medium, NamespaceUsage
+from tiering.tier.batching import RawWrite
+from tiering.tier.counters import corrupt
+from tiering.tier.options import TierOptions, fields_of, option
 from tiers.file.direct import (
     BLOCK,
     BounceBuffers,

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tiering.errors import CorruptObject, TierFull, TierUnavailable
-from tiering.format import peek_lengths
 from tiering.tier import Buffer
+from tiering.tier.format import peek_lengths
 from tiers.file.direct import BLOCK, KEPT_BUFFER, BounceBuffers, is_aligned, round_up
 from tiers.file.once import place_once
 from tiers.file.shared import SharedDirectory

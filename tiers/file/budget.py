@@ -165,7 +165,7 @@ def _sum(data: bytes, key: bytes | None) -> int:
 
 def ledger_key(mac: bytes | None) -> bytes | None:
     """The key a ledger is authenticated with, derived from a deployment's object MAC key
-    (`tiering.format.mac_key`; None: no secret, no authentication)."""
+    (`tiering.tier.format.mac_key`; None: no secret, no authentication)."""
     return None if mac is None else hashlib.sha256(_KEY_DOMAIN + mac).digest()
 
 

@@ -33,13 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tiering.batching import RawRead, RawWrite
-from tiering.counters import EVICTIONS
 from tiering.errors import CorruptObject, TierError, TierFull
-from tiering.format import REMOVABLE, Header, check_object, decode_header
 from tiering.keys import BlockKey, key_from_hex, key_path
-from tiering.options import TierOptions, option
 from tiering.tier import Buffer, ObjectInfo, TierStat
+from tiering.tier.batching import RawRead, RawWrite
+from tiering.tier.counters import EVICTIONS
+from tiering.tier.format import REMOVABLE, Header, check_object, decode_header
+from tiering.tier.options import TierOptions, option
 from tiers.file.base import FileOptions, FileTier, log
 from tiers.file.block_io import BlockFiles, object_size
 from tiers.file.direct import BLOCK
@@ -121,7 +121,7 @@ class BlockFileTier(FileTier, layout="files"):
     def _rebuild_index(self) -> None:
         """Index every complete object under the namespace's directory. Objects that fail
         their header check are not indexed and are listed in `damaged` (for `kvtier verify`);
-        a writable tier removes those whose damage is provable (`tiering.format.REMOVABLE`)
+        a writable tier removes those whose damage is provable (`tiering.tier.format.REMOVABLE`)
         and leaves another format version's or codec's (a newer kvtier beside this one). A
         temporary file is removed only once it is older than `TMP_MAX_AGE`: several processes,
         in other pid namespaces (containers) too, may be writing here."""

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable
 
 from tiering.errors import CorruptObject
-from tiering.format import HEADER_MIN, Checksum, Header, decode_header, peek_key
+from tiering.tier.format import HEADER_MIN, Checksum, Header, decode_header, peek_key
 from tiers.file.direct import BLOCK
 from tiers.file.ledger import Place, Segment, SegmentLedger, record_size
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tiering.errors import CorruptObject, TierError, TierFull, TierUnavailable
-from tiering.format import peek_lengths
 from tiering.tier import Buffer
+from tiering.tier.format import peek_lengths
 from tiers.file.direct import BLOCK, BounceBuffers, is_aligned, unlink
 from tiers.file.ledger import Place, Segment, SegmentLedger, record_size
 from tiers.file.recovery import TOMB, TOMBSTONE

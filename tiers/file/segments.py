@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, cast
 
-from tiering.batching import RawRead, RawWrite
-from tiering.counters import EVICTIONS
 from tiering.errors import ConfigError, CorruptObject, TierError, TierFull
 from tiering.keys import BlockKey
-from tiering.options import TierOptions, option
 from tiering.tier import Buffer, ObjectInfo
+from tiering.tier.batching import RawRead, RawWrite
+from tiering.tier.counters import EVICTIONS
+from tiering.tier.options import TierOptions, option
 from tiers.file.aio import PREADV, PWRITEV
 from tiers.file.base import FileOptions, FileTier, log
 from tiers.file.direct import BLOCK

@@ -31,7 +31,7 @@ from typing import Any
 
 from tiering.errors import TierUnavailable
 from tiering.keys import key_from_hex
-from tiering.usage import MAX_NAMESPACES, UsageTally, namespace_of
+from tiering.tier.usage import MAX_NAMESPACES, UsageTally, namespace_of
 from tiers.file.ledger import SUFFIX as SEGMENT_SUFFIX
 from tiers.file.ledger import SegmentLedger
 from tiers.file.recovery import scan_segment

@@ -8,7 +8,7 @@ from typing import Any
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
 from tiering.errors import ConfigError
-from tiering.options import TierOptions, option
+from tiering.tier.options import TierOptions, option
 from tiering.units import format_duration
 
 __all__ = ["URL_ARGUMENTS", "URL_QUERY", "RedisOptions", "milliseconds"]

@@ -1,5 +1,5 @@
 """The Redis tier's batches: pipelines of GETs and SET NXs, answered raw for the base to verify
-and count (`tiering.batching`), on the runtime's loop thread like the tier.
+and count (`tiering.tier.batching`), on the runtime's loop thread like the tier.
 
 A batch goes in one pipeline, or for large blocks on the fast path one per `PIPELINE_BYTES` of
 values, at most `streams` of them at once on as many connections. Pipelines read their replies
@@ -13,10 +13,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from tiering.batching import RawRead, RawWrite
 from tiering.errors import CorruptObject, TierError
 from tiering.keys import BlockKey
 from tiering.tier import Buffer
+from tiering.tier.batching import RawRead, RawWrite
 from tiers.redis.errors import RedisErrors, empty, replies, within
 from tiers.redis.resp import ReplyError, RespConnection, command, set_command
 from tiers.redis.resp_pool import RespPool

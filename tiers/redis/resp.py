@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tiering.errors import CorruptObject
-from tiering.format import peek_lengths
 from tiering.tier import Buffer
+from tiering.tier.format import peek_lengths
 from tiers.native import load_function
 from tiers.redis.resp_commands import HandshakeError, ReplyError, RespError, command, set_command
 

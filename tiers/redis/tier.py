@@ -39,11 +39,11 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 
-from tiering.batching import RawRead, RawWrite
 from tiering.errors import ConfigError
 from tiering.keys import BlockKey
 from tiering.secrets import redact_url, url_secrets
 from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
+from tiering.tier.batching import RawRead, RawWrite
 from tiers.redis.bounds import BoundsCheck, read_memory
 from tiers.redis.errors import RedisErrors, empty, replies, within, wrong_type
 from tiers.redis.options import URL_ARGUMENTS, URL_QUERY, RedisOptions, milliseconds
@@ -329,7 +329,7 @@ class RedisTier(Tier):
         return tally.result(self.name)
 
     async def drop_usage_marks(self) -> None:
-        """Delete this namespace's marker (`tiering.usage.KeepsUsageMarks`: it was purged)."""
+        """Delete this namespace's marker (`tiering.tier.usage.KeepsUsageMarks`: it was purged)."""
         await self._marker.close()
         with self._errors.around("DEL"):
             await self._client.delete(marker_name(self.namespace))

@@ -36,7 +36,7 @@ from redis import exceptions as redis_errors
 
 from tiering.errors import KeyFormatError
 from tiering.keys import key_from_hex
-from tiering.usage import UsageTally, namespace_of
+from tiering.tier.usage import UsageTally, namespace_of
 
 __all__ = ["MARK_EVERY", "PAGE", "WriteMarker", "marker_name", "scan_usage"]
 

@@ -66,7 +66,7 @@ _KEY_DOMAIN = b"kvtier S3 sweeper lease v1\0"
 
 def lease_key(mac: bytes | None) -> bytes | None:
     """The key a lease is authenticated with, derived from a deployment's object MAC key
-    (`tiering.format.mac_key`; None: no secret, no authentication)."""
+    (`tiering.tier.format.mac_key`; None: no secret, no authentication)."""
     return None if mac is None else hashlib.sha256(_KEY_DOMAIN + mac).digest()
 
 
@@ -83,7 +83,7 @@ class Lease:
         counters: Counter[str],
         mac: bytes | None = None,
     ) -> None:
-        """`mac`: the deployment's object MAC key (`tiering.format.mac_key`), from which the
+        """`mac`: the deployment's object MAC key (`tiering.tier.format.mac_key`), from which the
         lease's key is derived (`lease_key`); None: no secret, judged by LastModified alone."""
         self.bucket = bucket
         self._key = lease_key(mac)

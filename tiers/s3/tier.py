@@ -19,8 +19,8 @@ from typing import Any
 
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
-from tiering.options import TierOptions, option
 from tiering.tier import Buffer, NamespaceUsage, ObjectInfo, Tier, TierStat
+from tiering.tier.options import TierOptions, option
 from tiers.s3.client import Bucket
 from tiers.s3.lease import Lease
 from tiers.s3.packer import Packer

@@ -22,7 +22,7 @@ import asyncio
 
 from tiering.errors import KeyFormatError, TierError, TierTimeout, TierUnavailable
 from tiering.keys import key_from_hex
-from tiering.usage import UsageTally, namespace_of
+from tiering.tier.usage import UsageTally, namespace_of
 from tiers.s3.client import Bucket
 from tiers.s3.packformat import MAX_PACK_INDEX, PACK_HEAD, pack_entries
 from tiers.s3.packs import PACK_LOADS

@@ -1,6 +1,6 @@
 """The secondary-tier contract: the primitives a backend writes, and what it declares it can do.
 
-A backend implements async primitives over *stored objects* (the bytes of `tiering.format`:
+A backend implements async primitives over *stored objects* (the bytes of `tiering.tier.format`:
 header, then payload) and declares its capabilities in class attributes; `tiering.tier.Tier`
 adds everything else (the envelope, deadlines, counting, batching, the public API):
 
@@ -23,7 +23,7 @@ Optional, with defaults here: `_read_head(key, n)` (a ranged read), `_list()` an
 (with `supports_listing = True`), `_namespaces()`, `_usage()`, `_delete_refused(key, seen)`,
 `_close()`, `knows(key)` and `newest(n)` (with `indexed = True`: an in-process index of every
 object). Optional fast paths the base looks for are `Protocol`s: `ReadsInto` (the payload read
-straight into the caller's buffer), `tiering.batching.ReadsMany` and `WritesMany` (a batch in
+straight into the caller's buffer), `tiering.tier.batching.ReadsMany` and `WritesMany` (a batch in
 one request, answered raw).
 
 What the base class guarantees every primitive: keys are `BlockKey`s already validated (no path
@@ -31,7 +31,7 @@ or name comes from input); `limit` is the largest object the caller can use (`ob
 its block size); a write or a delete never reaches a read-only tier; every call runs on the
 event loop thread that owns the tier (the runtime's, or an operator command's `asyncio.run`),
 under the tier's deadline, so it may be cancelled at any await; nothing a backend returns is
-trusted: every object is verified by the base (`tiering.envelope`) before a byte of it reaches
+trusted: every object is verified by the base (`tiering.tier.envelope`) before a byte of it reaches
 a caller's block.
 
 What every primitive must do: never read or allocate more than `limit` bytes for one object (a
@@ -44,22 +44,37 @@ libraries go to a bounded thread pool below it, `tiers.threads.IOThreads`).
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
-from tiering.counters import ERRORS
-from tiering.deadlines import within
-from tiering.errors import CorruptObject, StateError, TierError
-from tiering.format import MAX_BLOCK_BYTES
+from tiering.errors import CorruptObject, StateError, TierError, TierTimeout
 from tiering.keys import BlockKey
-from tiering.options import TierOptions
-from tiering.tier_values import HEADER_ROOM, Buffer, Medium, NamespaceUsage, ObjectInfo, TierStat
+from tiering.tier.counters import ERRORS
+from tiering.tier.format import MAX_BLOCK_BYTES
+from tiering.tier.options import TierOptions
+from tiering.tier.values import HEADER_ROOM, Buffer, Medium, NamespaceUsage, ObjectInfo, TierStat
 
-__all__ = ["ReadsInto", "TierContract"]
+__all__ = ["ReadsInto", "TierContract", "within"]
 
 T = TypeVar("T")
+
+
+async def within(operation: Awaitable[T], timeout: float | None, tier: str) -> T:
+    """`operation`'s result, `TierTimeout` past `timeout` seconds (None: no deadline): a
+    timeout becomes our own error, named for the tier, in this one place (the event loop thread
+    that owns the tier). A `TierTimeout` the operation raised itself passes as it is."""
+    try:
+        if timeout is None:
+            return await operation
+        async with asyncio.timeout(timeout):
+            return await operation
+    except TimeoutError as e:
+        if isinstance(e, TierError):
+            raise
+        raise TierTimeout(f"tier {tier!r}: no answer within {timeout:g}s") from e
 
 
 @runtime_checkable
@@ -82,7 +97,7 @@ class ReadsInto(Protocol):
     without reading it; set `placed` only when it read the payload into `payload`, which it may
     do only when the object is laid out as a header followed by exactly `len(payload)` bytes
     (its real size is the header's payload offset plus `len(payload)`, and the unverified
-    header, `tiering.format.peek_lengths`, says a stored length of `len(payload)`), `data` then
+    header, `tiering.tier.format.peek_lengths`, says a stored length of `len(payload)`), `data` then
     being exactly the first payload-offset bytes (the header); otherwise return the whole
     object as `data` (at most `limit` bytes) with `placed` false. The flag is what tells the two
     apart: an object cut at its payload offset is as long as a header. The caller verifies
@@ -100,7 +115,7 @@ class TierContract(ABC):
     owns the tier; the capabilities may be read from any thread).
 
     Capabilities are attributes: a backend declares them in its class body, and a wrapper
-    (`tiering.wrappers.ForwardingTier`) takes the wrapped tier's on the instance.
+    (`tiering.tier.wrappers.ForwardingTier`) takes the wrapped tier's on the instance.
     """
 
     type_name: str = ""
@@ -136,7 +151,7 @@ class TierContract(ABC):
     timeout: float | None
     """The deadline of every primitive's call, in seconds (None: none)."""
     counters: Counter[str]
-    """Events by name (`tiering.counters`)."""
+    """Events by name (`tiering.tier.counters`)."""
 
     @property
     def header_room(self) -> int:
@@ -151,7 +166,7 @@ class TierContract(ABC):
     # -- how every primitive is called ----------------------------------------------------------
 
     async def _deadline(self, operation: Awaitable[T]) -> T:
-        """`operation` under the tier's deadline (`tiering.deadlines.within`), counting nothing:
+        """`operation` under the tier's deadline (`within`), counting nothing:
         for batch primitives, whose errors the base counts per key."""
         return await within(operation, self.timeout, self.name)
 
@@ -191,7 +206,7 @@ class TierContract(ABC):
         """Store `b"".join(parts)` as the object of `key`, replacing any.
 
         Parameters: `key`, the block's key; `parts`, the object in pieces (the header, then the
-        payload: `tiering.format.encode`), to write without joining them where the store can.
+        payload: `tiering.tier.format.encode`), to write without joining them where the store can.
 
         Returns: None or True when written; False when the store already held an object of
         `key` and nothing was written (counted under `duplicates` and `duplicate_bytes`).
@@ -296,7 +311,7 @@ class TierContract(ABC):
 
         The implementation must: list only namespaces that hold objects, each object once
         (`objects` counts block objects: a pack's blocks, a segment's records); keep its memory
-        bounded whatever the store holds (stream the listing; `tiering.usage.UsageTally`
+        bounded whatever the store holds (stream the listing; `tiering.tier.usage.UsageTally`
         bounds the namespaces); be cancellable (a deadline), leaving no thread of its working
         on past it for long.
         The implementation may: take time proportional to the store's objects (it is for

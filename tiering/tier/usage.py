@@ -13,7 +13,7 @@ import logging
 from typing import Protocol, runtime_checkable
 
 from tiering.keys import NAMESPACE_BYTES
-from tiering.tier import NamespaceUsage
+from tiering.tier.values import NamespaceUsage
 
 __all__ = ["MAX_NAMESPACES", "KeepsUsageMarks", "UsageTally", "namespace_of"]
 

@@ -14,9 +14,9 @@ import asyncio
 from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
-from tiering.format import Header
 from tiering.keys import BlockKey
-from tiering.tier_values import Buffer
+from tiering.tier.format import Header
+from tiering.tier.values import Buffer
 
 __all__ = ["RawRead", "RawWrite", "ReadsMany", "WritesMany", "bounded"]
 

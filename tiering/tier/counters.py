@@ -46,12 +46,12 @@ DUPLICATE_BYTES: Final = "duplicate_bytes"
 HITS_OTHER_WRITER: Final = "hits_other_writer"
 """Hits on objects another tier instance wrote (another engine, or an earlier run)."""
 REFUSED_SKIPS: Final = "refused_skips"
-"""Lookups answered no without reading, the name refused moments ago (`tiering.refusals`):
+"""Lookups answered no without reading, the name refused moments ago (`tiering.tier.refusals`):
 counted as misses too by `get`."""
 FOREIGN_NAMES: Final = "foreign_names"
 """Stored names a listing skipped: no kvtier wrote them."""
 
 
 def corrupt(reason: str) -> str:
-    """The name counting objects refused for `reason` (`tiering.format.REASONS`)."""
+    """The name counting objects refused for `reason` (`tiering.tier.format.REASONS`)."""
     return f"corrupt.{reason}"

@@ -1,20 +1,19 @@
 """The secondary tier's base class, `Tier`: the public data path over a backend's primitives.
 
-A backend writes the primitives of `tiering.tier_contract` and declares its capabilities there;
+A backend writes the primitives of `tiering.tier.contract` and declares its capabilities there;
 `Tier` adds everything else, each concern in its own module:
 
-- the object envelope (`tiering.envelope`): every block sealed into a stored object on `put`,
+- the object envelope (`tiering.tier.envelope`): every block sealed into a stored object on `put`,
   every object read back opened and verified before a byte of it reaches a caller's block;
-- deadlines and error translation (`tiering.deadlines`, `TierContract._call`);
-- batches (`tiering.batching`): bounded concurrency, and a backend's optional batch primitives,
+- deadlines and error translation (`tiering.tier.contract`, `TierContract._call`);
+- batches (`tiering.tier.batching`): bounded concurrency, and a backend's optional batch primitives,
   whose raw answers the base verifies, counts and refuses as a single call's;
-- counters (`tiering.counters`): the names of every event counted;
-- the operators' API (`tiering.tier_operators`): listings, usage, raw objects;
-- names refused moments ago, a fast miss (`tiering.refusals`);
+- counters (`tiering.tier.counters`): the names of every event counted;
+- the operators' API (`tiering.tier.operators`): listings, usage, raw objects;
+- names refused moments ago, a fast miss (`tiering.tier.refusals`);
 - read-only mode, authenticated objects (`secret`) and the async context manager, here.
 
-Every name this module always exported stays importable from it (`from tiering.tier import
-Tier, TierStat, ReadsInto, ...`).
+A backend imports all of it from the package (`from tiering.tier import Tier, TierStat, ...`).
 """
 
 from __future__ import annotations
@@ -25,8 +24,11 @@ from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from tiering.batching import RawRead, RawWrite, ReadsMany, WritesMany, bounded
-from tiering.counters import (
+from tiering.errors import ConfigError, CorruptObject, StateError, TierError
+from tiering.keys import NAMESPACE_BYTES, BlockKey, owns_namespace
+from tiering.tier.batching import RawRead, RawWrite, ReadsMany, WritesMany, bounded
+from tiering.tier.contract import ReadsInto
+from tiering.tier.counters import (
     BYTES_READ,
     BYTES_WRITTEN,
     DELETES,
@@ -40,43 +42,20 @@ from tiering.counters import (
     REFUSED_SKIPS,
     corrupt,
 )
-from tiering.envelope import MIN_SECRET_BYTES, Envelope
-from tiering.errors import ConfigError, CorruptObject, StateError, TierError
-from tiering.format import REMOVABLE, Header
-from tiering.keys import NAMESPACE_BYTES, BlockKey, owns_namespace
-from tiering.options import TierOptions
-from tiering.refusals import RecentRefusals
-from tiering.tier_contract import ReadsInto
-from tiering.tier_operators import OperatorCalls
-from tiering.tier_values import (
-    HEADER_ROOM,
+from tiering.tier.envelope import Envelope
+from tiering.tier.format import REMOVABLE, Header
+from tiering.tier.operators import OperatorCalls
+from tiering.tier.options import TierOptions
+from tiering.tier.refusals import RecentRefusals
+from tiering.tier.values import (
     Buffer,
     KeyLike,
-    Medium,
-    NamespaceUsage,
-    ObjectInfo,
-    TierStat,
     as_key,
 )
 
-__all__ = [
-    "HEADER_ROOM",
-    "MIN_SECRET_BYTES",
-    "Buffer",
-    "Envelope",
-    "KeyLike",
-    "Medium",
-    "NamespaceUsage",
-    "ObjectInfo",
-    "ReadsInto",
-    "ReadsMany",
-    "Tier",
-    "TierStat",
-    "WritesMany",
-    "as_key",
-]
+__all__ = ["Tier"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tiering.tier")  # the package's name: the one operators filter on
 
 T = TypeVar("T")
 
@@ -86,7 +65,7 @@ class Tier(OperatorCalls):
     `kvtier` command); every call runs on one event loop thread, the runtime's (`knows` and
     the attributes may be read from any thread).
 
-    See `tiering.tier_contract` for what a backend writes and what it may rely on. Subclasses
+    See `tiering.tier.contract` for what a backend writes and what it may rely on. Subclasses
     declare their settings as an options record (`Options`, a subclass of their parent's), and
     their capabilities as the contract's attributes.
     """
@@ -137,8 +116,8 @@ class Tier(OperatorCalls):
         self._reads_many = isinstance(self, ReadsMany)
         self._writes_many = isinstance(self, WritesMany)
         self.counters: Counter[str] = Counter()
-        """Events by name (`tiering.counters`): hits, misses, puts, deletes, bytes_read,
-        bytes_written, errors, corrupt.<reason> (`tiering.format.REASONS`), evictions,
+        """Events by name (`tiering.tier.counters`): hits, misses, puts, deletes, bytes_read,
+        bytes_written, errors, corrupt.<reason> (`tiering.tier.format.REASONS`), evictions,
         duplicates and duplicate_bytes, hits_other_writer, foreign_names, refused_skips."""
         self.refused = RecentRefusals()
         """Names refused and left in place moments ago: lookups answer no without reading."""
@@ -180,7 +159,7 @@ class Tier(OperatorCalls):
 
         A corrupt, truncated, foreign, unauthenticated or wrongly sized object is a miss: it is
         counted under `corrupt.<reason>` and, when the damage is provable
-        (`tiering.format.REMOVABLE`), deleted unless the tier is read-only. After a miss `into`
+        (`tiering.tier.format.REMOVABLE`), deleted unless the tier is read-only. After a miss `into`
         holds no block (it may hold garbage: a caller uses it only after a hit).
         """
         block = as_key(key)
@@ -394,7 +373,7 @@ class Tier(OperatorCalls):
 
     def removable(self, error: CorruptObject) -> bool:
         """Whether an object refused for `error` may be removed by a writer: damage any reader
-        can prove (`tiering.format.REMOVABLE`), or, in a store namespace of this tier's secret
+        can prove (`tiering.tier.format.REMOVABLE`), or, in a store namespace of this tier's secret
         (`names_owned`), an object without a valid MAC, which only a forger puts there. An
         object of another namespace or format, or without a valid MAC in names not this
         secret's, may be a neighbour's: left in place."""

@@ -2,8 +2,8 @@
 back (any thread: an immutable value, pure functions of its settings).
 
 A tier holds one (`Tier.envelope`): its namespace, codec, checksum kind, payload alignment,
-writer id and, with a deployment secret, the MAC key. Sealing is `tiering.format.encode` with
-those settings; opening applies every step of `tiering.format`'s verification (header, real
+writer id and, with a deployment secret, the MAC key. Sealing is `tiering.tier.format.encode` with
+those settings; opening applies every step of `tiering.tier.format`'s verification (header, real
 size, checksum, MAC, bounded decoding) and raises `CorruptObject` at the first that fails. The
 tier decides what a refusal means (a counted miss, a deletion); the envelope only answers
 whether an object is sound. Encryption of payloads, when it comes, goes here too.
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from tiering.errors import ConfigError, CorruptObject
-from tiering.format import (
+from tiering.keys import BlockKey
+from tiering.tier.format import (
     WRITER_BYTES,
     Header,
     check_object,
@@ -26,7 +27,6 @@ from tiering.format import (
     mac_key,
     verify_payload,
 )
-from tiering.keys import BlockKey
 
 __all__ = ["MIN_SECRET_BYTES", "SEEN_BYTES", "Envelope"]
 
@@ -49,15 +49,15 @@ class Envelope:
     namespace: bytes
     """The namespace digest every object carries and every read expects."""
     codec: str = "raw"
-    """How payloads are compressed when written (`tiering.format.CODECS`)."""
+    """How payloads are compressed when written (`tiering.tier.format.CODECS`)."""
     checksum: str = "xxh3"
-    """The payload checksum written (`tiering.format.CHECKSUMS`)."""
+    """The payload checksum written (`tiering.tier.format.CHECKSUMS`)."""
     align: int = 1
     """Payload offset alignment of written objects."""
     writer: bytes = field(default_factory=lambda: os.urandom(WRITER_BYTES))
     """The id written in every object's writer tag (`Tier.writer`)."""
     mac: bytes | None = field(default=None, repr=False)
-    """The MAC key derived from the deployment's secret (`tiering.format.mac_key`); None:
+    """The MAC key derived from the deployment's secret (`tiering.tier.format.mac_key`); None:
     objects are written without a MAC and read without checking one."""
 
     @classmethod

@@ -2,7 +2,7 @@
 `kvtier` commands and metrics, never the data path (the event loop thread that owns the tier).
 
 `OperatorCalls` is a part of `tiering.tier.Tier`, split off along this seam: what it calls is
-the contract's (`tiering.tier_contract`), what it verifies with is the tier's envelope.
+the contract's (`tiering.tier.contract`), what it verifies with is the tier's envelope.
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from tiering.counters import FOREIGN_NAMES
-from tiering.envelope import Envelope
 from tiering.errors import KeyFormatError, StateError, TierError, TierTimeout
-from tiering.format import MAX_BLOCK_BYTES, Header
 from tiering.keys import BlockKey, key_from_hex
-from tiering.tier_contract import TierContract
-from tiering.tier_values import Buffer, KeyLike, NamespaceUsage, ObjectInfo, TierStat, as_key
+from tiering.tier.contract import TierContract
+from tiering.tier.counters import FOREIGN_NAMES
+from tiering.tier.envelope import Envelope
+from tiering.tier.format import MAX_BLOCK_BYTES, Header
+from tiering.tier.values import Buffer, KeyLike, NamespaceUsage, ObjectInfo, TierStat, as_key
 
 __all__ = ["OperatorCalls"]
 
@@ -27,7 +27,7 @@ class OperatorCalls(TierContract):
     any I/O; a failure of the store raises a `TierError`."""
 
     envelope: Envelope
-    """How the tier seals and opens its objects (`tiering.envelope`)."""
+    """How the tier seals and opens its objects (`tiering.tier.envelope`)."""
 
     def listed_key(self, name: bytes | str) -> BlockKey | None:
         """The key a stored name gives (a key's hex form, as kvtier writes names), or None,
@@ -60,7 +60,7 @@ class OperatorCalls(TierContract):
     async def read_object(self, key: KeyLike) -> Buffer | None:
         """The stored object of `key` as it is (header and payload), unverified: for
         operators' tools that inspect or move objects. An object larger than any block may be
-        (`tiering.format.MAX_BLOCK_BYTES`) raises `CorruptObject("length")` unread."""
+        (`tiering.tier.format.MAX_BLOCK_BYTES`) raises `CorruptObject("length")` unread."""
         return await self._call(self._read(as_key(key), self.object_limit(MAX_BLOCK_BYTES)))
 
     async def read_head(self, key: KeyLike) -> tuple[bytes, int] | None:

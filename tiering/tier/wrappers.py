@@ -15,7 +15,8 @@ from typing import Any
 
 from tiering.errors import TierUnavailable
 from tiering.keys import BlockKey
-from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
+from tiering.tier.base import Tier
+from tiering.tier.values import Buffer, NamespaceUsage, TierStat
 
 __all__ = ["FaultyTier", "ForwardingTier"]
 
