@@ -64,10 +64,11 @@ if str(ROOT) not in sys.path:
 
 from bench import media  # noqa: E402
 from bench.ttft_report import SETUPS, Progress, machine, print_table, summarize  # noqa: E402
-from kvtier.cli.common import PLACEHOLDER, make_tier  # noqa: E402
+from kvtier.cli.common import PLACEHOLDER  # noqa: E402
 from kvtier.demo import MODEL as DEMO_MODEL  # noqa: E402
 from kvtier.scenario import run_scenario  # noqa: E402
 from kvtier.servers import RedisServer, SeaweedS3  # noqa: E402
+from tiering.config import tier_from_config  # noqa: E402
 from tiering.config.loader import parse_config  # noqa: E402
 
 ENGINE_BLOCK = 32
@@ -361,11 +362,11 @@ def stored_blocks(tier: dict[str, Any]) -> int:
     (cfg,) = config.tiers
 
     async def count() -> int:
-        async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
+        async with tier_from_config(cfg, PLACEHOLDER, config, read_only=True) as probe:
             namespaces = await probe.namespaces()
         total = 0
         for namespace in namespaces:
-            async with make_tier(config, cfg, namespace, read_only=True) as held:
+            async with tier_from_config(cfg, namespace, config, read_only=True) as held:
                 total += (await held.stat()).objects
         return total
 

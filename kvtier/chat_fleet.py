@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli.common import PLACEHOLDER, make_tier
+from kvtier.cli.common import PLACEHOLDER
 from kvtier.operations import verify
 from kvtier.scenario import run_scenarios
+from tiering.config import tier_from_config
 from tiering.config.loader import parse_config
 
 __all__ = [
@@ -363,12 +364,12 @@ def inspect_store(store: Store) -> StoreReport:
     (cfg,) = config.tiers
 
     async def go() -> StoreReport:
-        async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
+        async with tier_from_config(cfg, PLACEHOLDER, config, read_only=True) as probe:
             namespaces = await probe.namespaces()
         objects = size = checked = ok = 0
         bad: list[tuple[str, str]] = []
         for namespace in namespaces:
-            async with make_tier(config, cfg, namespace, read_only=True) as tier:
+            async with tier_from_config(cfg, namespace, config, read_only=True) as tier:
                 stat = await tier.stat()
                 report = await verify(tier)
             objects, size = objects + stat.objects, size + stat.bytes_used

@@ -1,27 +1,21 @@
-"""Secondary tier types by name, and a tier built by type name from its options.
+"""Secondary tier types by name: their classes.
 
 Built in: `memory`, `file`, `redis`, `s3`. Third-party tiers register in the entry-point group
 `kvtier.tiers` (`mytier = "mypackage.tiers:MyTier"`) or at run time with `register_tier`
-(`tiering.plugins.Registry`). A tier class that picks a concrete class from its options (the
-file tier's `layout`) is asked which (`variant(options)`) before its options are read.
-The registry knows tier classes, not the configuration: the configuration reads its tiers'
-options through it, and builds the tier of a YAML entry with `create_tier`
-(`tiering.config.tier_from_config`).
+(`tiering.plugins.Registry`). The registry knows tier classes, not the configuration: the
+configuration finds a type's class here, asks it which concrete class its options select (the
+file tier's `layout`: `Tier.variant`), and builds the tier of a YAML entry
+(`tiering.config.tier_from_config`, the one way from an entry to a tier).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from tiering.errors import ConfigError
 from tiering.plugins import Registry
 from tiering.tier import Tier
 
 __all__ = [
     "TIERS",
     "builtin_tier_types",
-    "create_tier",
     "get_tier_class",
     "register_tier",
     "tier_types",
@@ -56,27 +50,7 @@ def builtin_tier_types() -> list[str]:
     return TIERS.builtin()
 
 
-def get_tier_class(name: str, options: Mapping[str, Any] | None = None) -> type[Tier]:
-    """The class of tier type `name` (given `options`, the variant they select: see
-    `Tier.variant`); errors say what is unknown or what to install."""
-    cls = TIERS.get(name)
-    if options is None:
-        return cls
-    return cls.variant(options)
-
-
-_NOT_OPTIONS = ("name", "secret")
-"""Constructor arguments that are not options (`Tier.Options`): the tier's name and secret."""
-
-
-def create_tier(type_name: str, *, namespace: bytes, **options: Any) -> Tier:
-    """A tier of `type_name` built with `options` (its constructor's keyword arguments: the
-    fields of its `Options` record, `name` and `secret`)."""
-    given = {k: v for k, v in options.items() if k not in _NOT_OPTIONS}
-    cls = get_tier_class(type_name, given)
-    try:
-        return cls(namespace=namespace, **options)
-    except ConfigError as e:
-        raise ConfigError(f"tier type {type_name!r}: {e}") from e
-    except TypeError as e:
-        raise ConfigError(f"tier type {type_name!r}: {e}") from e
+def get_tier_class(name: str) -> type[Tier]:
+    """The class of tier type `name` (before a variant is chosen: `tiering.config.tier_class`);
+    errors say what is unknown or what to install."""
+    return TIERS.get(name)

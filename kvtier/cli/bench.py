@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from kvtier.cli import args as argtypes
-from kvtier.cli.common import TIER, add_command, emit, make_tier, table, tier_config
+from kvtier.cli.common import TIER, add_command, emit, table, tier_config
 from kvtier.operations import purge_namespace
-from tiering.config import TierConfig, load_config
+from tiering.config import TierConfig, load_config, tier_from_config
 from tiering.errors import ConfigError, KvtierError
 from tiering.tier.format import MAX_BLOCK_BYTES
 from tiering.units import parse_size
@@ -59,7 +59,7 @@ def run_bench(args: argparse.Namespace) -> int:
     with baselines.scratch_space(cfg.type, cfg.options) as scratch:
 
         async def measure(size: int) -> tuple[float, float]:
-            async with make_tier(config, cfg, namespace, **scratch) as tier:
+            async with tier_from_config(cfg, namespace, config, **scratch) as tier:
                 try:
                     return await baselines.tier_rates(
                         tier, size, args.count, args.clients, keyspace

@@ -18,7 +18,6 @@ from typing import Any
 from kvtier.cli import args as argtypes
 from tiering.config import Config, TierConfig, tier_from_config
 from tiering.errors import ConfigError
-from tiering.tier import Tier
 
 __all__ = [
     "CONFIG",
@@ -31,7 +30,6 @@ __all__ = [
     "emit",
     "format_age",
     "format_time",
-    "make_tier",
     "namespace_arg",
     "redact",
     "resolve_namespace",
@@ -87,11 +85,6 @@ def tier_config(config: Config, name: str) -> TierConfig:
     raise ConfigError(f"no tier named {name!r} in the config; tiers: {known}")
 
 
-def make_tier(config: Config, cfg: TierConfig, namespace: bytes, **extra: Any) -> Tier:
-    """The tier of `cfg` (`tiering.config.tier_from_config`); `extra` wins over its options."""
-    return tier_from_config(cfg, namespace, config, **extra)
-
-
 def namespace_arg(given: str) -> bytes:
     """A namespace given as `--namespace` (32 hex digits); ConfigError naming the flag."""
     try:
@@ -106,7 +99,7 @@ def namespace_arg(given: str) -> bytes:
 async def resolve_namespace(config: Config, cfg: TierConfig, given: str | None) -> bytes:
     if given is not None:
         return namespace_arg(given)
-    async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
+    async with tier_from_config(cfg, PLACEHOLDER, config, read_only=True) as probe:
         found = await probe.namespaces()
     if len(found) == 1:
         return found[0]

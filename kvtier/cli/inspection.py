@@ -18,13 +18,12 @@ from kvtier.cli.common import (
     emit,
     format_age,
     format_time,
-    make_tier,
     resolve_namespace,
     table,
     tier_config,
 )
 from kvtier.operations import read_block
-from tiering.config import load_config
+from tiering.config import load_config, tier_from_config
 from tiering.errors import CorruptObject, TierError, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.tier import NamespaceUsage, Tier, as_key
@@ -68,7 +67,7 @@ def run_stats(args: argparse.Namespace) -> int:
     async def gather() -> list[dict[str, Any]]:
         rows = []
         for cfg in chosen:
-            async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
+            async with tier_from_config(cfg, PLACEHOLDER, config, read_only=True) as probe:
                 usage = await probe.usage()
             store: dict[str, Any] = {
                 "tier": cfg.name,
@@ -165,7 +164,7 @@ def run_ls(args: argparse.Namespace) -> int:
     async def gather() -> list[dict[str, Any]]:
         namespace = await resolve_namespace(config, cfg, args.namespace)
         rows = []
-        async with make_tier(config, cfg, namespace, read_only=True) as tier:
+        async with tier_from_config(cfg, namespace, config, read_only=True) as tier:
             async for info in tier.entries():
                 fields = await header_fields(tier, info.key)
                 fields["written"] = info.modified
@@ -203,7 +202,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
     async def gather() -> dict[str, Any]:
         namespace = await resolve_namespace(config, cfg, args.namespace)
-        async with make_tier(config, cfg, namespace, read_only=True) as tier:
+        async with tier_from_config(cfg, namespace, config, read_only=True) as tier:
             fields = await header_fields(tier, key)
             if fields["found"] and "problem" not in fields:
                 try:

@@ -20,7 +20,6 @@ from kvtier.cli.common import (
     emit,
     format_age,
     format_time,
-    make_tier,
     namespace_arg,
     resolve_namespace,
     table,
@@ -29,7 +28,7 @@ from kvtier.cli.common import (
 from kvtier.cli.progress import Progress
 from kvtier.idle import IDLE_FLOOR, PurgeOutcome, idle_plan, purge_idle
 from kvtier.operations import default_journal, migrate, purge, verify
-from tiering.config import Config, TierConfig, load_config
+from tiering.config import Config, TierConfig, load_config, tier_from_config
 from tiering.errors import ConfigError
 from tiering.tier import NamespaceUsage
 from tiering.units import format_duration, parse_duration
@@ -136,8 +135,8 @@ def run_migrate(args: argparse.Namespace) -> int:
             args.config, source_cfg.name, destination_cfg.name, namespace
         )
         async with (
-            make_tier(config, source_cfg, namespace, read_only=not args.move) as source,
-            make_tier(config, destination_cfg, namespace) as destination,
+            tier_from_config(source_cfg, namespace, config, read_only=not args.move) as source,
+            tier_from_config(destination_cfg, namespace, config) as destination,
         ):
             bar = Progress(0, f"migrate {source_cfg.name} -> {destination_cfg.name}")
             summary = await migrate(
@@ -176,7 +175,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     async def go() -> Any:
         namespace = await resolve_namespace(config, cfg, args.namespace)
-        async with make_tier(config, cfg, namespace, read_only=not args.repair) as tier:
+        async with tier_from_config(cfg, namespace, config, read_only=not args.repair) as tier:
             bar = Progress(0, f"verify {cfg.name}")
             report = await verify(
                 tier,
@@ -244,7 +243,7 @@ def run_purge(args: argparse.Namespace) -> int:
                 f"delete {what} of namespace {namespace.hex()} in tier {cfg.name!r}? [y/N] "
             ):
                 return -1
-        async with make_tier(config, cfg, namespace) as tier:
+        async with tier_from_config(cfg, namespace, config) as tier:
             return await purge(tier, older)
 
     deleted = asyncio.run(go())
@@ -272,7 +271,7 @@ def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> in
         )
 
     async def go() -> tuple[list[NamespaceUsage], list[NamespaceUsage], list[PurgeOutcome]]:
-        async with make_tier(config, cfg, PLACEHOLDER, read_only=True) as probe:
+        async with tier_from_config(cfg, PLACEHOLDER, config, read_only=True) as probe:
             usage = await probe.usage()
         if only is not None:
             usage = [u for u in usage if u.namespace == only]
@@ -280,7 +279,7 @@ def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> in
         done: list[PurgeOutcome] = []
         if args.yes:
             done = await purge_idle(
-                plan.idle, lambda ns: make_tier(config, cfg, ns), idle_for, older
+                plan.idle, lambda ns: tier_from_config(cfg, ns, config), idle_for, older
             )
         return plan.idle, plan.unknown, done
 

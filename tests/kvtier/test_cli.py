@@ -142,24 +142,25 @@ def test_an_installed_kvtier_finds_the_demo_config(tmp_path: Path) -> None:
     assert done.returncode == 0 and "usage: kvtier demo" in done.stdout, done.stderr
 
 
-def test_the_cli_tier_factory_lets_every_extra_win_over_the_entry_options() -> None:
-    """`make_tier(config, entry, namespace, **extra)`: `extra` wins over the entry's options,
-    a deadline too (as before the one factory, `tiering.config.tier_from_config`)."""
+def test_the_one_tier_factory_lets_every_extra_win_over_the_entry_options() -> None:
+    """`tier_from_config(entry, namespace, config, **extra)`, which the commands use: `extra`
+    wins over the entry's options, a deadline too."""
     import asyncio
 
-    from kvtier.cli.common import make_tier
-    from tiering.config import parse_config
+    from tiering.config import parse_config, tier_from_config
 
     config = parse_config(
         {"tiers": [{"name": "m", "type": "memory", "timeout": "1s", "capacity": "1MiB"}]}
     )
     (entry,) = config.tiers
-    tier = make_tier(config, entry, bytes(16), timeout=9.0, read_only=True)
+    tier = tier_from_config(entry, bytes(16), config, timeout=9.0, read_only=True)
+    other = tier_from_config(entry, bytes(16), config)
     try:
         assert (tier.timeout, tier.read_only) == (9.0, True)
-        assert make_tier(config, entry, bytes(16)).timeout == 1.0
+        assert other.timeout == 1.0 and not other.read_only
     finally:
         asyncio.run(tier.close())
+        asyncio.run(other.close())
 
 
 def test_each_newcomers_route_is_at_most_five_files_that_exist() -> None:

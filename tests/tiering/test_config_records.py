@@ -19,7 +19,7 @@ from tiering.config.generate import _tier_branches
 from tiering.config.schema import Config, sections_of
 from tiering.config.tiers import option_fields, variants
 from tiering.errors import ConfigError
-from tiering.registry import create_tier, register_tier
+from tiering.registry import register_tier
 from tiering.tier.options import TierOptions, fields_of, option
 from tiers.memory import MemoryTier
 
@@ -115,9 +115,10 @@ def test_the_registry_builds_the_variant_from_the_loaded_options() -> None:
         asyncio.run(tier.close())
 
 
-def test_the_registry_refuses_an_option_the_variant_lacks() -> None:
-    with pytest.raises(ConfigError, match="tier type 'shelf': width: unknown option"):
-        create_tier("shelf", namespace=NAMESPACE, label="x", width=1)
+def test_a_tier_from_its_entry_refuses_an_option_the_variant_lacks() -> None:
+    config = parse_config(_tier(label="x"))
+    with pytest.raises(ConfigError, match=r"tier 's' \(shelf\): width: unknown option"):
+        tier_from_config(config.tiers[0], NAMESPACE, config, width=1)
 
 
 def test_the_variants_are_found_from_the_choice_that_selects_them() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from tiering.config.schema import Config, TierConfig
 from tiering.errors import ConfigError
-from tiering.registry import create_tier, get_tier_class
+from tiering.registry import get_tier_class
 from tiering.tier import Tier
 from tiering.tier.options import Field, fields_of
 
@@ -94,11 +94,15 @@ def tier_from_config(
     `timeout` option, else `default_timeout`, else `faults.timeout`; `overrides`
     (`read_only=True`, a `timeout`, scratch options) win over the entry's options."""
     default = config.faults.timeout if default_timeout is None else default_timeout
-    return create_tier(
-        entry.type,
-        namespace=namespace,
-        name=entry.name,
-        capacity=entry.capacity,
-        secret=config.auth.secret,
-        **{"timeout": default, **entry.options, **overrides},
-    )
+    options = {"timeout": default, **entry.options, **overrides}
+    try:
+        cls = variant_of(get_tier_class(entry.type), options)
+        return cls(
+            namespace=namespace,
+            name=entry.name,
+            secret=config.auth.secret,
+            capacity=entry.capacity,
+            **options,
+        )
+    except (ConfigError, TypeError) as e:  # (an override: the entry was checked at load)
+        raise ConfigError(f"tier {entry.name!r} ({entry.type}): {e}") from e
