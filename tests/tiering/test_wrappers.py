@@ -13,7 +13,8 @@ from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
 from tiering.testing import NAMESPACE, key, payload
 from tiering.testing.tier import MakeTier, StoreDown, TierConformance
-from tiering.tier import Tier
+from tiering.tier import Medium, Tier
+from tiering.tier.contract import CAPABILITIES, TierContract
 from tiering.tier.wrappers import FaultyTier, ForwardingTier
 from tiers.memory import MemoryTier
 
@@ -156,9 +157,14 @@ def test_a_wrapper_takes_every_capability_and_writes_at_its_alignment() -> None:
     inner.persistent, inner.shared, inner.align, inner.indexed = True, True, 4096, False
     inner.writes_once = True
     wrapper = ForwardingTier(inner)
-    names = ("type_name", "persistent", "shared", "medium", "supports_listing", "evicts")
-    for name in (*names, "align", "indexed", "writes_once"):
+    for name in CAPABILITIES:
         assert getattr(wrapper, name) == getattr(inner, name), name
+    declared = {
+        name
+        for name, value in vars(TierContract).items()
+        if not name.startswith("_") and isinstance(value, str | bool | int | Medium)
+    }
+    assert declared == set(CAPABILITIES)  # every value the contract declares, listed once
     asyncio.run(wrapper.put(key(1), payload(100)))
     blob = stored(inner, key(1))
     assert blob is not None and int.from_bytes(blob[14:18], "little") == 4096

@@ -57,7 +57,7 @@ from tiering.tier.format import MAX_BLOCK_BYTES
 from tiering.tier.options import TierOptions
 from tiering.tier.values import HEADER_ROOM, Buffer, Medium, NamespaceUsage, ObjectInfo, TierStat
 
-__all__ = ["ReadsInto", "TierContract", "within"]
+__all__ = ["CAPABILITIES", "ReadsInto", "TierContract", "within"]
 
 T = TypeVar("T")
 
@@ -108,6 +108,21 @@ class ReadsInto(Protocol):
     async def _read_into(
         self, key: BlockKey, payload: memoryview, limit: int
     ) -> tuple[Buffer, bool] | None: ...
+
+
+CAPABILITIES = (
+    "type_name",
+    "persistent",
+    "shared",
+    "medium",
+    "supports_listing",
+    "evicts",
+    "align",
+    "writes_once",
+    "indexed",
+)
+"""The names of a tier's capabilities (`TierContract`'s attributes, documented there): the one
+list a wrapper copies from the tier it wraps and the tests check."""
 
 
 class TierContract(ABC):

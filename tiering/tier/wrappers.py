@@ -16,6 +16,7 @@ from typing import Any
 from tiering.errors import TierUnavailable
 from tiering.keys import BlockKey
 from tiering.tier.base import Tier
+from tiering.tier.contract import CAPABILITIES
 from tiering.tier.values import Buffer, NamespaceUsage, TierStat
 
 __all__ = ["FaultyTier", "ForwardingTier"]
@@ -39,16 +40,10 @@ class ForwardingTier(Tier):
         # One set of counters: the wrapper counts calls, the wrapped tier its own events
         # (evictions), and only its primitives are called, so nothing is counted twice.
         self.counters = inner.counters
-        # Capabilities are the wrapped tier's.
-        self.type_name = inner.type_name
-        self.persistent = inner.persistent
-        self.shared = inner.shared
-        self.medium = inner.medium
-        self.supports_listing = inner.supports_listing
-        self.evicts = inner.evicts
-        self.align = inner.align
-        self.indexed = inner.indexed
-        self.writes_once = inner.writes_once  # its `_write` answers the wrapper's puts
+        # Capabilities are the wrapped tier's (`writes_once`: its `_write` answers the
+        # wrapper's puts).
+        for name in CAPABILITIES:
+            setattr(self, name, getattr(inner, name))
         # The wrapper encodes and verifies: at inner's alignment, and with inner's secret
         # unless it was given its own.
         self.envelope = dataclasses.replace(self.envelope, align=inner.align)
