@@ -39,7 +39,10 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    config = redact(dataclasses.asdict(load_config(args.config)))
+    loaded = dataclasses.asdict(load_config(args.config))
+    for tier in loaded["tiers"]:
+        del tier["record"]  # (its options, each with its default: `options` shows those given)
+    config = redact(loaded)
     if args.json:
         return emit(args, config, [])
     import yaml

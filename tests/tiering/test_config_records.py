@@ -232,3 +232,24 @@ def test_the_readme_reference_is_the_generated_table() -> None:
     assert found.group(1).strip() == markdown_table().strip(), (
         "regenerate: python -m tiering.config --markdown"
     )
+
+
+def test_a_tier_is_built_with_the_record_the_loader_checked() -> None:
+    """The loader reads a tier's options into its (variant's) record once; the tier receives
+    that record, not a mapping it reads again: the same object when nothing is filled in, the
+    record with the deployment's deadline when the entry gives none."""
+    config = parse_config(_tier(label="x", shape="wide", width="1MiB", timeout="3s"))
+    (cfg,) = config.tiers
+    assert isinstance(cfg.record, WideOptions) and cfg.record.width == 1 << 20
+    tier = tier_from_config(cfg, NAMESPACE, config)
+    try:
+        assert tier.options is cfg.record
+    finally:
+        asyncio.run(tier.close())
+    config = parse_config({**_tier(label="x"), "faults": {"timeout": "250ms"}})
+    (cfg,) = config.tiers
+    tier = tier_from_config(cfg, NAMESPACE, config)
+    try:
+        assert tier.options == dataclasses.replace(cfg.record, timeout=0.25)
+    finally:
+        asyncio.run(tier.close())

@@ -10,7 +10,7 @@ import pytest
 from tests.tiers.memory_hooks import WriteOnceMemoryTier, plant, stored
 from tiering.errors import ConfigError, MissingDependencyError, UnknownNameError
 from tiering.keys import BlockKey
-from tiering.registry import create_tier, get_tier_class, register_tier, tier_types
+from tiering.registry import get_tier_class, register_tier, tier_types
 from tiering.testing import NAMESPACE, key
 from tiering.testing.tier import MakeTier, StoreDown, TierConformance
 from tiering.tier import Tier
@@ -40,7 +40,7 @@ class TestRegistry:
     def test_builtin_types(self) -> None:
         assert {"memory", "file", "redis", "s3"} <= set(tier_types())
         assert get_tier_class("memory") is MemoryTier
-        assert isinstance(create_tier("memory", namespace=NAMESPACE, capacity=10), MemoryTier)
+        assert isinstance(get_tier_class("memory")(namespace=NAMESPACE, capacity=10), MemoryTier)
 
     def test_unknown_type(self) -> None:
         with pytest.raises(
@@ -61,16 +61,19 @@ class TestRegistry:
         ):
             get_tier_class("redis")
 
-    def test_bad_options_name_the_type(self) -> None:
+    def test_bad_options_name_the_tier_and_its_type(self) -> None:
+        from tiering.config import parse_config, tier_from_config
+
+        config = parse_config({"tiers": [{"name": "m", "type": "memory"}]})
         with pytest.raises(
             ConfigError,
-            match=r"tier type 'memory': colour: unknown option; expected one of capacity, checksum",
+            match=r"tier 'm' \(memory\): colour: unknown option; expected one of capacity",
         ):
-            create_tier("memory", namespace=NAMESPACE, colour="blue")
-        with pytest.raises(
-            ConfigError, match="tier type 'memory': codec: expected one of raw, lz4"
-        ):
-            create_tier("memory", namespace=NAMESPACE, codec="gzip")
+            tier_from_config(config.tiers[0], NAMESPACE, config, colour="blue")
+        with pytest.raises(ConfigError, match=r"tier 'm' \(memory\): codec: expected one of"):
+            tier_from_config(config.tiers[0], NAMESPACE, config, codec="gzip")
+        with pytest.raises(ConfigError, match="codec: expected one of raw, lz4"):
+            MemoryTier(namespace=NAMESPACE, codec="gzip")
 
     def test_register_a_custom_type(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import tiering.registry as registry

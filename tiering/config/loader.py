@@ -36,7 +36,7 @@ from tiering.config.tiers import TIER_KEYS, option_fields, required, tier_class
 from tiering.errors import ConfigError
 from tiering.policies import get_policy_class
 from tiering.tier import MIN_SECRET_BYTES
-from tiering.tier.options import fields_of, read_fields
+from tiering.tier.options import TierOptions, fields_of, read_fields
 from tiering.units import short_repr
 
 __all__ = ["load_config", "parse_config"]
@@ -160,15 +160,19 @@ def _tiers(value: object) -> tuple[TierConfig, ...]:
             raise ConfigError(f"{where}.name: {name!r} is used by another tier")
         names.add(name)
         own = read_fields({k: v for k, v in tier.items() if k in TIER_KEYS}, keys, f"{where}.")
-        options = _tier_options(
+        options, record = _tier_options(
             own["type"], {k: v for k, v in tier.items() if k not in TIER_KEYS}, where
         )
-        tiers.append(TierConfig(**own, options=options))
+        record = record.with_values({"capacity": own.get("capacity")})
+        tiers.append(TierConfig(**own, options=options, record=record))
     return tuple(tiers)
 
 
-def _tier_options(type_name: str, options: dict[Any, Any], where: str) -> dict[str, Any]:
-    """A tier's own options as given, each read by the field its class declares for it."""
+def _tier_options(
+    type_name: str, options: dict[Any, Any], where: str
+) -> tuple[dict[str, Any], TierOptions]:
+    """A tier's own options as given, each read by the field its class declares for it, and
+    the record of the class they select, checked."""
     cls = tier_class(type_name, options, where)
     fields = option_fields(cls)
     for name in required(fields):
@@ -187,10 +191,10 @@ def _tier_options(type_name: str, options: dict[Any, Any], where: str) -> dict[s
             )
         read |= read_fields({key: value}, fields, f"{where}.")
     try:  # the record's own checks of its values together (`__post_init__`), at load too
-        cls.Options(**read)
+        record = cls.Options(**read)
     except ConfigError as e:
         raise ConfigError(f"{where}.{e}") from None
-    return read
+    return read, record
 
 
 def _raw_secret(data: object) -> object:

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from tiering.errors import ConfigError
 from tiering.tier.envelope import MIN_SECRET_BYTES
-from tiering.tier.options import option
+from tiering.tier.options import TierOptions, option
 from tiering.units import format_size
 
 __all__ = [
@@ -149,8 +149,12 @@ class TierConfig:
         None, kind="size", help="Bytes the tier may hold (null: unbounded, or the backend's own)."
     )
     options: Mapping[str, Any] = field(default_factory=dict)
-    """The backend's constructor arguments (`path`, `url`, `bucket`, ...), each already read by
-    its tier's `Options` record (sizes in bytes, durations in seconds); only those given."""
+    """The backend's own options as given (`path`, `url`, `bucket`, ...), each already read by
+    its tier's `Options` record (sizes in bytes, durations in seconds): what a config shows."""
+    record: TierOptions | None = field(default=None, repr=False, compare=False)
+    """The record the loader checked, of the class the options select, with `capacity`: what
+    the tier is built with (`tiering.config.tier_from_config`). None for an entry built in code:
+    then read from `options` there."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,19 +90,23 @@ def tier_from_config(
     **overrides: Any,
 ) -> Tier:
     """The tier of `entry` (one of `config.tiers`) in `namespace`, with the deployment's secret
-    (`auth.secret`): the one way from a YAML entry to a tier. Its deadline is the entry's
-    `timeout` option, else `default_timeout`, else `faults.timeout`; `overrides`
-    (`read_only=True`, a `timeout`, scratch options) win over the entry's options."""
+    (`auth.secret`): the one way from a YAML entry to a tier, built with the options record the
+    loader checked (`TierConfig.record`). Its deadline is the entry's `timeout` option, else
+    `default_timeout`, else `faults.timeout`; `overrides` (`read_only=True`, a `timeout`,
+    scratch options) win over the entry's options."""
     default = config.faults.timeout if default_timeout is None else default_timeout
-    options = {"timeout": default, **entry.options, **overrides}
+    values = {} if "timeout" in entry.options else {"timeout": default}
     try:
-        cls = variant_of(get_tier_class(entry.type), options)
+        cls = variant_of(get_tier_class(entry.type), entry.options)
+        record = entry.record
+        if record is None:  # an entry built in code, not loaded: its options read here
+            record = cls.Options.of({**entry.options, "capacity": entry.capacity})
         return cls(
             namespace=namespace,
             name=entry.name,
             secret=config.auth.secret,
-            capacity=entry.capacity,
-            **options,
+            options=record,
+            **{**values, **overrides},
         )
     except (ConfigError, TypeError) as e:  # (an override: the entry was checked at load)
         raise ConfigError(f"tier {entry.name!r} ({entry.type}): {e}") from e

@@ -79,18 +79,29 @@ class Tier(OperatorCalls):
         namespace: bytes,
         secret: bytes | None = None,
         name: str | None = None,
-        **options: Any,
+        options: TierOptions | None = None,
+        **values: Any,
     ) -> None:
         """`namespace`: the store namespace whose blocks this tier serves (`tiering.keys`: an
         engine's is its layout's under its secret, `store_namespace`); `secret`: the
         deployment's secret for authenticated objects (at least `MIN_SECRET_BYTES`): every
         object is written with a MAC, and one without a valid MAC is a miss; `name`: the tier's
-        name in messages and metrics (default: `type_name`); `options`: the settings of
-        `Options`, as Python values (bytes, seconds) or YAML ones (`8GiB`, `200ms`). Raises
-        `ConfigError` naming the option that is unknown or wrong."""
+        name in messages and metrics (default: `type_name`); `options`: the tier's settings as
+        the record the configuration checked (an `Options`, `tiering.config.tier_from_config`),
+        and/or `values`: settings of `Options` as Python values (bytes, seconds) or YAML ones
+        (`8GiB`, `200ms`), in place of the record's. Raises `ConfigError` naming the option
+        that is unknown or wrong."""
         if len(namespace) != NAMESPACE_BYTES:
             raise ConfigError(f"namespace: expected {NAMESPACE_BYTES} bytes, got {len(namespace)}")
-        self.options = self.Options.of(options)
+        if options is None:
+            self.options = self.Options.of(values)
+        elif type(options) is not self.Options:
+            raise ConfigError(
+                f"options: a {type(self).__name__} takes a {self.Options.__name__} record, "
+                f"got a {type(options).__name__}"
+            )
+        else:
+            self.options = options.with_values(values)
         self.envelope = Envelope.of(
             namespace,
             secret=secret,

@@ -401,6 +401,19 @@ class TierOptions:
                 raise ConfigError(f"{prefix}{name}: missing")
         return cls(**read_fields(mapping, fields, prefix))
 
+    def with_values(self, mapping: Mapping[str, Any]) -> Self:
+        """This record with the values of `mapping` (read as `of` reads them) in place of its
+        own; `ConfigError` naming an unknown or a bad one. Nothing else is read again."""
+        if not mapping:
+            return self
+        fields = fields_of(type(self))
+        unknown = sorted(str(key) for key in mapping if key not in fields)
+        if unknown:
+            raise ConfigError(
+                f"{unknown[0]}: unknown option; expected one of {', '.join(sorted(fields))}"
+            )
+        return dataclasses.replace(self, **read_fields(mapping, fields))
+
 
 def _plain_number(value: object) -> object:
     """A number of another type than int or float (numpy's `int64`, `float32`: what Python

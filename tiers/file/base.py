@@ -135,12 +135,16 @@ class FileTier(IndexedTier):
         namespace: bytes,
         secret: bytes | None = None,
         name: str | None = None,
-        **options: Any,
+        options: FileOptions | None = None,
+        **values: Any,
     ) -> None:
-        """`options`: the fields of the layout's record (`Options`); ConfigError for another
-        layout, or an option of another layout."""
-        self.variant(options)
-        super().__init__(namespace=namespace, name=name, secret=secret, **options)
+        """`options` (the layout's record, `Options`) and/or `values` (its fields): as
+        `Tier`'s; ConfigError for another layout, or an option of another layout."""
+        if options is None:
+            self.variant(values)
+        else:  # (the record is this layout's, or `Tier` refuses it)
+            self.refuse_other_options(values)
+        super().__init__(namespace=namespace, name=name, secret=secret, options=options, **values)
         opts = self.options
         assert isinstance(opts, FileOptions)
         path = opts.path
