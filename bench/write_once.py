@@ -30,12 +30,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from kvtier.servers import RedisServer, SeaweedS3  # noqa: E402
-from tiering.registry import create_tier  # noqa: E402
+from tiering.config import parse_config, tier_from_config  # noqa: E402
 from tiering.testing import NAMESPACE, key, payload  # noqa: E402
+from tiering.tier import Tier  # noqa: E402
 from tiering.units import parse_size  # noqa: E402
 
 MEDIA = ("redis", "s3", "s3-packs", "files", "s3-replacing")
 BATCH = 16
+
+
+def open_tier(tier: dict[str, Any], **extra: Any) -> Tier:
+    """The tier of the YAML entry `tier` (its `type` and options), as an engine opens it."""
+    config = parse_config({"tiers": [{"name": "shared", **tier}]})
+    return tier_from_config(config.tiers[0], NAMESPACE, config, **extra)
 
 
 def engine(
@@ -45,8 +52,7 @@ def engine(
     block, report."""
 
     async def run() -> dict[str, Any]:
-        options = dict(tier)
-        async with create_tier(options.pop("type"), namespace=NAMESPACE, **options) as t:
+        async with open_tier(tier) as t:
             await t.contains([key(0)])  # connected, as a running engine is
             await asyncio.to_thread(start.wait)
             await asyncio.sleep(delay)
@@ -62,10 +68,7 @@ def engine(
 
 
 async def stored_objects(tier: dict[str, Any]) -> int:
-    options = dict(tier)
-    async with create_tier(
-        options.pop("type"), namespace=NAMESPACE, read_only=True, **options
-    ) as t:
+    async with open_tier(tier, read_only=True) as t:
         return sum(u.objects for u in await t.usage() if u.namespace == NAMESPACE)
 
 

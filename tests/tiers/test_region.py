@@ -271,3 +271,18 @@ def test_a_dead_region_is_removed_from_another_pid_namespace(tmp_path: Path) -> 
     )
     assert out.strip() == "1"
     assert not region_path("gone", tmp_path).exists()
+
+
+def test_a_region_sized_but_not_yet_headed_is_being_created(tmp_path: Path) -> None:
+    """The creator sizes the file (zeros) before it writes the header: a worker that reads it
+    in between waits for the header instead of failing its start ("not a kvtier region", seen
+    once with two workers starting beside the scheduler); a file of another format is still
+    refused."""
+    from tiers.region.file import read_header
+
+    path = region_path("being-made", tmp_path)
+    path.write_bytes(bytes(PAGE))
+    assert read_header(path) is None
+    path.write_bytes(b"NOTKVTIER" + bytes(PAGE))
+    with pytest.raises(RegionError, match="not a kvtier region"):
+        read_header(path)

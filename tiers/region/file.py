@@ -121,7 +121,8 @@ def write_header(fd: int, layout: RegionLayout, token: bytes) -> None:
 
 def read_header(path: Path) -> tuple[bool, RegionLayout, bytes] | None:
     """(ready, layout, token) from the header of the region at `path`; None while it does not
-    exist or its header is not yet whole. A file of another format or version is an error."""
+    exist or its header is not yet written (the creator sizes the file, zeros, before it
+    writes the header). A file of another format or version is an error."""
     try:
         with open(path, "rb") as f:
             raw = f.read(_HEADER.size)
@@ -129,8 +130,8 @@ def read_header(path: Path) -> tuple[bool, RegionLayout, bytes] | None:
         return None
     except OSError as e:
         raise RegionError(f"primary region {path}: cannot read: {e.strerror}") from e
-    if len(raw) < _HEADER.size:
-        return None  # being created
+    if len(raw) < _HEADER.size or raw[: len(_MAGIC)] == bytes(len(_MAGIC)):
+        return None  # being created: not yet sized, or sized and its header not yet written
     magic, version, ready, _pid, slots, shard, workers, _stride, token = _HEADER.unpack(raw)
     if magic != _MAGIC or version != _VERSION:
         raise RegionError(f"primary region {path}: not a kvtier region of version {_VERSION}")
