@@ -1,11 +1,11 @@
 /* ARC's four lists as one hash table and intrusive doubly linked lists: the compiled core of
- * `tiering.policies.arc.ARCPolicy` (its docstring has the algorithm; `PythonARCPolicy` in the
- * same module is the same algorithm in Python, and the tests hold both to one reference).
+ * `tiering.policies.arc.ARCPolicy` (its docstring has the algorithm; the tests hold it to a
+ * plain Python reference, tests/tiering/arc_reference.py).
  *
  * One dict maps each key, resident or ghost, to its node; a node sits on one of T1, T2, B1,
  * B2 (least recent at the head). A key moving between lists (T1 -> T2 on a touch, T1 -> B1 on
- * an eviction, B1 -> T2 on a ghost hit) is relinked without touching the dict: the Python
- * version pays two OrderedDict operations for each such move.
+ * an eviction, B1 -> T2 on a ghost hit) is relinked without touching the dict: a Python
+ * rendering pays two OrderedDict operations for each such move.
  *
  * Runs on its owner's thread, under the GIL. A call that could run Python code while node
  * pointers are held (a key's __eq__, a container's __contains__) is guarded: a policy method
