@@ -15,7 +15,7 @@ from kvtier.replay import MAX_DEFERRALS, REPLAY_NAMESPACE, Admitted, ReplayEngin
 from kvtier.trace import TraceRequest
 from tiering.config import Config, tier_from_config
 from tiering.errors import TierError
-from tiering.keys import BlockKey
+from tiering.keys import BlockKey, store_namespace
 from tiering.runtime import Runtime
 from tiering.tier import Tier, TierStat
 
@@ -120,8 +120,9 @@ class Fleet:
 
     async def _fresh_stat(self) -> TierStat:
         config = self.config
+        stored = store_namespace(REPLAY_NAMESPACE, config.auth.secret)  # (as `build_tiers`)
         fresh = tier_from_config(
-            config.tiers[0], REPLAY_NAMESPACE, config, default_timeout=STAT_TIMEOUT, read_only=True
+            config.tiers[0], stored, config, default_timeout=STAT_TIMEOUT, read_only=True
         )
         async with fresh:
             return await fresh.stat()

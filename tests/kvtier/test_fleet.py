@@ -419,3 +419,24 @@ def test_256_engines_over_the_shipped_trace(requests: tuple[TraceRequest, ...]) 
     assert result.fleet.cross_share > 0.95
     assert result.store_peak_bytes <= capacity
     assert isinstance(result.fleet, EngineFigures) and result.fleet.unsettled_requests == 0
+
+
+def test_a_fleet_with_a_secret_counts_the_store_it_writes(tmp_path: Path) -> None:
+    """With `auth.secret` the engines store under the secret's names (issue 42): the fleet's
+    look at a `files` store (a fresh instance, each engine indexing only its own) counts those,
+    as many objects as without a secret, not the layout's empty names."""
+    together = [TraceRequest((7, 100 + i, 200 + i), 1536, float(i)) for i in range(3)]
+    counted = []
+    for secret in (None, "a-fleet-secret-0123456789"):
+        tier = {"type": "file", "path": str(tmp_path / f"nvme-{secret is None}"), "min_free": 0}
+        sections = {} if secret is None else {"auth": {"secret": "${FLEET_SECRET}"}}
+        data = {
+            "primary": {"eviction": "lru"},
+            "promotion": {"gate": "always", "deadline": "10s"},
+            "faults": {"timeout": "10s"},
+            "tiers": [{"name": "shared", "write": "through", **tier}],
+            **sections,
+        }
+        cfg = parse_config(data, {"FLEET_SECRET": secret or ""})
+        counted.append(replay_fleet(together, cfg, 3, 64, "sticky", 0, BLOCK).store_objects)
+    assert counted[0] == counted[1] == 7, counted
