@@ -366,7 +366,8 @@ class Tier(OperatorCalls):
         `put` writes them; `StateError` on a read-only tier."""
         block = as_key(key)
         self._writable("put")
-        self.refused.forget(block)
+        if self.refused:  # (most tiers hold none: no dict call per put)
+            self.refused.forget(block)
         return block, self.envelope.seal(block, data)
 
     async def _put_encoded(self, block: BlockKey, parts: Sequence[Buffer], size: int) -> None:
