@@ -41,7 +41,7 @@ from redis.asyncio.connection import parse_url
 
 from tiering.errors import ConfigError
 from tiering.keys import BlockKey
-from tiering.secrets import redact_url, url_secrets
+from tiering.secrets import UNENCODED_PASSWORD, password_needs_encoding, redact_url, url_secrets
 from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 from tiering.tier.batching import RawRead, RawWrite
 from tiers.redis.bounds import BoundsCheck, read_memory
@@ -115,6 +115,8 @@ class RedisTier(Tier):
         self._errors = RedisErrors(
             self.name, self.url, [password, *url_secrets(url)], settings.cluster
         )
+        if password_needs_encoding(url):  # redis-py would quote a piece of it as the port
+            raise ConfigError(f"tier {self.name!r}: url {self.url!r}: {UNENCODED_PASSWORD}")
         try:
             where = parse_url(url)
             unknown = sorted(set(where) - URL_ARGUMENTS)
