@@ -139,8 +139,6 @@ class RedisServer:
             "--logfile",
             str(self.workdir / "redis.log"),
         ]
-        if self.password:
-            command += ["--requirepass", self.password]
         if self.cluster:
             command += [
                 "--cluster-enabled",
@@ -148,7 +146,18 @@ class RedisServer:
                 "--cluster-config-file",
                 str(self.workdir / "nodes.conf"),
             ]
-        self.process = subprocess.Popen(command, start_new_session=True)
+        # the password goes in by standard input (`-`: config lines from it), not the argv
+        # every local user can read in /proc; each byte hex-escaped in a quoted string
+        secret = "".join(f"\\x{b:02x}" for b in (self.password or "").encode())
+        self.process = subprocess.Popen(
+            [command[0], "-", *command[1:]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # its one line before the log file: config from stdin
+            start_new_session=True,
+        )
+        assert self.process.stdin is not None
+        with self.process.stdin as config:
+            config.write(f'requirepass "{secret}"\n'.encode() if self.password else b"")
         _wait(self.ping, f"redis-server on port {self.port}", 10)
 
     def ping(self) -> bool:

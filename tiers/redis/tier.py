@@ -47,7 +47,7 @@ from redis.asyncio.connection import parse_url
 
 from tiering.errors import ConfigError
 from tiering.keys import BlockKey
-from tiering.secrets import redact_url, url_secrets
+from tiering.secrets import UNENCODED_PASSWORD, password_needs_encoding, redact_url, url_secrets
 from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 from tiering.tier.batching import RawRead, RawWrite
 from tiering.tls import check_handshake, client_context
@@ -126,6 +126,8 @@ class RedisTier(Tier):
         self._errors = RedisErrors(
             self.name, self.url, [password, *url_secrets(url)], settings.cluster
         )
+        if password_needs_encoding(url):  # redis-py would quote a piece of it as the port
+            raise ConfigError(f"tier {self.name!r}: url {self.url!r}: {UNENCODED_PASSWORD}")
         try:
             where: dict[str, Any] = dict(parse_url(url))
             unknown = sorted(set(where) - URL_ARGUMENTS)
