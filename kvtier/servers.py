@@ -23,6 +23,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvtier.certs import CertPair, LocalCA
 
 HOST = "127.0.0.1"
 
@@ -77,26 +81,49 @@ class RedisServer:
         password: str | None = None,
         cluster: bool = False,
         durable: bool = False,
+        tls: LocalCA | None = None,
+        cert: CertPair | None = None,
+        client_auth: bool = False,
     ) -> None:
         """`durable`: an append-only file synced on every write, so that what the server
-        acknowledged survives a kill."""
+        acknowledged survives a kill. `tls`: TLS only (no plaintext port), with `cert` (the
+        CA's server certificate unless given); `client_auth`: clients must present a
+        certificate the CA signed."""
         self.workdir = workdir
         self.password = password
         self.cluster = cluster
         self.durable = durable
+        self.tls = tls
+        self.cert = cert or (tls.server if tls else None)
+        self.client_auth = client_auth
         self.port = free_port()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://{HOST}:{self.port}/0"
 
     def start(self) -> None:
+        ports = ["--port", str(self.port)]
+        if self.tls is not None and self.cert is not None:
+            ports = [
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--tls-cert-file",
+                str(self.cert.cert),
+                "--tls-key-file",
+                str(self.cert.key),
+                "--tls-ca-cert-file",
+                str(self.tls.ca_file),
+                "--tls-auth-clients",
+                "yes" if self.client_auth else "no",
+            ]
         command = [
             binary("redis-server", "apt-get install -y redis-server"),
-            "--port",
-            str(self.port),
+            *ports,
             "--bind",
             HOST,
             "--save",
@@ -112,8 +139,6 @@ class RedisServer:
             "--logfile",
             str(self.workdir / "redis.log"),
         ]
-        if self.password:
-            command += ["--requirepass", self.password]
         if self.cluster:
             command += [
                 "--cluster-enabled",
@@ -121,17 +146,42 @@ class RedisServer:
                 "--cluster-config-file",
                 str(self.workdir / "nodes.conf"),
             ]
-        self.process = subprocess.Popen(command, start_new_session=True)
+        # the password goes in by standard input (`-`: config lines from it), not the argv
+        # every local user can read in /proc; each byte hex-escaped in a quoted string
+        secret = "".join(f"\\x{b:02x}" for b in (self.password or "").encode())
+        self.process = subprocess.Popen(
+            [command[0], "-", *command[1:]],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,  # its one line before the log file: config from stdin
+            start_new_session=True,
+        )
+        assert self.process.stdin is not None
+        with self.process.stdin as config:
+            config.write(f'requirepass "{secret}"\n'.encode() if self.password else b"")
         _wait(self.ping, f"redis-server on port {self.port}", 10)
 
     def ping(self) -> bool:
         import redis
 
-        client = redis.Redis(host=HOST, port=self.port, password=self.password, socket_timeout=1)
+        client = redis.Redis(
+            host=HOST, port=self.port, password=self.password, socket_timeout=1, **self.ssl()
+        )
         try:
             return bool(client.ping())
         finally:
             client.close()
+
+    def ssl(self) -> dict[str, Any]:
+        """redis-py's keywords for a raw client of this server: TLS with the client certificate
+        where the server speaks it, its certificate unchecked (the expired one too)."""
+        if self.tls is None:
+            return {}
+        return {
+            "ssl": True,
+            "ssl_cert_reqs": "none",
+            "ssl_certfile": str(self.tls.client.cert),
+            "ssl_keyfile": str(self.tls.client.key),
+        }
 
     def stop(self) -> None:
         """Kill it (no clean shutdown: like a crash)."""
@@ -194,13 +244,16 @@ class SeaweedS3:
     ACCESS_KEY = "kvtier-test"
     SECRET_KEY = "kvtier-test-secret"
 
-    def __init__(self, workdir: Path, bucket: str = "kvtier") -> None:
+    def __init__(self, workdir: Path, bucket: str = "kvtier", tls: LocalCA | None = None) -> None:
+        """`tls`: the S3 gateway serves HTTPS too (`https_endpoint`), with the CA's server
+        certificate."""
         self.workdir = workdir
         self.bucket = bucket
+        self.tls = tls
         self.workdir.mkdir(parents=True, exist_ok=True)
         used: set[int] = set()
         self.ports = {}
-        for name in ("master", "volume", "filer", "s3", "admin"):
+        for name in ("master", "volume", "filer", "s3", "admin", "s3https")[: 6 if tls else 5]:
             port = free_port(used)
             used |= {port, port + 10000}
             self.ports[name] = port
@@ -209,6 +262,11 @@ class SeaweedS3:
     @property
     def endpoint(self) -> str:
         return f"http://{HOST}:{self.ports['s3']}"
+
+    @property
+    def https_endpoint(self) -> str:
+        """The gateway's HTTPS URL (with `tls`)."""
+        return f"https://{HOST}:{self.ports['s3https']}"
 
     def client(self) -> object:
         import boto3
@@ -229,6 +287,13 @@ class SeaweedS3:
             "AWS_ACCESS_KEY_ID": self.ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": self.SECRET_KEY,
         }
+        https = []
+        if self.tls is not None:
+            https = [
+                f"-s3.port.https={p['s3https']}",
+                f"-s3.cert.file={self.tls.server.cert}",
+                f"-s3.key.file={self.tls.server.key}",
+            ]
         log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 - lives as long as the server
         self.process = subprocess.Popen(
             [
@@ -248,6 +313,7 @@ class SeaweedS3:
                 "-s3.port.iceberg=0",
                 "-s3.port.lance=0",
                 f"-bucket={self.bucket}",
+                *https,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

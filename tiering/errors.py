@@ -14,6 +14,7 @@ errors are translated at the edge where they happen, with `raise ... from e`.
     ├── RegionError (OSError)               the shared primary region cannot be made or mapped
     └── TierError                           a secondary tier failed (the manager counts a miss)
         ├── TierUnavailable (ConnectionError)
+        │   └── TlsError (ConfigError)      TLS to the tier's server failed: CA, certificate
         ├── TierTimeout (TimeoutError)
         ├── TierFull (OSError)
         └── CorruptObject (ValueError)      a stored object failed verification; `reason` says why
@@ -36,6 +37,7 @@ __all__ = [
     "TierFull",
     "TierTimeout",
     "TierUnavailable",
+    "TlsError",
     "TraceError",
     "UnknownNameError",
 ]
@@ -86,6 +88,13 @@ class TierError(KvtierError):
 
 class TierUnavailable(TierError, ConnectionError):
     """The tier's server or device cannot be reached."""
+
+
+class TlsError(ConfigError, TierUnavailable):
+    """TLS to a tier's server failed: a CA that did not sign its certificate, an expired
+    certificate, a plaintext server where TLS was asked. A configuration's fault (the CLI
+    exits 2 with it) that the manager also takes as an unreachable tier: never a fall back to
+    plaintext."""
 
 
 class TierTimeout(TierError, TimeoutError):

@@ -2,9 +2,19 @@
 
 A password reaches kvtier inside a URL (`redis://:${REDIS_PASSWORD}@host/0`, or a query
 argument such as `?password=...`, which redis-py reads too) or as an option of its own
-(`password`, `secret_key`). Messages, `kvtier show` and logs carry the URL with its password
-replaced by `***` (the user name stays: it says who, not how); a child process gets a secret by
-its environment, never its command line (which every local user can read in /proc).
+(`password`, `secret_key`, `auth.secret`, `auth.previous`). Messages, `kvtier show` and logs
+carry the URL with its password replaced by `***` (the user name stays: it says who, not how);
+a child process gets a secret by its environment, never its command line (which every local user
+can read in /proc).
+
+A password may hold any character. In a URL its end is the authority's last `@`: one holding
+`@`, `:`, `%`, blanks or non-ASCII letters unencoded is found whole (a string that is a URL is
+read whole, blanks included; a URL inside a message runs to the next blank, so there the secret
+itself, known from the config, is masked). One holding `/`, `?` or `#` unencoded cannot be read
+by a URL parser (they end its authority: part of the password would become the host or port,
+and be printed as such), so a tier refuses such a URL with `UNENCODED_PASSWORD`; it is masked
+all the same, from the user's `:` to the last `@`. A URL whose query holds an `@` after a
+`host:port` is masked up to that `@` too: it cannot be told apart from such a password.
 """
 
 from __future__ import annotations
@@ -12,12 +22,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
     "MASK",
+    "SECRET_PATHS",
     "SECRET_WORDS",
+    "UNENCODED_PASSWORD",
     "is_secret_name",
+    "is_secret_path",
+    "password_needs_encoding",
     "redact_data",
     "redact_text",
     "redact_url",
@@ -28,11 +42,20 @@ __all__ = [
 MASK = "***"
 SECRET_WORDS = ("password", "passwd", "secret", "token", "access_key", "credential")
 """An option or query argument whose name contains one of these holds a secret."""
-
-_USERINFO = re.compile(
-    # the password runs to the authority's last "@" (one left unencoded in it must not leak)
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^\s/?#@:]*):(?P<pw>[^\s/?#]*)@"
+SECRET_PATHS = frozenset({("auth", "previous")})
+"""Options that hold secrets under other names, as (section, option): the secrets an engine
+still accepts from before a rotation."""
+UNENCODED_PASSWORD = (
+    "its password holds '/', '?' or '#' unencoded, which ends a URL's host part: "
+    "percent-encode them (%2F, %3F, %23) or give the password as the tier's `password` option"
 )
+
+_SCHEME = r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)"
+# a URL in text runs to the next blank; its password, to the last "@" before that
+_USERINFO = re.compile(_SCHEME + r"(?P<user>[^\s/?#@:]*):(?P<pw>\S*)@")
+# a string that is a URL: its password runs to its last "@", blanks included
+_WHOLE_URL = re.compile(r"\s*" + _SCHEME + r"(?P<user>[^/?#@:]*):(?P<pw>.*)@(?P<rest>[^@]*)", re.S)
+_HOST_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]+)(:\d*)?")
 _QUERY = re.compile(r"(?P<name>[?&;][^\s=&;#]*=)(?P<value>[^\s&;#]*)")
 
 
@@ -41,10 +64,37 @@ def is_secret_name(name: str) -> bool:
     return any(word in lowered for word in SECRET_WORDS)
 
 
+def is_secret_path(section: str, name: str) -> bool:
+    """Whether option `name` of `section` holds a secret: by its name, or as one of
+    `SECRET_PATHS`."""
+    return is_secret_name(name) or (section, name) in SECRET_PATHS
+
+
 def redact_url(url: str) -> str:
-    """`url` with the password of its user part, and the values of query arguments named like
-    secrets, replaced by `***`; anything else as it was."""
+    """`url` (the whole string one URL) with the password of its user part, and the values of
+    query arguments named like secrets, replaced by `***`; anything else as it was."""
+    whole = _WHOLE_URL.match(url)
+    if whole and whole["pw"]:
+        url = f"{whole['scheme']}{whole['user']}:{MASK}@{whole['rest']}"
     return redact_text(url)
+
+
+def password_needs_encoding(url: str) -> bool:
+    """Whether `url`'s password (up to its last `@`) holds `/`, `?` or `#` unencoded, so that a
+    URL parser would end the host part inside it: its host part then is no `host[:port]`, or
+    the `@` lies in its path or fragment (in its query it may be a query argument's)."""
+    whole = _WHOLE_URL.match(url)
+    if not whole or not any(c in whole["pw"] for c in "/?#"):
+        return False
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return True
+    if "@" in parts.netloc:
+        return False
+    return bool(
+        "@" in parts.path or "@" in parts.fragment or not _HOST_PORT.fullmatch(parts.netloc)
+    )
 
 
 def redact_text(text: str, secrets: Iterable[str | None] = ()) -> str:
@@ -69,11 +119,17 @@ def redact_text(text: str, secrets: Iterable[str | None] = ()) -> str:
 
 
 def url_secrets(url: str) -> list[str]:
-    """The secrets a URL carries (its password, secret query arguments), decoded as a client
-    sends them: for `redact_text` on messages that might quote them without their URL."""
-    found = [unquote(m["pw"]) for m in _USERINFO.finditer(url) if m["pw"]]
-    found += [unquote(m["value"]) for m in _QUERY.finditer(url) if is_secret_name(m["name"][1:-1])]
-    return [s for s in found if s]
+    """The secrets a URL carries (its password, secret query arguments), as written and decoded
+    as a client sends them: for `redact_text` on messages that might quote them without their
+    URL. A string that is not one URL is searched for URLs."""
+    whole = _WHOLE_URL.match(url)
+    if whole and whole["pw"]:
+        passwords = [whole["pw"]]
+    else:
+        passwords = [m["pw"] for m in _USERINFO.finditer(url) if m["pw"]]
+    passwords += [m["value"] for m in _QUERY.finditer(url) if is_secret_name(m["name"][1:-1])]
+    found = [form for pw in passwords for form in (pw, unquote(pw))]
+    return [s for s in dict.fromkeys(found) if s]
 
 
 def secrets_in(data: Any, name: str = "") -> list[str]:
@@ -81,14 +137,15 @@ def secrets_in(data: Any, name: str = "") -> list[str]:
     (`name` for `data` itself), and every credential in a string (a URL's password)."""
     found: list[str] = []
 
-    def collect(value: Any, name: str, secret: bool) -> None:
-        secret = secret or is_secret_name(name)  # all of a secret option's value is secret
+    def collect(value: Any, name: str, secret: bool, section: str = "") -> None:
+        # all of a secret option's value is secret (each string of a list of them)
+        secret = secret or is_secret_path(section, name)
         if isinstance(value, dict):
             for k, v in value.items():
-                collect(v, str(k), secret)
+                collect(v, str(k), secret, name)
         elif isinstance(value, list | tuple):
             for v in value:
-                collect(v, name, secret)
+                collect(v, name, secret, section)
         elif value is not None and secret:
             found.append(str(value))
         elif isinstance(value, str):
@@ -104,12 +161,12 @@ def redact_data(data: Any) -> Any:
     any secret of the first kind quoted elsewhere)."""
     found = secrets_in(data)
 
-    def mask(value: Any, name: str) -> Any:
+    def mask(value: Any, name: str, section: str = "") -> Any:
         if isinstance(value, dict):
-            return {k: mask(v, str(k)) for k, v in value.items()}
+            return {k: mask(v, str(k), name) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return [mask(v, name) for v in value]
-        if value is not None and is_secret_name(name):
+            return [mask(v, name, section) for v in value]
+        if value is not None and is_secret_path(section, name):
             return MASK
         if isinstance(value, str):
             return redact_text(value, found)

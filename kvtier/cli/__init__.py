@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import kvtier
 from kvtier.cli import bench, config, demo, inspection, ops, replay
 from tiering.errors import ConfigError, KeyFormatError, KvtierError
+from tiering.secrets import redact_text
 
 __all__ = ["build_parser", "main"]
 
@@ -54,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
+    """The error's message on one line, any URL's password in it masked (`tiering.secrets`:
+    the tiers mask theirs and their secrets; this catches one a library quoted elsewhere)."""
+    return " ".join(redact_text(str(error)).split()) or type(error).__name__
 
 
 def _quiet_stdout() -> None:

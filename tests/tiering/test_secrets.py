@@ -50,8 +50,13 @@ def test_urls_are_shown_without_their_password(url: str, shown: str) -> None:
     assert "hunter22" not in redact_text(f"failed: {url} (and again: {url})")
 
 
-def test_the_secrets_a_url_carries_are_found_decoded() -> None:
-    assert url_secrets("redis://:hun%40ter22@h/0?token=abc%2Fdef") == ["hun@ter22", "abc/def"]
+def test_the_secrets_a_url_carries_are_found_as_written_and_decoded() -> None:
+    assert url_secrets("redis://:hun%40ter22@h/0?token=abc%2Fdef") == [
+        "hun%40ter22",
+        "hun@ter22",
+        "abc%2Fdef",
+        "abc/def",
+    ]
     # a message that quotes the decoded password without its URL is cleaned too
     assert redact_text("AUTH hun@ter22 refused", url_secrets("redis://:hun%40ter22@h")) == (
         f"AUTH {MASK} refused"

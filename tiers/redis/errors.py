@@ -6,19 +6,29 @@ Anyone who can write to the server can put another type under a block's key (a l
 reads of its value answer WRONGTYPE, which is that object's fault, not the tier's (a `magic`
 corrupt miss, refused and deleted like any foreign object). A SET the server refuses because it
 is full (an OOM reply: `maxmemory` with `noeviction`) is `TierFull`. Connection errors become
-`TierUnavailable`. No message carries the tier's secrets (`tiering.secrets`).
+`TierUnavailable`, a TLS failure behind one `TlsError`. No message carries the tier's secrets
+(`tiering.secrets`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
 
-from tiering.errors import CorruptObject, TierError, TierFull, TierTimeout, TierUnavailable
+from tiering.errors import (
+    CorruptObject,
+    TierError,
+    TierFull,
+    TierTimeout,
+    TierUnavailable,
+    TlsError,
+)
 from tiering.secrets import redact_text
+from tiering.tls import tls_cause
 from tiers.redis.resp import ReplyError, RespError
 
 __all__ = ["RedisErrors", "empty", "replies", "within", "wrong_type"]
@@ -47,6 +57,10 @@ class RedisErrors:
         except redis_errors.TimeoutError as e:
             raise TierTimeout(f"tier {self.tier!r}: {what} timed out ({self.url})") from e
         except (redis_errors.ConnectionError, OSError, redis_errors.RedisClusterException) as e:
+            tls = _ssl_error(e)
+            if tls is not None:
+                message = self.scrub(f"tier {self.tier!r}: {what}: TLS: {tls_cause(tls)}")
+                raise TlsError(f"{message} ({self.url})") from e
             # RedisClusterException is not a RedisError: redis-py raises it when no node of
             # the Cluster answers (its start, or every node's connection refused).
             message = self.scrub(f"tier {self.tier!r}: {what} failed: {e} ({self.url})")
@@ -88,6 +102,18 @@ class RedisErrors:
         if (redirected or str(error).startswith(("MOVED ", "ASK "))) and not self._cluster:
             return TierError(f"{message} (the server is a Redis Cluster node: set cluster: true)")
         return TierError(message)
+
+
+def _ssl_error(error: BaseException) -> ssl.SSLError | None:
+    """The TLS failure behind a connection error (redis-py wraps it), if it is one."""
+    seen: BaseException | None = error
+    for _ in range(4):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def wrong_type(error: BaseException) -> bool:

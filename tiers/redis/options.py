@@ -54,9 +54,16 @@ class RedisOptions(TierOptions):
         help="Blocks expire this long after they are written, in whole milliseconds (null: never).",
     )
     cluster: bool = option(False, help="Talk to a Redis Cluster through any of its nodes.")
-    tls_ca_file: str | None = option(None, help="CA bundle for TLS (makes the URL `rediss://`).")
-    tls_cert_file: str | None = option(None, help="Client certificate for TLS.")
-    tls_key_file: str | None = option(None, help="Client key for TLS.")
+    tls_ca_file: str | None = option(
+        None,
+        help="CA bundle for TLS (makes the URL `rediss://`; null: the system's CAs). TLS is "
+        "tried at open: a wrong CA, an expired certificate or a plaintext server is an error "
+        "there, never a fall back to plaintext.",
+    )
+    tls_cert_file: str | None = option(
+        None, help="Client certificate for TLS (a server that asks for one)."
+    )
+    tls_key_file: str | None = option(None, help="Client key for TLS (null: in the certificate).")
     socket_timeout: float = option(2.0, kind="duration", help="Socket timeout of each command.")
     connect_timeout: float = option(1.0, kind="duration", help="Timeout of each connection.")
     streams: int = option(
@@ -68,7 +75,8 @@ class RedisOptions(TierOptions):
     )
     fast_path: bool = option(
         True,
-        help="Move blocks through kvtier's own RESP client on plain TCP (false: redis-py only).",
+        help="Move blocks through kvtier's own RESP client on plain TCP (false: redis-py only; "
+        "TLS: redis-py, said once in the log).",
     )
 
     def __post_init__(self) -> None:

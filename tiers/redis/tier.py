@@ -9,7 +9,12 @@ Blocks move through `tiers.redis.resp` on a plain-TCP server: a GET lands in the
 with no intermediate copy and a SET sends header and payload from where they lie (redis-py copies a
 value two or three times on the way). TLS and Cluster go through redis-py (`redis.asyncio`,
 which packs large values faster than hiredis's packer), as do the other
-commands. Connection errors become `TierUnavailable`; the tier's deadline bounds every call.
+commands; with TLS the tier says so once in the log, at open. Connection errors become
+`TierUnavailable`; the tier's deadline bounds every call.
+
+TLS (`rediss://`, or any `tls_*` option) is tried at open (`tiering.tls`): a wrong CA, an
+expired certificate or a plaintext server is a one-line `TlsError` there, never a fall back to
+plaintext; should one happen later (a server's certificate replaced), the call raises it.
 
 Every write is `SET NX` (with `EX` when `ttl` is set, in the same command), on every path: of
 engines writing one block at once, one writes it and the others' SETs answer nil, counted as
@@ -31,6 +36,7 @@ own write: counted, harmless).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -41,9 +47,10 @@ from redis.asyncio.connection import parse_url
 
 from tiering.errors import ConfigError
 from tiering.keys import BlockKey
-from tiering.secrets import redact_url, url_secrets
+from tiering.secrets import UNENCODED_PASSWORD, password_needs_encoding, redact_url, url_secrets
 from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 from tiering.tier.batching import RawRead, RawWrite
+from tiering.tls import check_handshake, client_context
 from tiers.redis.bounds import BoundsCheck, read_memory
 from tiers.redis.errors import RedisErrors, empty, replies, within, wrong_type
 from tiers.redis.options import URL_ARGUMENTS, URL_QUERY, RedisOptions, milliseconds
@@ -55,6 +62,7 @@ from tiers.redis.usage import WriteMarker, marker_name, scan_usage
 __all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _DELETE_IF_SEEN = """
 local value = redis.call('GETRANGE', KEYS[1], 0, string.len(ARGV[1]) - 1)
@@ -110,13 +118,18 @@ class RedisTier(Tier):
             }
             if url.startswith("redis://"):
                 url = "rediss://" + url[len("redis://") :]
+        tls = url.startswith("rediss://")
+        if tls:
+            kwargs["ssl_check_hostname"] = True  # as `check_handshake` does
         self.url = redact_url(url)
         """The server's URL as messages show it: its password masked (`tiering.secrets`)."""
         self._errors = RedisErrors(
             self.name, self.url, [password, *url_secrets(url)], settings.cluster
         )
+        if password_needs_encoding(url):  # redis-py would quote a piece of it as the port
+            raise ConfigError(f"tier {self.name!r}: url {self.url!r}: {UNENCODED_PASSWORD}")
         try:
-            where = parse_url(url)
+            where: dict[str, Any] = dict(parse_url(url))
             unknown = sorted(set(where) - URL_ARGUMENTS)
             if unknown:  # redis-py would pass it on and fail at the first connection
                 raise ValueError(
@@ -140,13 +153,15 @@ class RedisTier(Tier):
             timeout=self.timeout,
             counters=self.counters,
         )
+        if tls:
+            self._check_tls(where, connect_timeout)
         self._fast: RespPool | None = None
-        if (
-            settings.fast_path
-            and not settings.cluster
-            and url.startswith("redis://")
-            and "ssl_ca_certs" not in kwargs
-        ):
+        if settings.fast_path and not settings.cluster and tls:
+            log.info(
+                "tier %r: TLS: blocks move through redis-py (the fast path speaks plain TCP only)",
+                self.name,
+            )
+        elif settings.fast_path and not settings.cluster and url.startswith("redis://"):
             self._fast = RespPool(
                 where.get("host", "127.0.0.1"),
                 int(where.get("port", 6379)),
@@ -184,6 +199,21 @@ class RedisTier(Tier):
             px=self._px(),
             streams=settings.streams,
         )
+
+    def _check_tls(self, where: dict[str, Any], timeout: float) -> None:
+        """The TLS of the URL's server, tried once at open: a CA or certificate file that
+        cannot be read is a `ConfigError`; a wrong CA, an expired certificate or a plaintext
+        server a `TlsError` (`tiering.tls`), never a fall back to plaintext. (Of a Cluster,
+        the node the URL names: the others share its CA.)"""
+        settings = self.options
+        context = client_context(
+            self.name,
+            settings.tls_ca_file or where.get("ssl_ca_certs"),
+            settings.tls_cert_file or where.get("ssl_certfile"),
+            settings.tls_key_file or where.get("ssl_keyfile"),
+        )
+        host, port = where.get("host", "127.0.0.1"), int(where.get("port", 6379))
+        check_handshake(self.name, host, port, context, timeout, hello=b"PING\r\n")
 
     async def _deadline(self, operation: Awaitable[T]) -> T:
         """The base's `_deadline` (every call goes through it); the first one of a writable
