@@ -244,12 +244,19 @@ class SeaweedS3:
     ACCESS_KEY = "kvtier-test"
     SECRET_KEY = "kvtier-test-secret"
 
-    def __init__(self, workdir: Path, bucket: str = "kvtier", tls: LocalCA | None = None) -> None:
-        """`tls`: the S3 gateway serves HTTPS too (`https_endpoint`), with the CA's server
-        certificate."""
+    def __init__(
+        self,
+        workdir: Path,
+        bucket: str = "kvtier",
+        tls: LocalCA | None = None,
+        cert: CertPair | None = None,
+    ) -> None:
+        """`tls`: the S3 gateway serves HTTPS too (`https_endpoint`), with `cert` (the CA's
+        server certificate unless given)."""
         self.workdir = workdir
         self.bucket = bucket
         self.tls = tls
+        self.cert = cert or (tls.server if tls else None)
         self.workdir.mkdir(parents=True, exist_ok=True)
         used: set[int] = set()
         self.ports = {}
@@ -288,11 +295,11 @@ class SeaweedS3:
             "AWS_SECRET_ACCESS_KEY": self.SECRET_KEY,
         }
         https = []
-        if self.tls is not None:
+        if self.cert is not None:
             https = [
                 f"-s3.port.https={p['s3https']}",
-                f"-s3.cert.file={self.tls.server.cert}",
-                f"-s3.key.file={self.tls.server.key}",
+                f"-s3.cert.file={self.cert.cert}",
+                f"-s3.key.file={self.cert.key}",
             ]
         log = open(self.workdir / "weed.log", "ab")  # noqa: SIM115 - lives as long as the server
         self.process = subprocess.Popen(

@@ -38,8 +38,10 @@ from botocore.exceptions import (
     EndpointConnectionError,
     ReadTimeoutError,
 )
+from botocore.exceptions import SSLError as BotoSSLError
 
-from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
+from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable, TlsError
+from tiering.tls import tls_cause
 from tiers.threads import IOThreads
 
 __all__ = ["Bucket", "Listed"]
@@ -72,6 +74,7 @@ class Bucket:
         tier: str,
         bucket: str,
         endpoint_url: str | None,
+        ca_bundle: str | None = None,
         region: str | None,
         access_key: str | None,
         secret_key: str | None,
@@ -96,6 +99,7 @@ class Bucket:
             aws_access_key_id=access_key,
             aws_secret_access_key=secret_key,
             aws_session_token=session_token,
+            verify=ca_bundle if ca_bundle is not None else True,
             config=BotoConfig(
                 retries={"mode": "standard", "max_attempts": retries},
                 connect_timeout=connect_timeout,
@@ -246,6 +250,10 @@ class Bucket:
             return function(*args)
         except (ConnectTimeoutError, ReadTimeoutError) as e:
             raise TierTimeout(f"tier {self.tier!r}: {e} ({self.endpoint_url or 'AWS'})") from e
+        except BotoSSLError as e:  # never retried over plaintext
+            cause = e.kwargs.get("error")
+            detail = tls_cause(cause) if isinstance(cause, BaseException) else str(e)
+            raise TlsError(f"tier {self.tier!r}: TLS to {self.endpoint_url}: {detail}") from e
         except EndpointConnectionError as e:
             raise TierUnavailable(f"tier {self.tier!r}: {e}") from e
         except ClientError as e:

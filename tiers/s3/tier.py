@@ -8,6 +8,10 @@ packs (`tiers.s3.packs`: the tier's index of packs; `tiers.s3.packformat`: the f
 by `tiers.s3.packer` within `pack_after`, and the index is kept live by `tiers.s3.refresh`
 (other engines' packs are found within `pack_refresh`). With `capacity`, `tiers.s3.sweeper`
 keeps the prefix within it, one engine at a time by `tiers.s3.lease`.
+
+An `https://` endpoint is verified against `ca_bundle` (null: the system's CAs), tried at open
+(`tiering.tls`): a wrong CA, an expired certificate or a plaintext server is a one-line
+`TlsError` there, never a fall back to plaintext.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, NamespaceUsage, ObjectInfo, Tier, TierStat
 from tiering.tier.options import TierOptions, option
+from tiering.tls import check_handshake, client_context
 from tiers.s3.client import Bucket
 from tiers.s3.lease import Lease
 from tiers.s3.packer import Packer
@@ -47,6 +53,12 @@ class S3Options(TierOptions):
     prefix: str = option("", help="Prepended to every object name (a folder of the bucket).")
     endpoint_url: str | None = option(
         None, help="An S3-compatible server's URL (null: AWS S3 of `region`)."
+    )
+    ca_bundle: str | None = option(
+        None,
+        help="CA bundle that verifies an `https://` endpoint's certificate (null: the system's "
+        "CAs). TLS is tried at open: a wrong CA, an expired certificate or a plaintext server "
+        "is an error there, never a fall back to plaintext.",
     )
     region: str | None = option(None, help="The bucket's region (null: us-east-1).")
     access_key: str | None = option(
@@ -127,10 +139,12 @@ class S3Tier(Tier):
         self.part_size = max(settings.part_size, 5 << 20)
         self.endpoint_url = settings.endpoint_url
         self._base = f"{self.prefix}{self.namespace.hex()}/"
+        self._check_tls(settings.connect_timeout)
         self._bucket = Bucket(
             tier=self.name,
             bucket=self.bucket,
             endpoint_url=self.endpoint_url,
+            ca_bundle=settings.ca_bundle,
             region=settings.region,
             access_key=settings.access_key,
             secret_key=settings.secret_key,
@@ -190,6 +204,20 @@ class S3Tier(Tier):
                 counters=self.counters,
                 swept=self._packs.drop,
             )
+
+    def _check_tls(self, timeout: float) -> None:
+        """The TLS of an `https://` endpoint, tried once at open (`tiering.tls`): a CA bundle
+        that cannot be read is a `ConfigError`; a wrong CA, an expired certificate or a
+        plaintext server a `TlsError`. AWS's own endpoints (no `endpoint_url`) are left to
+        botocore."""
+        url = self.endpoint_url
+        if url is None or not url.lower().startswith("https://"):
+            return
+        parsed = urlsplit(url)
+        context = client_context(self.name, self.options.ca_bundle, ca_option="ca_bundle")
+        host, port = parsed.hostname or "", parsed.port or 443
+        hello = f"HEAD / HTTP/1.1\r\nHost: {parsed.netloc}\r\nConnection: close\r\n\r\n"
+        check_handshake(self.name, host, port, context, timeout, hello=hello.encode())
 
     async def _clock(self) -> None:
         """Learn the server's clock (which names packs): one listing of one name."""
