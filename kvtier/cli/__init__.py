@@ -1,6 +1,7 @@
 """The `kvtier` command line: `main` builds the parser from one module per command group
 (`config`: validate, show; `inspection`: stats, ls, inspect; `ops`: migrate, verify, purge;
-`bench`; `replay`; `demo`), whose shared options are argparse parent parsers (`common`).
+`secrets`: rekey; `bench`; `replay`; `demo`), whose shared options are argparse parent
+parsers (`common`).
 
 Every command prints a readable table by default and JSON with `--json`, and exits non-zero
 with a one-line reason on error: 2 for bad usage (arguments, names, config), 1 for anything
@@ -18,7 +19,7 @@ import traceback
 from collections.abc import Sequence
 
 import kvtier
-from kvtier.cli import bench, config, demo, inspection, ops, replay
+from kvtier.cli import bench, config, demo, inspection, ops, replay, secrets
 from tiering.errors import ConfigError, KeyFormatError, KvtierError
 from tiering.secrets import redact_text
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_parsers(commands)
     inspection.add_parsers(commands)
     ops.add_parsers(commands)
+    secrets.add_parsers(commands)
     bench.add_parsers(commands)
     return parser
 

@@ -470,6 +470,37 @@ def test_a_secret_in_the_file_or_a_short_one_is_refused(
         parse_config({"auth": {"secret": secret}}, env)
 
 
+OLD = "fedcba9876543210fedcba9876543210"
+
+
+def test_encryption_and_previous_secrets_come_from_the_environment() -> None:
+    config = parse_config(
+        {"auth": {"secret": "${NEW}", "encrypt": True, "previous": ["${OLD}"]}},
+        {"NEW": SECRET, "OLD": OLD},
+    )
+    assert config.auth.encrypt and config.auth.previous == (OLD.encode(),)
+    assert OLD not in repr(config) and SECRET not in repr(config)
+    assert parse_config({}).auth.encrypt is False and parse_config({}).auth.previous == ()
+
+
+@pytest.mark.parametrize(
+    ("auth", "message"),
+    [
+        ({"encrypt": True}, "auth.encrypt: needs auth.secret"),
+        ({"previous": ["${OLD}"]}, "auth.previous: needs auth.secret"),
+        ({"secret": "${NEW}", "previous": [OLD]}, r"auth.previous\[0\]: give the name of an"),
+        ({"secret": "${NEW}", "previous": "${OLD}"}, "auth.previous: expected a list"),
+        ({"secret": "${NEW}", "previous": ["${SHORT}"]}, r"previous\[0\]: .* holds 5 bytes"),
+        ({"secret": "${NEW}", "previous": ["${NEW}"]}, "the same secret as auth.secret"),
+        ({"secret": "${NEW}", "encrypt": "yes"}, "auth.encrypt"),
+    ],
+)
+def test_a_wrong_encrypt_or_previous_is_refused(auth: dict[str, object], message: str) -> None:
+    env = {"NEW": SECRET, "OLD": OLD, "SHORT": "short"}
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"auth": auth}, env)
+
+
 def test_every_tier_gets_the_secret(tmp_path: Path) -> None:
     import asyncio
 

@@ -218,3 +218,45 @@ def test_only_provable_damage_is_removable() -> None:
     (another secret, namespace, format version or codec) may be a neighbour's."""
     assert set(REASONS) == REMOVABLE | {"auth", "namespace", "version", "codec"}
     assert not REMOVABLE & {"auth", "namespace", "version", "codec"}
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd"])
+@pytest.mark.parametrize("encrypt", [False, True])
+def test_gcm_seals(codec: str, encrypt: bool) -> None:
+    """A GCM seal (GMAC, or AES-256-GCM encrypting the payload): the writer's keys open it, the
+    keys of another secret or another namespace do not, a reader without a secret reads a
+    GMAC'd payload and refuses an encrypted one; no two objects of a writer share a nonce."""
+    from tiering.tier.sealing import KeySchedule
+
+    secret = b"a deployment secret"
+    keys = KeySchedule(secret, NS)
+    data = b"kv cache " * 2000
+    header, payload = encode(KEY, NS, data, codec=codec, keys=keys, encrypt=encrypt)
+    h = decode_header(header, KEY, NS)
+    assert h.scheme == ("aes-gcm" if encrypt else "gmac") and h.encrypted == encrypt
+    assert (data[:64] in bytes(payload)) == (not encrypt and codec == "raw")
+    plain = verify_payload(h, payload, mac_key(secret), KeySchedule(secret, NS))
+    from tiering.tier.format import decompress
+
+    assert decompress(h.codec, plain, h.raw_length) == data
+    for other in (KeySchedule(b"another secret entirely", NS), KeySchedule(secret, bytes(16))):
+        with pytest.raises(CorruptObject, match="auth"):
+            verify_payload(h, payload, mac_key(secret), other)
+    if encrypt:
+        with pytest.raises(CorruptObject, match="auth"):
+            verify_payload(h, payload)
+    else:
+        assert verify_payload(h, payload) == payload
+    second, _ = encode(KEY, NS, data, codec=codec, keys=keys, encrypt=encrypt)
+    assert decode_header(second, KEY, NS).mac[16:28] != h.mac[16:28]  # type: ignore[index]
+
+
+def test_a_reserved_seal_scheme_is_a_newer_formats() -> None:
+    import xxhash
+
+    for bits in (0x20, 0x40, 0x60, 0xE0):  # scheme bits without the sealed bit; an unknown one
+        header = bytearray(encode(KEY, NS, b"abcdef")[0])
+        header[11] |= bits
+        header[58:66] = xxhash.xxh3_64_intdigest(bytes(header[:58]) + KEY).to_bytes(8, "little")
+        with pytest.raises(CorruptObject, match="seal scheme"):
+            decode_header(bytes(header), KEY, NS)

@@ -19,7 +19,7 @@ import redis
 from kvtier.certs import LocalCA
 from kvtier.cli import main
 from kvtier.servers import RedisServer
-from tests.tiers.test_redis import RedisHooks, flush
+from tests.tiers.redis_hooks import RedisHooks, flush
 from tiering.errors import ConfigError, TierUnavailable, TlsError
 from tiering.testing import NAMESPACE, key
 from tiering.testing.tier import MakeTier

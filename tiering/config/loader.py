@@ -198,30 +198,52 @@ def _tier_options(
 
 
 def _raw_secret(data: object) -> object:
-    """`auth.secret` as written, before `${NAME}` is filled in: only a whole `${NAME}` is
-    accepted, so a secret never sits in the file itself."""
+    """`auth.secret` as written, before `${NAME}` is filled in (and each of `auth.previous`
+    checked alike): only a whole `${NAME}` is accepted, so a secret never sits in the file
+    itself."""
     if not isinstance(data, dict) or not isinstance(data.get("auth"), dict):
         return None
     secret = data["auth"].get("secret")
-    if secret is not None and not (isinstance(secret, str) and _WHOLE_ENV.match(secret)):
-        raise ConfigError(
-            "auth.secret: give the name of an environment variable that holds it, as "
-            "'${NAME}'; a secret written in the file is refused"
-        )
+    previous = data["auth"].get("previous", [])
+    if not isinstance(previous, list):
+        raise ConfigError("auth.previous: expected a list of '${NAME}'s")
+    for where, value in [("auth.secret", secret)] + [
+        (f"auth.previous[{i}]", v) for i, v in enumerate(previous)
+    ]:
+        if value is not None and not (isinstance(value, str) and _WHOLE_ENV.match(value)):
+            raise ConfigError(
+                f"{where}: give the name of an environment variable that holds it, as "
+                "'${NAME}'; a secret written in the file is refused"
+            )
     return secret
 
 
 def _auth(value: object, raw_secret: object) -> AuthConfig:
-    secret = _section(value, "auth", AuthConfig).secret
-    if secret is None:
+    read = _section(value, "auth", AuthConfig)
+    raw_previous = value.get("previous", []) if isinstance(value, dict) else []
+    if read.secret is None:
+        if read.encrypt or raw_previous:
+            what = "encrypt" if read.encrypt else "previous"
+            raise ConfigError(f"auth.{what}: needs auth.secret (the secret written with)")
         return AuthConfig()
-    encoded = str(secret).encode("utf-8", "surrogateescape")
+    secret = _secret_bytes(read.secret, "auth.secret")
+    previous: list[bytes] = []
+    for i, one in enumerate(raw_previous):
+        old = _secret_bytes(one, f"auth.previous[{i}]")
+        if old == secret or old in previous:
+            raise ConfigError(f"auth.previous[{i}]: the same secret as auth.secret or an entry")
+        previous.append(old)
+    return AuthConfig(secret=secret, encrypt=read.encrypt, previous=tuple(previous))
+
+
+def _secret_bytes(value: object, where: str) -> bytes:
+    encoded = str(value).encode("utf-8", "surrogateescape")
     if len(encoded) < MIN_SECRET_BYTES:
         raise ConfigError(
-            f"auth.secret: the environment variable in {raw_secret} holds {len(encoded)} bytes; "
+            f"{where}: the environment variable holds {len(encoded)} bytes; "
             f"a secret needs at least {MIN_SECRET_BYTES} (e.g. `openssl rand -hex 32`)"
         )
-    return AuthConfig(secret=encoded)
+    return encoded
 
 
 def _interpolate(value: object, where: str, env: Mapping[str, str], depth: int) -> object:

@@ -269,11 +269,26 @@ class AuthConfig:
         None,
         kind="text",
         repr=False,
-        help="`${NAME}` of the environment variable holding the key of the MAC every stored "
-        f"object carries (at least {MIN_SECRET_BYTES} bytes; null: objects carry none). Every "
-        "engine sharing a tier needs the same one.",
+        help="`${NAME}` of the environment variable holding the deployment's secret (at least "
+        f"{MIN_SECRET_BYTES} bytes; null: none): every stored object is sealed with AES-256-GCM "
+        "under keys derived from it, and stored under names it picks. Every engine sharing a "
+        "tier needs the same one (or it in `previous`, during a rotation).",
     )
     """The UTF-8 bytes of the environment variable the file names."""
+    encrypt: bool = option(
+        False,
+        help="Encrypt every stored payload too, not only authenticate it (needs `secret`). "
+        "Object names, sizes and times stay visible to whoever can list the store.",
+    )
+    previous: tuple[bytes, ...] = option(
+        (),
+        kind="any",
+        repr=False,
+        help="`${NAME}`s of the secrets a rotation replaces: blocks stored under them (in their "
+        "names) are still read, new ones are written under `secret`; `kvtier rekey` rewrites "
+        "them. Drop one from here once every engine has rolled and rekey has run.",
+    )
+    """The UTF-8 bytes of each, in the order given."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,7 @@ def tier_from_config(
             namespace=namespace,
             name=entry.name,
             secret=config.auth.secret,
+            encrypt=config.auth.encrypt,
             options=record,
             **{**values, **overrides},
         )

@@ -3,15 +3,17 @@ admission policies, its in-flight demotions and its figures; and how they are bu
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tiering.config import Config, TierConfig, tier_from_config
+from tiering.config import AuthConfig, Config, TierConfig, tier_from_config
 from tiering.keys import BlockKey, store_namespace
 from tiering.placement import AdmissionPolicy, admission_class, default_admission
 from tiering.runtime import Runtime
 from tiering.tier import Tier
+from tiering.tier.rotation import RotatingTier
 
 __all__ = ["TierEvent", "TierState", "build_tiers", "close_tiers"]
 
@@ -21,7 +23,25 @@ def build_tiers(config: Config, namespace: bytes) -> list[tuple[TierConfig, Tier
     the blocks of the layout `namespace` under the store namespace of the deployment's secret
     (`tiering.keys.store_namespace`)."""
     stored = store_namespace(namespace, config.auth.secret)
-    return [(cfg, tier_from_config(cfg, stored, config)) for cfg in config.tiers]
+    return [(cfg, _rotating(cfg, namespace, stored, config)) for cfg in config.tiers]
+
+
+def _rotating(cfg: TierConfig, namespace: bytes, stored: bytes, config: Config) -> Tier:
+    """The tier of `cfg` in the current secret's names, reading through to each previous
+    secret's (`auth.previous`: `RotatingTier`) during a rotation."""
+    tier = tier_from_config(cfg, stored, config)
+    if not config.auth.previous:
+        return tier
+    previous = [
+        tier_from_config(
+            cfg,
+            store_namespace(namespace, old),
+            dataclasses.replace(config, auth=AuthConfig(secret=old)),
+            read_only=True,
+        )
+        for old in config.auth.previous
+    ]
+    return RotatingTier(tier, previous)
 
 
 def close_tiers(

@@ -34,6 +34,9 @@ reason. `TierConformance` is made of sections, one module each:
 - `tiering.testing.attacks` (`AttackTests`): what a stranger with write access to the store can
   plant (`tiering.testing.crafted`): lying headers, compression bombs, objects far larger than
   any block, objects without a valid MAC; each a counted miss in bounded memory;
+- `tiering.testing.sealed` (`SealTests`): sealed and encrypted objects (`auth.secret`,
+  `auth.encrypt`): a bit flipped anywhere, a grafted header, a cut tag, a wrong key are misses,
+  and an encrypted object keeps no block in the clear;
 - `tiering.testing.index` (`IndexTests`): an `indexed` tier's `knows` and `newest` tell the
   truth about its store;
 - `tiering.testing.faults` (`FaultTests`): a store that is down is `TierUnavailable`.
@@ -49,11 +52,12 @@ from tiering.testing.contract import ContractTests
 from tiering.testing.faults import FaultTests
 from tiering.testing.hooks import MakeTier, StoreDown, TierHooks, asynctest
 from tiering.testing.index import IndexTests
+from tiering.testing.sealed import SealTests
 
 __all__ = ["MakeTier", "StoreDown", "TierConformance", "TierHooks", "asynctest"]
 
 
-class TierConformance(ContractTests, AttackTests, IndexTests, FaultTests):
+class TierConformance(ContractTests, AttackTests, SealTests, IndexTests, FaultTests):
     """The behaviour every tier must show, run by pytest in the test process (each test's body
     on its own `asyncio.run` loop, the tier's thread). Subclasses provide the hooks of
     `TierHooks`: `make_tier`, `store_down`, `raw_put` and `raw_get`."""

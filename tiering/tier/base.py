@@ -18,7 +18,6 @@ A backend imports all of it from the package (`from tiering.tier import Tier, Ti
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
@@ -78,6 +77,7 @@ class Tier(OperatorCalls):
         *,
         namespace: bytes,
         secret: bytes | None = None,
+        encrypt: bool = False,
         name: str | None = None,
         options: TierOptions | None = None,
         **values: Any,
@@ -85,7 +85,8 @@ class Tier(OperatorCalls):
         """`namespace`: the store namespace whose blocks this tier serves (`tiering.keys`: an
         engine's is its layout's under its secret, `store_namespace`); `secret`: the
         deployment's secret for authenticated objects (at least `MIN_SECRET_BYTES`): every
-        object is written with a MAC, and one without a valid MAC is a miss; `name`: the tier's
+        object is written sealed (`tiering.tier.sealing`), and one without a valid seal is a
+        miss; `encrypt`: payloads are encrypted too (`auth.encrypt`); `name`: the tier's
         name in messages and metrics (default: `type_name`); `options`: the tier's settings as
         the record the configuration checked (an `Options`, `tiering.config.tier_from_config`),
         and/or `values`: settings of `Options` as Python values (bytes, seconds) or YAML ones
@@ -105,6 +106,7 @@ class Tier(OperatorCalls):
         self.envelope = Envelope.of(
             namespace,
             secret=secret,
+            encrypt=encrypt,
             codec=self.options.codec,
             checksum=self.options.checksum,
             align=self.align,
@@ -152,13 +154,13 @@ class Tier(OperatorCalls):
 
     @property
     def authenticated(self) -> bool:
-        """Whether objects are written with, and required to carry, a MAC (`secret`)."""
+        """Whether objects are written with, and required to carry, a seal (`secret`)."""
         return self.envelope.authenticated
 
     def use_secret_of(self, other: Tier) -> None:
         """Verify and sign with `other`'s secret from now on (a wrapper without its own), in
         names that are that secret's when `other`'s are."""
-        self.envelope = dataclasses.replace(self.envelope, mac=other.envelope.mac)
+        self.envelope = self.envelope.sealed_by(other.envelope)
         self.names_owned = other.names_owned
 
     # -- the data path ----------------------------------------------------------------------------
@@ -340,8 +342,7 @@ class Tier(OperatorCalls):
         if blob is None:
             return self._miss()
         try:
-            header, block_bytes = self.envelope.open(block, blob, len(view))
-            view[:] = block_bytes
+            header = self.envelope.open_into(block, blob, view)
         except CorruptObject as e:
             await self._refuse(block, e)
             return False

@@ -17,6 +17,7 @@ __all__ = [
     "FOREIGN_NAMES",
     "HITS",
     "HITS_OTHER_WRITER",
+    "HITS_PREVIOUS_SECRET",
     "MISSES",
     "PUTS",
     "REFUSED_SKIPS",
@@ -45,6 +46,9 @@ DUPLICATE_BYTES: Final = "duplicate_bytes"
 """Bytes of the blocks of those puts."""
 HITS_OTHER_WRITER: Final = "hits_other_writer"
 """Hits on objects another tier instance wrote (another engine, or an earlier run)."""
+HITS_PREVIOUS_SECRET: Final = "hits_previous_secret"
+"""Hits on blocks found under a previous secret during a rotation (`tiering.tier.rotation`):
+counted as hits too."""
 REFUSED_SKIPS: Final = "refused_skips"
 """Lookups answered no without reading, the name refused moments ago (`tiering.tier.refusals`):
 counted as misses too by `get`."""

@@ -2,15 +2,17 @@
 back (any thread: an immutable value, pure functions of its settings).
 
 A tier holds one (`Tier.envelope`): its namespace, codec, checksum kind, payload alignment,
-writer id and, with a deployment secret, the MAC key. Sealing is `tiering.tier.format.encode` with
-those settings; opening applies every step of `tiering.tier.format`'s verification (header, real
-size, checksum, MAC, bounded decoding) and raises `CorruptObject` at the first that fails. The
-tier decides what a refusal means (a counted miss, a deletion); the envelope only answers
-whether an object is sound. Encryption of payloads, when it comes, goes here too.
+writer id and, with a deployment secret, the key schedule of its namespace
+(`tiering.tier.sealing`) and whether payloads are encrypted. Sealing is
+`tiering.tier.format.encode` with those settings; opening applies every step of
+`tiering.tier.format`'s verification (header, real size, checksum, seal, decryption, bounded
+decoding) and raises `CorruptObject` at the first that fails. The tier decides what a refusal
+means (a counted miss, a deletion); the envelope only answers whether an object is sound.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Final
@@ -27,6 +29,7 @@ from tiering.tier.format import (
     mac_key,
     verify_payload,
 )
+from tiering.tier.sealing import KeySchedule
 
 __all__ = ["MIN_SECRET_BYTES", "SEEN_BYTES", "Envelope"]
 
@@ -57,8 +60,13 @@ class Envelope:
     writer: bytes = field(default_factory=lambda: os.urandom(WRITER_BYTES))
     """The id written in every object's writer tag (`Tier.writer`)."""
     mac: bytes | None = field(default=None, repr=False)
-    """The MAC key derived from the deployment's secret (`tiering.tier.format.mac_key`); None:
-    objects are written without a MAC and read without checking one."""
+    """The key derived from the deployment's secret (`tiering.tier.format.mac_key`) that checks
+    HMAC seals and roots the keys of a store's shared records (a ledger, a lease); None: objects
+    are written without a seal and read without checking one."""
+    keys: KeySchedule | None = field(default=None, repr=False, compare=False)
+    """The secret's key schedule of `namespace`: objects are sealed with AES-256-GCM."""
+    encrypt: bool = False
+    """Whether payloads are encrypted (`auth.encrypt`), not only authenticated."""
 
     @classmethod
     def of(
@@ -66,21 +74,39 @@ class Envelope:
         namespace: bytes,
         *,
         secret: bytes | None = None,
+        encrypt: bool = False,
         codec: str = "raw",
         checksum: str = "xxh3",
         align: int = 1,
     ) -> Envelope:
         """The envelope for `namespace`, with `secret` (at least `MIN_SECRET_BYTES`, else
-        `ConfigError`) authenticating every object, and a fresh writer id."""
-        if secret is not None and len(secret) < MIN_SECRET_BYTES:
+        `ConfigError`) sealing every object, and encrypting its payload with `encrypt`, and a
+        fresh writer id."""
+        if secret is None:
+            if encrypt:
+                raise ConfigError("auth.encrypt: encryption needs auth.secret")
+            return cls(namespace=namespace, codec=codec, checksum=checksum, align=align)
+        if len(secret) < MIN_SECRET_BYTES:
             raise ConfigError(f"secret: at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
-        key = None if secret is None else mac_key(bytes(secret))
-        return cls(namespace=namespace, codec=codec, checksum=checksum, align=align, mac=key)
+        return cls(
+            namespace=namespace,
+            codec=codec,
+            checksum=checksum,
+            align=align,
+            mac=mac_key(bytes(secret)),
+            keys=KeySchedule(bytes(secret), namespace),
+            encrypt=encrypt,
+        )
 
     @property
     def authenticated(self) -> bool:
-        """Whether objects are written with, and required to carry, a MAC."""
+        """Whether objects are written with, and required to carry, a seal."""
         return self.mac is not None
+
+    def sealed_by(self, other: Envelope) -> Envelope:
+        """This envelope with `other`'s secret and encryption (a wrapper verifying with the
+        tier it wraps)."""
+        return dataclasses.replace(self, mac=other.mac, keys=other.keys, encrypt=other.encrypt)
 
     def seal(self, key: BlockKey, data: Buffer | bytearray) -> tuple[Buffer, Buffer]:
         """The stored object of block `data` under `key`, as its parts (header, payload: the
@@ -92,7 +118,8 @@ class Envelope:
             codec=self.codec,
             checksum_kind=self.checksum,
             align=self.align,
-            secret_key=self.mac,
+            keys=self.keys,
+            encrypt=self.encrypt,
             writer=self.writer,
         )
 
@@ -108,8 +135,26 @@ class Envelope:
             header = decode_header(blob, key, self.namespace)
             check_object(header, len(blob), size)
             payload = blob[header.payload_offset : header.object_length]
-            verify_payload(header, payload, self.mac)
-            return header, decompress(header.codec, payload, header.raw_length)
+            plain = verify_payload(header, payload, self.mac, self.keys)
+            return header, decompress(header.codec, plain, header.raw_length)
+        except CorruptObject as e:
+            e.seen = bytes(blob[:SEEN_BYTES])
+            raise
+
+    def open_into(self, key: BlockKey, blob: Buffer, view: memoryview) -> Header:
+        """`open` an object of `key` and put its block in `view` (exactly the block's size):
+        an encrypted raw payload is decrypted straight into it. After a `CorruptObject`, `view`
+        holds no block."""
+        blob = memoryview(blob)
+        try:
+            header = decode_header(blob, key, self.namespace)
+            check_object(header, len(blob), len(view))
+            payload = blob[header.payload_offset : header.object_length]
+            direct = header.encrypted and header.codec == "raw" and self.keys is not None
+            plain = verify_payload(header, payload, self.mac, self.keys, view if direct else None)
+            if not direct:
+                view[:] = decompress(header.codec, plain, header.raw_length)
+            return header
         except CorruptObject as e:
             e.seen = bytes(blob[:SEEN_BYTES])
             raise
@@ -127,7 +172,9 @@ class Envelope:
             if header.codec != "raw":
                 raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
             check_object(header, header.payload_offset + len(view), len(view))
-            verify_payload(header, view, self.mac)
+            plain = verify_payload(header, view, self.mac, self.keys)
+            if header.encrypted:
+                view[:] = plain
             return header
         except CorruptObject as e:
             e.seen = bytes(memoryview(header_bytes)[:SEEN_BYTES])

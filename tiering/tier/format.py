@@ -1,21 +1,28 @@
-"""The self-describing object every secondary tier stores.
+"""The self-describing object every secondary tier stores (its codecs and checksums:
+`tiering.tier.codecs`, re-exported here).
 
     offset  size  field
     0       8     magic b"KVTIEROB"
     8       2     format version (`tiering.keys.FORMAT_VERSION`)
     10      1     codec: 0 raw, 1 lz4, 2 zstd
-    11      1     checksum: 0 xxh3-64, 1 crc32c; bit 0x80 set: the object carries a MAC
+    11      1     checksum: 0 xxh3-64, 1 crc32c; bit 0x80 set: the object is authenticated, by
+                  the scheme of bits 0x60: 0x00 HMAC-SHA256 (read, no longer written), 0x20
+                  AES-256-GCM over a plaintext payload (GMAC), 0x40 AES-256-GCM encrypting it
     12      2     key length k
-    14      4     payload offset (>= 66 + k, + 32 with a MAC; file tiers pad to 4 KiB for O_DIRECT)
+    14      4     payload offset (>= 66 + k + the seal; file tiers pad to 4 KiB for O_DIRECT)
     18      16    namespace digest
     34      8     stored payload length (after compression)
     42      8     raw payload length (before compression)
-    50      8     payload checksum (of the stored payload)
+    50      8     payload checksum (of the stored payload: the ciphertext when encrypted)
     58      8     header checksum (xxh3-64 of bytes 0..57 and the key)
     66      k     key
-    66+k    32    with bit 0x80 of the checksum byte: HMAC-SHA256 of bytes 0..65+k and the payload
+    66+k    44    the seal, with AES-256-GCM (`tiering.tier.sealing`): the writer's 16-byte salt,
+                  the 12-byte nonce, the 16-byte tag; it authenticates bytes 0..49, the key, the
+                  salt and the nonce as associated data, and the payload (as associated data,
+                  or as the plaintext it encrypts)
+    66+k    32    the seal, with HMAC-SHA256: the MAC of bytes 0..65+k and the payload
     h       16    optional writer tag: b"KVWR", 4 zero bytes, the writer's 8-byte id (h: the
-                  header's end, after the key and MAC; in the padding, so readers that do not
+                  header's end, after the key and seal; in the padding, so readers that do not
                   know it skip it, and not authenticated: it feeds a metric, never a decision)
     ...           zero padding up to the payload offset
             n     payload
@@ -32,7 +39,8 @@ it is checked, in this order, so that no claim makes a reader allocate or copy w
    length the caller expects (the size of the buffer it reads into); readers learn the size
    from the store (a file's length, a Redis value's length) and never read more than the
    largest object their block size allows (`Tier.object_limit`);
-3. the payload (`verify_payload`): its checksum, and its MAC when the reader has a secret;
+3. the payload (`verify_payload`): its checksum, and its seal when the reader has a secret
+   (which decrypts an encrypted payload: nothing of it is used before its tag verified);
 4. the decoded payload (`decompress`): decompressed with its output bounded by the raw length,
    and exactly that long.
 
@@ -44,9 +52,13 @@ another namespace, of a format version or codec it does not know, may be a neigh
 secret, another model, a newer kvtier in a rolling upgrade): it is left where it is.
 
 A checksum is not authentication: anyone who can write to a shared Redis or bucket can plant an
-object with valid checksums. With a per-deployment secret, every object carries an HMAC-SHA256
-over its header and payload under a key derived from the secret, and a reader with the secret
-refuses an object without a valid one (`auth`). A reader without a secret ignores the MAC.
+object with valid checksums. With a per-deployment secret, every object is sealed with
+AES-256-GCM under a key derived from the secret and the store namespace (`tiering.tier.sealing`),
+its payload encrypted too with `auth.encrypt`, and a reader with the secret refuses an object
+without a valid seal (`auth`). A reader without a secret ignores a seal over a plaintext payload
+and cannot read an encrypted one (`auth`).
+
+The checksum byte's bits 0x60 with bit 0x80 clear are reserved (`codec`: a newer format's).
 """
 
 from __future__ import annotations
@@ -59,8 +71,10 @@ from typing import Final
 
 import xxhash
 
-from tiering.errors import ConfigError, CorruptObject, MissingDependencyError
+from tiering.errors import CorruptObject
 from tiering.keys import FORMAT_VERSION, NAMESPACE_BYTES, BlockKey
+from tiering.tier.codecs import CHECKSUMS, CODECS, Checksum, checksum, compress, decompress
+from tiering.tier.sealing import NONCE_BYTES, SALT_BYTES, TAG_BYTES, KeySchedule
 
 __all__ = [
     "CHECKSUMS",
@@ -74,9 +88,13 @@ __all__ = [
     "MAX_PAYLOAD_OFFSET",
     "REASONS",
     "REMOVABLE",
+    "SCHEMES",
+    "SEAL_BYTES",
     "WRITER_BYTES",
     "Header",
     "check_object",
+    "checksum",
+    "compress",
     "decode_header",
     "decompress",
     "encode",
@@ -90,10 +108,19 @@ MAGIC: Final = b"KVTIEROB"
 FIXED_FIELDS: Final = struct.Struct("<8sHBBHI16sQQQQ")
 """The header's fixed fields (the table above), before the key."""
 HEADER_MIN: Final = FIXED_FIELDS.size  # 66
-CODECS: Final = ("raw", "lz4", "zstd")
-CHECKSUMS: Final = ("xxh3", "crc32c")
 MAC_BYTES: Final = 32
+"""The seal's length with HMAC-SHA256."""
+SEAL_BYTES: Final = SALT_BYTES + NONCE_BYTES + TAG_BYTES
+"""The seal's length with AES-256-GCM: salt, nonce, tag."""
 _AUTHENTICATED: Final = 0x80
+_SCHEME_BITS: Final = 0x60
+SCHEMES: Final = {0x00: "hmac-sha256", 0x20: "gmac", 0x40: "aes-gcm"}
+"""The seal schemes by their bits in the checksum byte (with bit 0x80)."""
+_SCHEME_OF: Final = {name: bits for bits, name in SCHEMES.items()}
+_SEAL_LENGTH: Final = {"hmac-sha256": MAC_BYTES, "gmac": SEAL_BYTES, "aes-gcm": SEAL_BYTES}
+_SIGNED_FIELDS: Final = 50
+"""The fixed fields a GCM seal authenticates: everything before the checksums (the payload
+checksum is of the ciphertext, computed after it; both checksums only find damage)."""
 MAX_BLOCK_BYTES: Final = 1 << 30
 """The largest block an object may claim. A block is one vLLM offload chunk of every layer: a
 256-token block of a 405B-parameter model is ~130 MB, so this is far above any real one and
@@ -138,16 +165,23 @@ class Header:
     raw_length: int
     payload_checksum: int
     mac: bytes | None = None
-    """The object's MAC, when it carries one."""
+    """The object's seal (a GCM seal: salt, nonce, tag; else an HMAC), when it carries one."""
+    scheme: str | None = None
+    """The seal's scheme (`SCHEMES`), None without one."""
     writer: bytes | None = None
     """The id of the tier that wrote the object (`Tier.writer`), when its header carries a
     writer tag and the bytes read reach it; unauthenticated (a metric's input only)."""
     signed: bytes = b""
-    """The header bytes a MAC covers (the fixed fields and the key)."""
+    """The header bytes the seal covers (`SCHEMES`: the fixed fields and the key for an HMAC;
+    with GCM the fields before the checksums, the key, the salt and the nonce)."""
 
     @property
     def object_length(self) -> int:
         return self.payload_offset + self.stored_length
+
+    @property
+    def encrypted(self) -> bool:
+        return self.scheme == "aes-gcm"
 
 
 def mac_key(secret: bytes) -> bytes:
@@ -161,109 +195,6 @@ def _mac(key: bytes, signed: bytes, payload: bytes | memoryview) -> bytes:
     return mac.digest()
 
 
-def checksum(kind: str, data: bytes | memoryview) -> int:
-    if kind == "xxh3":
-        return int(xxhash.xxh3_64_intdigest(data))
-    if kind == "crc32c":
-        try:
-            import crc32c
-        except ImportError as e:
-            raise MissingDependencyError(
-                "checksum 'crc32c' needs the crc32c package: pip install crc32c"
-            ) from e
-        return int(crc32c.crc32c(data))
-    raise ConfigError(f"checksum: expected one of {', '.join(CHECKSUMS)}, got {kind!r}")
-
-
-class Checksum:
-    """A payload checksum computed over chunks (`checksum` of their concatenation); used by
-    one thread at a time, the one that reads or writes the object."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._xxh3 = xxhash.xxh3_64() if kind == "xxh3" else None
-        self._crc = 0
-        if kind != "xxh3":
-            checksum(kind, b"")  # the kind is known and its package installed
-
-    def update(self, data: bytes | memoryview) -> None:
-        if self._xxh3 is not None:
-            self._xxh3.update(data)
-        else:
-            import crc32c
-
-            self._crc = int(crc32c.crc32c(data, self._crc))
-
-    def value(self) -> int:
-        return int(self._xxh3.intdigest()) if self._xxh3 is not None else self._crc
-
-
-def compress(codec: str, data: bytes | memoryview) -> bytes | memoryview:
-    if codec == "raw":
-        return data
-    if codec == "lz4":
-        try:
-            import lz4.frame
-        except ImportError as e:
-            raise MissingDependencyError(
-                "codec 'lz4' needs the lz4 package: pip install lz4"
-            ) from e
-        return bytes(lz4.frame.compress(data, store_size=True))
-    if codec == "zstd":
-        try:
-            import zstandard
-        except ImportError as e:
-            raise MissingDependencyError(
-                "codec 'zstd' needs the zstandard package: pip install zstandard"
-            ) from e
-        return bytes(zstandard.ZstdCompressor(level=1, write_content_size=True).compress(data))
-    raise ConfigError(f"codec: expected one of {', '.join(CODECS)}, got {codec!r}")
-
-
-def decompress(codec: str, data: bytes | memoryview, raw_length: int) -> bytes | memoryview:
-    """The block of a verified payload, its output bounded by `raw_length`: a payload that
-    decodes to anything but exactly `raw_length` bytes is `CorruptObject`, and decoding stops (or
-    never starts) past that, so a compression bomb costs nothing."""
-    if codec == "raw":
-        if len(data) != raw_length:
-            raise CorruptObject(
-                "length", f"raw payload of {len(data)} bytes, header says {raw_length}"
-            )
-        return data
-    try:
-        if codec == "lz4":
-            import lz4.frame
-
-            decoder = lz4.frame.LZ4FrameDecompressor()
-            out = decoder.decompress(data, max_length=raw_length + 1)
-            whole = decoder.eof and not decoder.unused_data
-        else:
-            import zstandard
-
-            # With a content size in the frame, python-zstandard allocates that much whatever
-            # max_output_size says: check it first (kvtier's writer always records it).
-            size = zstandard.frame_content_size(data)
-            if size != raw_length:
-                raise CorruptObject(
-                    "length", f"zstd frame of {size} bytes (-1: unknown), header says {raw_length}"
-                )
-            out = zstandard.ZstdDecompressor().decompress(
-                data, max_output_size=raw_length, allow_extra_data=False
-            )  # one frame and nothing after it, as kvtier writes it
-            whole = True
-    except ImportError as e:
-        raise MissingDependencyError(f"reading {codec} objects needs its package") from e
-    except CorruptObject:
-        raise
-    except Exception as e:  # each library has its own error types for bad input
-        raise CorruptObject("checksum", f"{codec} payload does not decompress: {e}") from e
-    if len(out) != raw_length or not whole:
-        raise CorruptObject(
-            "length", f"{codec} payload does not decode to the {raw_length} bytes claimed"
-        )
-    return bytes(out)
-
-
 def encode(
     key: BlockKey,
     namespace: bytes,
@@ -273,46 +204,70 @@ def encode(
     checksum_kind: str = "xxh3",
     align: int = 1,
     secret_key: bytes | None = None,
+    keys: KeySchedule | None = None,
+    encrypt: bool = False,
     writer: bytes | None = None,
 ) -> tuple[bytes, bytes | memoryview]:
     """The header (padded so the payload starts at a multiple of `align`) and the payload.
 
     The two parts are returned apart so a tier can write them without joining them (a file
-    tier's `pwritev`); `b"".join(parts)` is the object. With codec `raw` the payload is `data`
-    itself, not a copy. A block that `codec` does not shrink is stored raw (the header says
-    so), so a stored payload is never longer than its block. `secret_key` (`mac_key` of the
-    deployment's secret) adds a MAC; `writer` (`WRITER_BYTES` bytes) a writer tag.
+    tier's `pwritev`); `b"".join(parts)` is the object. With codec `raw` and no encryption the
+    payload is `data` itself, not a copy. A block that `codec` does not shrink is stored raw
+    (the header says so), so a stored payload is never longer than its block. `keys` (the
+    deployment secret's `KeySchedule` of `namespace`) seals the object with AES-256-GCM, and
+    with `encrypt` encrypts its payload; `secret_key` (`mac_key` of a secret) seals it with an
+    HMAC-SHA256 instead (what readers still accept; kept for tests of it); `writer`
+    (`WRITER_BYTES` bytes) adds a writer tag.
     """
     if len(namespace) != NAMESPACE_BYTES:
         raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
     payload = compress(codec, data)
     if codec != "raw" and len(payload) >= len(data):
         codec, payload = "raw", data
-    payload_sum = checksum(checksum_kind, payload)
-    kind = CHECKSUMS.index(checksum_kind) | (_AUTHENTICATED if secret_key is not None else 0)
+    scheme = None
+    if keys is not None:
+        scheme = "aes-gcm" if encrypt else "gmac"
+    elif secret_key is not None:
+        scheme = "hmac-sha256"
+    if checksum_kind not in CHECKSUMS:
+        checksum(checksum_kind, b"")  # raises the error that names it
+    kind = CHECKSUMS.index(checksum_kind)
+    if scheme is not None:
+        kind |= _AUTHENTICATED | _SCHEME_OF[scheme]
     if writer is not None and len(writer) != WRITER_BYTES:
         raise ValueError(f"writer must be {WRITER_BYTES} bytes, got {len(writer)}")
-    offset = HEADER_MIN + len(key) + (MAC_BYTES if secret_key is not None else 0)
+    offset = HEADER_MIN + len(key) + (_SEAL_LENGTH[scheme] if scheme is not None else 0)
     if writer is not None:
         offset += len(_WRITER_TAG) + WRITER_BYTES
     offset = -(-offset // align) * align
-    fields = FIXED_FIELDS.pack(
-        MAGIC,
-        FORMAT_VERSION,
-        CODECS.index(codec),
-        kind,
-        len(key),
-        offset,
-        namespace,
-        len(payload),
-        len(data),
-        payload_sum,
-        0,
-    )
-    header_sum = xxhash.xxh3_64_intdigest(fields[:58] + key)
-    header = fields[:58] + header_sum.to_bytes(8, "little") + key
-    if secret_key is not None:
-        header += _mac(secret_key, header, payload)
+
+    def fields(payload_sum: int) -> bytes:
+        return FIXED_FIELDS.pack(
+            MAGIC,
+            FORMAT_VERSION,
+            CODECS.index(codec),
+            kind,
+            len(key),
+            offset,
+            namespace,
+            len(payload),
+            len(data),
+            payload_sum,
+            0,
+        )
+
+    seal = b""
+    if keys is not None:
+        salt, nonce, object_key = keys.next_nonce()
+        signed = fields(0)[:_SIGNED_FIELDS] + key + salt + nonce
+        payload, tag = keys.seal(signed, payload, encrypt, object_key, nonce)
+        seal = salt + nonce + tag
+    packed = fields(checksum(checksum_kind, payload))
+    header_sum = xxhash.xxh3_64_intdigest(packed[:58] + key)
+    header = packed[:58] + header_sum.to_bytes(8, "little") + key
+    if secret_key is not None and keys is None:
+        seal = _mac(secret_key, header, payload)
+    header += seal
     if writer is not None:
         header += _WRITER_TAG + writer
     return header + bytes(offset - len(header)), payload
@@ -355,13 +310,15 @@ def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespac
         )
     if key != expect_key:
         raise CorruptObject("key", f"object holds key {key.hex()}")
-    authenticated = bool(kind & _AUTHENTICATED)
-    kind &= ~_AUTHENTICATED
+    scheme = SCHEMES.get(kind & _SCHEME_BITS) if kind & _AUTHENTICATED else None
+    if kind & _SCHEME_BITS and scheme in (None, "hmac-sha256"):
+        raise CorruptObject("codec", f"unknown seal scheme {kind & 0xE0:#x}")
+    kind &= ~(_AUTHENTICATED | _SCHEME_BITS)
     if codec >= len(CODECS) or kind >= len(CHECKSUMS):
         raise CorruptObject("codec", f"unknown codec {codec} or checksum {kind}")
-    header_end = HEADER_MIN + key_len + (MAC_BYTES if authenticated else 0)
-    if not header_end <= offset <= MAX_PAYLOAD_OFFSET:
-        raise CorruptObject("length", f"payload offset {offset} (the header ends at {header_end})")
+    seal_end = HEADER_MIN + key_len + (_SEAL_LENGTH[scheme] if scheme is not None else 0)
+    if not seal_end <= offset <= MAX_PAYLOAD_OFFSET:
+        raise CorruptObject("length", f"payload offset {offset} (the header ends at {seal_end})")
     if raw_len > MAX_BLOCK_BYTES:
         raise CorruptObject("length", f"a block of {raw_len} bytes (at most {MAX_BLOCK_BYTES})")
     if stored > raw_len or (CODECS[codec] == "raw" and stored != raw_len):
@@ -370,10 +327,12 @@ def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespac
         )
     signed = bytes(raw[:HEADER_MIN]) + key
     mac = None
-    if authenticated:
-        if len(raw) < header_end:
-            raise CorruptObject("truncated", "the header's MAC is cut short")
-        mac = bytes(raw[HEADER_MIN + key_len : header_end])
+    if scheme is not None:
+        if len(raw) < seal_end:
+            raise CorruptObject("truncated", "the header's seal is cut short")
+        mac = bytes(raw[HEADER_MIN + key_len : seal_end])
+        if scheme != "hmac-sha256":
+            signed = bytes(raw[:_SIGNED_FIELDS]) + key + mac[: SALT_BYTES + NONCE_BYTES]
     return Header(
         BlockKey(key),
         namespace,
@@ -384,7 +343,8 @@ def decode_header(raw: bytes | memoryview, expect_key: BlockKey, expect_namespac
         raw_len,
         payload_sum,
         mac,
-        _writer(raw, header_end, offset),
+        scheme,
+        _writer(raw, seal_end, offset),
         signed,
     )
 
@@ -435,18 +395,41 @@ def peek_key(raw: bytes | memoryview) -> BlockKey | None:
 
 
 def verify_payload(
-    header: Header, payload: bytes | memoryview, secret_key: bytes | None = None
-) -> None:
-    """Check the stored payload's length and checksum against its header, and with
-    `secret_key` (`mac_key` of the deployment's secret) its MAC."""
+    header: Header,
+    payload: bytes | memoryview,
+    secret_key: bytes | None = None,
+    keys: KeySchedule | None = None,
+    into: memoryview | None = None,
+) -> bytes | memoryview:
+    """The stored payload of `header` as it was sealed (decrypted when it was encrypted),
+    once its length and checksum match its header and, for a reader with a secret (`keys`, its
+    `KeySchedule`, and `secret_key`, `mac_key` of it, for HMAC seals), its seal verifies.
+    An encrypted payload is decrypted into `into` when given (not overlapping `payload`).
+    Raises `CorruptObject`; a reader without a secret ignores a seal over a plaintext payload
+    and refuses an encrypted one (`auth`: it cannot read it)."""
     if len(payload) != header.stored_length:
         raise CorruptObject(
             "truncated", f"payload of {len(payload)} bytes, header says {header.stored_length}"
         )
     if checksum(header.checksum_kind, payload) != header.payload_checksum:
         raise CorruptObject("checksum", "payload checksum mismatch")
-    if secret_key is not None:
-        if header.mac is None:
-            raise CorruptObject("auth", "the object carries no MAC (written without the secret)")
-        if not hmac.compare_digest(_mac(secret_key, header.signed, payload), header.mac):
+    if keys is None and secret_key is None:
+        if header.encrypted:
+            raise CorruptObject("auth", "the payload is encrypted and this reader has no secret")
+        return payload
+    if header.mac is None:
+        raise CorruptObject("auth", "the object carries no seal (written without the secret)")
+    if header.scheme == "hmac-sha256":
+        if secret_key is None or not hmac.compare_digest(
+            _mac(secret_key, header.signed, payload), header.mac
+        ):
             raise CorruptObject("auth", "MAC mismatch (another secret, or altered)")
+        return payload
+    if keys is None:
+        raise CorruptObject("auth", "a GCM seal and no secret to open it with")
+    salt, nonce, tag = (
+        header.mac[:SALT_BYTES],
+        header.mac[SALT_BYTES : SALT_BYTES + NONCE_BYTES],
+        header.mac[SALT_BYTES + NONCE_BYTES :],
+    )
+    return keys.open(header.signed, payload, header.encrypted, salt, nonce, tag, into)

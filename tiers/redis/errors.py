@@ -28,8 +28,8 @@ from tiering.errors import (
     TlsError,
 )
 from tiering.secrets import redact_text
-from tiering.tls import tls_cause
 from tiers.redis.resp import ReplyError, RespError
+from tiers.tls import tls_cause
 
 __all__ = ["RedisErrors", "empty", "replies", "within", "wrong_type"]
 

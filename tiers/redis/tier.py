@@ -12,7 +12,7 @@ which packs large values faster than hiredis's packer), as do the other
 commands; with TLS the tier says so once in the log, at open. Connection errors become
 `TierUnavailable`; the tier's deadline bounds every call.
 
-TLS (`rediss://`, or any `tls_*` option) is tried at open (`tiering.tls`): a wrong CA, an
+TLS (`rediss://`, or any `tls_*` option) is tried at open (`tiers.tls`): a wrong CA, an
 expired certificate or a plaintext server is a one-line `TlsError` there, never a fall back to
 plaintext; should one happen later (a server's certificate replaced), the call raises it.
 
@@ -50,7 +50,6 @@ from tiering.keys import BlockKey
 from tiering.secrets import UNENCODED_PASSWORD, password_needs_encoding, redact_url, url_secrets
 from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 from tiering.tier.batching import RawRead, RawWrite
-from tiering.tls import check_handshake, client_context
 from tiers.redis.bounds import BoundsCheck, read_memory
 from tiers.redis.errors import RedisErrors, empty, replies, within, wrong_type
 from tiers.redis.options import URL_ARGUMENTS, URL_QUERY, RedisOptions, milliseconds
@@ -58,6 +57,7 @@ from tiers.redis.pipelines import Pipelines
 from tiers.redis.resp import ReplyError, RespConnection, command, set_command
 from tiers.redis.resp_pool import RespPool
 from tiers.redis.usage import WriteMarker, marker_name, scan_usage
+from tiers.tls import check_handshake, client_context
 
 __all__ = ["RedisOptions", "RedisTier"]
 
@@ -203,7 +203,7 @@ class RedisTier(Tier):
     def _check_tls(self, where: dict[str, Any], timeout: float) -> None:
         """The TLS of the URL's server, tried once at open: a CA or certificate file that
         cannot be read is a `ConfigError`; a wrong CA, an expired certificate or a plaintext
-        server a `TlsError` (`tiering.tls`), never a fall back to plaintext. (Of a Cluster,
+        server a `TlsError` (`tiers.tls`), never a fall back to plaintext. (Of a Cluster,
         the node the URL names: the others share its CA.)"""
         settings = self.options
         context = client_context(

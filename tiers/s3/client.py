@@ -41,8 +41,8 @@ from botocore.exceptions import (
 from botocore.exceptions import SSLError as BotoSSLError
 
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable, TlsError
-from tiering.tls import tls_cause
 from tiers.threads import IOThreads
+from tiers.tls import tls_cause
 
 __all__ = ["Bucket", "Listed"]
 

@@ -10,7 +10,7 @@ by `tiers.s3.packer` within `pack_after`, and the index is kept live by `tiers.s
 keeps the prefix within it, one engine at a time by `tiers.s3.lease`.
 
 An `https://` endpoint is verified against `ca_bundle` (null: the system's CAs), tried at open
-(`tiering.tls`): a wrong CA, an expired certificate or a plaintext server is a one-line
+(`tiers.tls`): a wrong CA, an expired certificate or a plaintext server is a one-line
 `TlsError` there, never a fall back to plaintext.
 """
 
@@ -26,7 +26,6 @@ from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, NamespaceUsage, ObjectInfo, Tier, TierStat
 from tiering.tier.options import TierOptions, option
-from tiering.tls import check_handshake, client_context
 from tiers.s3.client import Bucket
 from tiers.s3.lease import Lease
 from tiers.s3.packer import Packer
@@ -35,6 +34,7 @@ from tiers.s3.packs import Packs
 from tiers.s3.refresh import Refresher
 from tiers.s3.sweeper import Sweeper
 from tiers.s3.usage import BucketUsage
+from tiers.tls import check_handshake, client_context
 
 __all__ = ["S3Options", "S3Tier"]
 
@@ -206,7 +206,7 @@ class S3Tier(Tier):
             )
 
     def _check_tls(self, timeout: float) -> None:
-        """The TLS of an `https://` endpoint, tried once at open (`tiering.tls`): a CA bundle
+        """The TLS of an `https://` endpoint, tried once at open (`tiers.tls`): a CA bundle
         that cannot be read is a `ConfigError`; a wrong CA, an expired certificate or a
         plaintext server a `TlsError`. AWS's own endpoints (no `endpoint_url`) are left to
         botocore."""

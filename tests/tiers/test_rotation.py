@@ -1,0 +1,189 @@
+"""A fleet rotating its secret (`auth.previous`, `kvtier rekey`), on one real redis-server and
+one `files` directory: three engines' tiers switch in turn, first taking the new secret as a
+previous one, then writing under it, then dropping the old one after a rekey. No block is lost
+at any step, and an engine told to drop a secret serves nothing sealed under it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvtier.cli import main
+from kvtier.servers import RedisServer
+from tiering.config import parse_config
+from tiering.keys import store_namespace
+from tiering.manager import build_tiers
+from tiering.testing import NAMESPACE, key, payload
+from tiering.tier import Tier
+
+pytestmark = pytest.mark.redis
+
+OLD = "the secret being rotated out, 32b"
+NEW = "the secret rotated in, 32 bytes.."
+ENV = {"KVTIER_OLD": OLD, "KVTIER_NEW": NEW}
+SIZE = 4096
+
+
+def _config(tmp: Path, url: str, secret: str, previous: tuple[str, ...] = ()) -> dict[str, Any]:
+    auth: dict[str, Any] = {"secret": "${" + secret + "}", "encrypt": True}
+    if previous:
+        auth["previous"] = ["${" + p + "}" for p in previous]
+    return {
+        "auth": auth,
+        "tiers": [
+            {"name": "f", "type": "file", "layout": "files", "path": str(tmp / "f"), "min_free": 0},
+            {"name": "r", "type": "redis", "url": url},
+        ],
+    }
+
+
+class Engine:
+    """One engine's secondary tiers, rebuilt under each configuration it is given, on one
+    event loop (the test's, as an engine's runtime is one)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.tiers: list[Tier] = []
+        self.run = loop.run_until_complete
+
+    def configure(self, data: dict[str, Any]) -> None:
+        self.close()
+        self.tiers = [tier for _, tier in build_tiers(parse_config(data, ENV), NAMESPACE)]
+
+    def close(self) -> None:
+        for tier in self.tiers:
+            self.run(tier.close())
+        self.tiers = []
+
+    def write(self, blocks: range) -> None:
+        async def go() -> None:
+            for tier in self.tiers:
+                for i in blocks:
+                    await tier.put(key(i), payload(SIZE, i))
+
+        self.run(go())
+
+    def found(self, blocks: range) -> list[list[int]]:
+        """Per tier, the blocks it returns, each checked byte for byte."""
+
+        async def go() -> list[list[int]]:
+            out = []
+            for tier in self.tiers:
+                hits = []
+                for i in blocks:
+                    got = await tier.get_bytes(key(i), SIZE)
+                    if got is not None:
+                        assert got == payload(SIZE, i), (tier.name, i)
+                        hits.append(i)
+                out.append(hits)
+            return out
+
+        return self.run(go())
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def fleet(loop: asyncio.AbstractEventLoop) -> Iterator[list[Engine]]:
+    engines = [Engine(loop) for _ in range(3)]
+    yield engines
+    for engine in engines:
+        engine.close()
+
+
+def test_a_fleet_rotating_its_secret_in_turn_loses_no_block(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    fleet: list[Engine],
+    loop: asyncio.AbstractEventLoop,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = redis_server.url
+    for engine in fleet:
+        engine.configure(_config(tmp_path, url, "KVTIER_OLD"))
+    written = 0
+    for engine in fleet:
+        engine.write(range(written, written + 3))
+        written += 3
+    steps = [
+        ("KVTIER_OLD", ("KVTIER_NEW",)),  # 1: every engine reads what the new secret writes
+        ("KVTIER_NEW", ("KVTIER_OLD",)),  # 2: every engine writes under the new secret
+    ]
+    for secret, previous in steps:
+        for engine in fleet:
+            engine.configure(_config(tmp_path, url, secret, previous))
+            engine.write(range(written, written + 2))
+            written += 2
+            for other in fleet:
+                assert other.found(range(written)) == [list(range(written))] * 2, (
+                    secret,
+                    previous,
+                )
+    # 3: rekey both tiers: the old secret's names empty out, nothing is lost
+    config_file = tmp_path / "kvtier.yaml"
+    config_file.write_text(yaml.safe_dump(_config(tmp_path, url, "KVTIER_NEW", ("KVTIER_OLD",))))
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    for tier in ("f", "r"):
+        assert main(["rekey", "--config", str(config_file), "--tier", tier]) == 0
+        assert main(["rekey", "--config", str(config_file), "--tier", tier, "--json"]) == 0
+    old_names = store_namespace(NAMESPACE, OLD.encode())
+    old_config = parse_config(_config(tmp_path, url, "KVTIER_OLD"), ENV)
+    for cfg, tier in build_tiers(old_config, NAMESPACE):
+        assert tier.namespace == old_names
+        assert loop.run_until_complete(_count(tier)) == 0, f"{cfg.name}: old names hold blocks"
+        loop.run_until_complete(tier.close())
+    # 4: every engine drops the old secret, in turn: it still finds every block
+    for engine in fleet:
+        engine.configure(_config(tmp_path, url, "KVTIER_NEW"))
+        for other in fleet:
+            assert other.found(range(written)) == [list(range(written))] * 2
+
+
+def test_an_engine_that_dropped_a_secret_serves_nothing_sealed_under_it(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    fleet: list[Engine],
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Blocks written under the old secret (in its names, and planted into the new secret's
+    names sealed under the old one) are misses to an engine holding only the new secret, and
+    stay where they are; one still holding the old one in `previous` reads its own names."""
+    url = redis_server.url
+    old, new, after = fleet
+    old.configure(_config(tmp_path, url, "KVTIER_OLD"))
+    old.write(range(100, 104))
+    new.configure(_config(tmp_path, url, "KVTIER_NEW"))
+    assert new.found(range(100, 104)) == [[], []]
+    planter_config = parse_config(_config(tmp_path, url, "KVTIER_OLD"), ENV)
+    new_names = store_namespace(NAMESPACE, NEW.encode())
+    for cfg, tier in build_tiers(planter_config, NAMESPACE):
+        planter = type(tier)(namespace=new_names, secret=OLD.encode(), options=cfg.record)
+        loop.run_until_complete(_plant(planter, range(104, 106)))
+        loop.run_until_complete(tier.close())
+    assert new.found(range(100, 106)) == [[], []]
+    assert all(t.counters["corrupt.auth"] == 2 for t in new.tiers), [
+        dict(t.counters) for t in new.tiers
+    ]
+    after.configure(_config(tmp_path, url, "KVTIER_NEW", ("KVTIER_OLD",)))
+    assert after.found(range(100, 104)) == [list(range(100, 104))] * 2
+    assert all(t.counters["hits_previous_secret"] == 4 for t in after.tiers)
+
+
+async def _plant(tier: Tier, blocks: range) -> None:
+    async with tier:
+        for i in blocks:
+            await tier.put(key(i), payload(SIZE, i))
+
+
+async def _count(tier: Tier) -> int:
+    return sum([1 async for _ in tier.keys()])
