@@ -46,6 +46,7 @@ from tiering.tier.envelope import SEAL_IN_THREADS, Envelope, sealing_threads
 from tiering.tier.format import REMOVABLE, Header
 from tiering.tier.operators import OperatorCalls
 from tiering.tier.options import TierOptions
+from tiering.tier.records import MAX_RECORD_BYTES, record_key
 from tiering.tier.refusals import RecentRefusals
 from tiering.tier.values import (
     Buffer,
@@ -224,6 +225,24 @@ class Tier(OperatorCalls):
                 answers = iter(await self.contains(asked))
                 return [False if skip else next(answers) for skip in skipped]
         return await self._call(self._contains(blocks)) if blocks else []
+
+    async def write_record(self, name: str, data: Buffer | bytearray) -> bool:
+        """Store `data` as record `name` (`tiering.tier.records`), sealed like a block under the
+        record's key, replacing any; whether the tier keeps records. `StateError` on a
+        read-only tier."""
+        self._writable("write a record")
+        parts = self.envelope.seal(record_key(name), data)
+        return await self._call(self._write_record(name, b"".join(parts)))
+
+    async def read_record(self, name: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
+        """Record `name`'s data, opened and verified, or None (none there, or a tier that keeps
+        none); `CorruptObject` when the object is refused (damaged, of another namespace,
+        name or secret, or larger than `limit`): a record is never deleted by its reader."""
+        key = record_key(name)
+        blob = await self._call(self._read_record(name, limit + self.header_room))
+        if blob is None:
+            return None
+        return bytes(self.envelope.open(key, blob)[1])
 
     async def close(self) -> None:
         """Release what the tier holds (`_close`), once; later calls do nothing."""
