@@ -432,6 +432,11 @@ class PrimaryPool:
         """Resident keys not being written (pinned or not), the most recently stored first."""
         return [key for key, r in reversed(self._ref.items()) if r != _WRITING]
 
+    def hottest(self, n: int) -> list[BlockKey]:
+        """Up to `n` ready keys in the policy's order of worth (a warm-start manifest's)."""
+        ref = self._ref
+        return [key for key in self._policy.hottest(n) if ref.get(key, _WRITING) != _WRITING]
+
     def slots_in_use(self) -> set[int]:
         """Slots being written, pinned or held: those a job may be using."""
         get = self._policy.get

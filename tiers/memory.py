@@ -39,6 +39,7 @@ class MemoryTier(IndexedTier):
         """Every object, least recently used first."""
         self._bytes = 0
         self._last_write: float | None = None
+        self._records: dict[str, bytes] = {}
 
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         blob = self._index.get(key)
@@ -64,6 +65,16 @@ class MemoryTier(IndexedTier):
         self._index[key] = blob
         self._bytes += len(blob)
         self._last_write = time.time()
+
+    async def _read_record(self, name: str, limit: int) -> Buffer | None:
+        blob = self._records.get(name)
+        if blob is not None and len(blob) > limit:
+            raise CorruptObject("length", f"record of {len(blob)} bytes, at most {limit} expected")
+        return blob
+
+    async def _write_record(self, name: str, blob: bytes) -> bool:
+        self._records[name] = bytes(blob)
+        return True
 
     async def _delete(self, key: BlockKey) -> bool:
         return self._delete_now(key)

@@ -40,7 +40,13 @@ from connectors.vllm.versions import traits
 from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
-from tiering.manager.counters import MANAGER_COUNTERS, MANAGER_METRICS, TIER_COUNTERS
+from tiering.manager.counters import (
+    MANAGER_COUNTERS,
+    MANAGER_METRICS,
+    TIER_COUNTERS,
+    WARM_REMAINING,
+    WARM_SOURCE,
+)
 from tiering.manager.usage import USAGE_GAUGES
 from tiering.primary import LookupResult as KvtierLookup
 
@@ -50,6 +56,11 @@ USED = "vllm:kvtier_primary_used_perc"
 WRITING = "vllm:kvtier_primary_write_perc"
 READING = "vllm:kvtier_primary_read_perc"
 BREAKER = "vllm:kvtier_tier_breaker_open"
+WARM_GAUGES = {
+    WARM_REMAINING: "vllm:kvtier_warm_remaining",
+    WARM_SOURCE: "vllm:kvtier_warm_source",
+}
+"""The warm start's gauges (their documentation: MANAGER_COUNTERS)."""
 LATENCY = "vllm:kvtier_tier_job_seconds"
 
 CONFIG_INFO_KEYS = (
@@ -110,6 +121,8 @@ def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     }
     for name, metric in MANAGER_METRICS.items():  # (their documentation: MANAGER_COUNTERS)
         definitions[metric] = OffloadingCounterMetadata(documentation=MANAGER_COUNTERS[name])
+    for name, metric in WARM_GAUGES.items():
+        definitions[metric] = OffloadingGaugeMetadata(documentation=MANAGER_COUNTERS[name])
     for name, doc in TIER_COUNTERS.items():
         definitions[f"vllm:kvtier_tier_{name}"] = OffloadingCounterMetadata(
             documentation=doc, labelnames=("tier",)
@@ -290,6 +303,8 @@ class KvtierManager(OffloadingManager):
         report = self.manager.stats()
         for name, metric in MANAGER_METRICS.items():
             self._delta(stats, metric, (), report["manager"].get(name, 0))
+        for name, metric in WARM_GAUGES.items():
+            stats.set_gauge(metric, float(report["manager"].get(name, 0)))
         for tier, figures in report["tiers"].items():
             for name in TIER_COUNTERS:
                 self._delta(stats, f"vllm:kvtier_tier_{name}", (tier,), figures.get(name, 0))

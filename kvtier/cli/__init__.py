@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Sequence
 
 import kvtier
-from kvtier.cli import bench, config, demo, inspection, ops, replay, secrets
+from kvtier.cli import bench, config, demo, inspection, manifests, ops, replay, secrets
 from tiering.errors import ConfigError, KeyFormatError, KvtierError
 from tiering.secrets import redact_text
 
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_parser(commands)
     config.add_parsers(commands)
     inspection.add_parsers(commands)
+    manifests.add_parsers(commands)
     ops.add_parsers(commands)
     secrets.add_parsers(commands)
     bench.add_parsers(commands)

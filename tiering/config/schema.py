@@ -44,6 +44,8 @@ NAME_PATTERN: Final = r"[a-z][a-z0-9_-]{0,31}"
 ENV_PATTERN: Final = r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}"
 """`${NAME}`: the environment variable NAME."""
 NAME: Final = re.compile(rf"{NAME_PATTERN}\Z")
+ENGINE_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+"""What an engine identity looks like (`primary.engine_id`): safe in every store's names."""
 SECTION: Final = "kvtier.section"
 """The key of a dataclass field's metadata that makes it a section: the section's class."""
 
@@ -104,12 +106,34 @@ class PrimaryConfig:
         kind="size",
         zero=True,
         help="Bytes of blocks to read into the primary at start, in the background, from the "
-        "indexed tiers (file tiers a previous engine wrote): their newest blocks first, into "
-        "free slots only, beside the engine's own promotions, so that a restarted engine's "
-        "returning prompts hit the primary (0: none; at most the primary's capacity).",
+        "tiers a previous engine wrote: in the order of its last manifest of use (any tier), "
+        "else the indexed tiers' newest blocks first, into free slots only, beside the "
+        "engine's own promotions, so that a restarted engine's returning prompts hit the "
+        "primary (0: none; at most the primary's capacity).",
+    )
+
+    warm_manifest_interval: float = option(
+        60.0,
+        kind="duration",
+        zero=True,
+        help="With a warm start: how often the primary's order of use (its manifest, block "
+        "keys hottest first) is written to the persistent tiers, off the scheduler's thread, "
+        "and at shutdown; a restart, even after a crash, follows the last one (0: at shutdown "
+        "only).",
+    )
+    engine_id: str | None = option(
+        None,
+        what="an engine identity",
+        help="This engine's identity on its stores: whose manifest a restart follows (null: "
+        "a digest of the host's name and the model's namespace; set one per engine where "
+        "several engines of one model share a host, e.g. `${POD_NAME}`).",
     )
 
     def __post_init__(self) -> None:
+        if self.engine_id is not None and not ENGINE_ID.match(self.engine_id):
+            raise ConfigError(
+                f"primary.engine_id: {self.engine_id!r} is not {ENGINE_ID.pattern[:-2]}"
+            )
         if self.capacity is not None:
             self.check_warm_start(self.capacity, "primary.capacity")
 

@@ -141,6 +141,41 @@ WARM_BATCHES: Final = _count(
 WARM_RETRIES: Final = _count(
     "warm_retries", "manager", "Blocks the warm start planned again after their read failed."
 )
+WARM_PLANNED: Final = _count(
+    "warm_planned",
+    "manager",
+    "Blocks the warm start planned to read (its manifest's keys up to the budget, or the"
+    " tiers' newest).",
+    "vllm:kvtier_warm_planned",
+)
+WARM_SKIPPED: Final = _count(
+    "warm_skipped",
+    "manager",
+    "Blocks of the warm start's manifest that no tier held any more: skipped, not read.",
+    "vllm:kvtier_warm_skipped",
+)
+WARM_REMAINING: Final = _count(
+    "warm_remaining",
+    "manager",
+    "Blocks the warm start has still to read (a gauge: 0 once it ended).",
+)
+WARM_SOURCE: Final = _count(
+    "warm_source",
+    "manager",
+    "What the warm start followed (a gauge): 0 nothing, 1 a manifest, 2 the tiers' newest.",
+)
+MANIFESTS_WRITTEN: Final = _count(
+    "manifests_written",
+    "manager",
+    "Manifests of use written to a tier (primary.warm_manifest_interval, and at shutdown).",
+    "vllm:kvtier_manifests_written",
+)
+MANIFEST_CLASHES: Final = _count(
+    "manifest_clashes",
+    "manager",
+    "Times another live engine was found writing this engine's identity (primary.engine_id).",
+    "vllm:kvtier_manifest_clashes",
+)
 WARM_STOPPED: Final = _count(
     "warm_stopped",
     "manager",

@@ -9,7 +9,8 @@ I/O. It is a facade over one object per concept, built and wired by `wiring.wire
 - `TierLocator` (`locator`): where each block is known to be, with its TTLs, and the batched
   existence checks of the tiers without an index;
 - `Promoter` (`promotion`): promotions queued and in flight, late and refused ones;
-- `WarmStart` (`warm`): a restarted engine's primary filled from its tiers;
+- `WarmStart` (`warm`): a restarted engine's primary filled from its tiers, following the
+  last run's manifest of use (`manifest`), which `ManifestRecorder` (`recorder`) writes;
 - `Demoter` (`demotion`): the three write modes, reclaim, back-pressure and the shutdown's
   flush;
 - `JobSink` (`jobs`): the one outbox the locator, the promoter and the demoter put their jobs
@@ -113,6 +114,7 @@ class TieringOffloadingManager:
         "lock",
         "pool",
         "promoter",
+        "recorder",
         "refusals",
         "runtime",
         "sink",
@@ -156,7 +158,7 @@ class TieringOffloadingManager:
         self.history, self.sink, self.locator = parts.history, parts.sink, parts.locator
         self.demoter, self.promoter, self.warm = parts.demoter, parts.promoter, parts.warm
         self.fences, self.bookkeeping = parts.fences, parts.bookkeeping
-        self.refusals, self.usage = parts.refusals, parts.usage
+        self.refusals, self.usage, self.recorder = parts.refusals, parts.usage, parts.recorder
         self._publish = publish
         self._write_through = bool(self.demoter.write_through)
         """Some tier is written through: a completed store is queued for it."""
@@ -410,6 +412,8 @@ class TieringOffloadingManager:
             )
         except StateError:  # the runtime was shut down already: nothing more can be written
             self.counters[CLOSE_ERRORS] += 1
+        if self.recorder is not None:  # after the flush: the blocks it names are stored first
+            self.recorder.final(max(1.0, shutdown.flush if flush is None else flush))
         with self.lock.held():  # serialized with `on_tick`, which claims under the lock
             bookkeeping.closed = True
             bookkeeping.urgency.set(False)

@@ -1,16 +1,18 @@
 """The warm start (`primary.warm_start`): a restarted engine's primary filled from its tiers.
 
-After a restart the primary is empty while the file tiers hold what the last engine wrote (its
-resident blocks too: `shutdown.resident`). The newest of the indexed tiers' blocks, up to the
-budget, are read into free slots in the background, one batch (`WARM_BATCH_BYTES`) at a time,
-as promotions that no lookup asked for (`Promoter.submit_batch`, bulk): a request that looks
-one up meanwhile waits on it like on its own promotion. Warming takes only free slots above the
-write-back reserve (it never evicts), skips blocks the primary has or is promoting, and stops
-for good when the primary has no room left, when a batch fails as a whole (the tier is down:
-the engine's own promotions are not crowded out by retries; the breaker's rule, `fault_of`,
-says what "as a whole" is), or when a reset or the shutdown begins. A batch is a bulk job with
-a deadline of its own (`WARM_MIN_RATE`), and its time does not feed the gate's estimate of the
-tier.
+After a restart the primary is empty while the tiers hold what the last engine wrote (its resident
+blocks too: `shutdown.resident`). What is read follows the last run's manifest of use
+(`tiering.manager.manifest`: its keys hottest first, from whichever tier holds each, files,
+segments, Redis or S3; a key no tier holds is skipped and counted) or, without a usable one, the
+newest of the indexed tiers' blocks; up to the budget, they are read into free slots in the
+background, one batch (`WARM_BATCH_BYTES`) at a time, as promotions that no lookup asked for
+(`Promoter.submit_batch`, bulk): a request that looks one up meanwhile waits on it like on its own
+promotion. Warming takes only free slots above the write-back reserve (it never evicts), skips
+blocks the primary has or is promoting, and stops for good when the primary has no room left, when
+a batch fails as a whole (the tier is down: the engine's own promotions are not crowded out by
+retries; the breaker's rule, `fault_of`, says what "as a whole" is), or when a reset or the
+shutdown begins. A batch is a bulk job with a deadline of its own (`WARM_MIN_RATE`), and its time
+does not feed the gate's estimate of the tier.
 """
 
 from __future__ import annotations
@@ -22,8 +24,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from tiering.keys import BlockKey
-from tiering.manager.counters import BLOCKS_WARMED, WARM_BATCHES, WARM_RETRIES, WARM_STOPPED
+from tiering.manager.counters import (
+    BLOCKS_WARMED,
+    WARM_BATCHES,
+    WARM_PLANNED,
+    WARM_REMAINING,
+    WARM_RETRIES,
+    WARM_SKIPPED,
+    WARM_SOURCE,
+    WARM_STOPPED,
+)
 from tiering.manager.jobs import Promotion
+from tiering.manager.manifest import SOURCES, Manifest, WarmProgress
 from tiering.manager.promotion import Promoter
 from tiering.manager.tierstate import TierState
 from tiering.primary import LookupResult, PrimaryPool
@@ -56,6 +68,8 @@ class WarmStart:
         "_over",
         "_plan",
         "_retried",
+        "_why",
+        "source",
         "asked",
         "block_bytes",
         "budget",
@@ -78,9 +92,13 @@ class WarmStart:
         budget: int,
         block_bytes: int,
         reserve: int,
+        manifest: Manifest | None = None,
+        why: str = "",
     ) -> None:
         """`budget`: blocks to read at most (0: no warm start); `reserve`: free slots a batch
-        leaves to the write-back demotions. The plan is made here (`plan`)."""
+        leaves to the write-back demotions; `manifest`: the last run's order of use to follow
+        (None: the tiers' newest), `why`: the line saying where it came from or why there is
+        none. The plan is made here (`plan`)."""
         self.pool = pool
         self.tiers = list(tiers)
         self.promoter = promoter
@@ -103,8 +121,52 @@ class WarmStart:
         self._retried: set[BlockKey] = set()
         """Blocks whose read failed on its own (a tier call past its deadline beside a
         starting engine, say) and were queued once more."""
+        self.source = "none"
+        """What the plan follows (`tiering.manager.manifest.SOURCES`)."""
+        self._why = why
         if self.budget:
-            self.plan()  # what the tiers hold now, before any request
+            if manifest is not None:
+                self.follow(manifest)
+            else:
+                self.plan()  # what the tiers hold now, before any request
+
+    def progress(self) -> WarmProgress:
+        """Planned, read, skipped and remaining, and what the plan follows."""
+        c = self.counters
+        return WarmProgress(
+            self.source,
+            int(c[WARM_PLANNED]),
+            int(c[BLOCKS_WARMED]),
+            int(c[WARM_SKIPPED]),
+            int(c[WARM_REMAINING]),
+        )
+
+    def follow(self, manifest: Manifest) -> None:
+        """Plan the manifest's keys, hottest first, up to the budget, each from the first
+        indexed tier that holds it, else from the first tier without an index (Redis, S3:
+        asked with the batch itself; a miss there goes on to the next such tier). A key no
+        tier can hold is skipped and counted."""
+        budget = self.budget
+        unindexed = [s.index for s in self.tiers if not s.indexed]
+        plan: dict[BlockKey, int] = {}
+        skipped = 0
+        for key in manifest.keys:
+            if len(plan) >= budget:
+                break
+            if key in plan:
+                continue
+            where = next((s.index for s in self.tiers if s.indexed and s.tier.knows(key)), None)
+            if where is None:
+                where = next(
+                    (s.index for s in self.tiers if s.indexed and s.tier.knows(key) is None),
+                    unindexed[0] if unindexed else None,
+                )
+            if where is None:
+                skipped += 1
+                continue
+            plan[key] = where
+        self.counters[WARM_SKIPPED] += skipped
+        self._start(plan, "manifest", f"{self._why}; {skipped} of its blocks no tier holds")
 
     def due(self) -> bool:
         """Whether a batch could be submitted now (read without the lock)."""
@@ -128,8 +190,8 @@ class WarmStart:
         """What the warm start will read: up to its budget of the blocks the indexed tiers hold
         now, each from the first tier that has it, the newest of the first tier first; kept
         reversed (popped from the end). Made once, when the manager is built (before the
-        engine's requests: blocks the engine writes later are its own, not the last engine's).
-        A tier whose listing fails is left out (logged)."""
+        engine's requests: blocks the engine writes later are its own, not the last engine's),
+        when there is no usable manifest. A tier whose listing fails is left out (logged)."""
         budget = self.budget
         plan: dict[BlockKey, int] = {}
         for state in self.tiers:
@@ -146,15 +208,23 @@ class WarmStart:
                 plan.setdefault(key, state.index)
                 if len(plan) >= budget:
                     break
+        self._start(plan, "newest", self._why or "no manifest asked for")
+
+    def _start(self, plan: dict[BlockKey, int], source: str, why: str) -> None:
         self._plan = [(index, key) for key, index in reversed(plan.items())]
-        self.budget = min(budget, len(plan))
+        self.budget = min(self.budget, len(plan))
         self._began = time.monotonic()
-        if plan:
-            log.info(
-                "kvtier: warm start: reading %d blocks into the primary from %s",
-                len(plan),
-                ", ".join(sorted({self.tiers[i].config.name for i in plan.values()})),
-            )
+        self.source = source
+        self.counters[WARM_SOURCE] = SOURCES.index(source)
+        self.counters[WARM_PLANNED] += len(plan)
+        self.counters[WARM_REMAINING] = len(plan)
+        log.info(
+            "kvtier: warm start: reading %d blocks into the primary from %s, following %s (%s)",
+            len(plan),
+            ", ".join(sorted({self.tiers[i].config.name for i in plan.values()})) or "no tier",
+            "the last run's manifest of use" if source == "manifest" else "the tiers' newest",
+            why,
+        )
 
     def submit(self) -> None:
         """Submit the next batch: blocks of one tier, newest first, into free slots above the
@@ -188,6 +258,7 @@ class WarmStart:
         grant = pool.allocate_for_promotion(keys)
         assert grant is not None and not grant.evicted, "a warm start took a slot in use"
         self.budget -= len(grant.keys)
+        self.counters[WARM_REMAINING] = len(plan) + len(grant.keys)
         self.warming = True
         self.keys.update(grant.keys)
         self.asked = False
@@ -207,6 +278,9 @@ class WarmStart:
         self.warming = False
         self.keys.difference_update(key for key, _ in batch)
         self.counters[BLOCKS_WARMED] += sum(1 for ok in found if ok is True)
+        if result.ok and result.fault is None and self.source == "manifest":
+            self._absent(job, found)
+        self.counters[WARM_REMAINING] = len(self._plan)
         if not result.ok or result.fault is not None:
             self.counters[WARM_STOPPED] += 1
             self.end(f"tier {state.config.name!r} failed")
@@ -224,6 +298,21 @@ class WarmStart:
             elif not self.budget:
                 self._said_end("done")
 
+    def _absent(self, job: Promotion, found: list[Any]) -> None:
+        """A manifest's blocks the batch's tier did not have: asked of the next tier without
+        an index (their slots were freed by the promoter), or skipped and counted."""
+        later = [s.index for s in self.tiers if not s.indexed and s.index > job.tier]
+        again: list[tuple[int, BlockKey]] = []
+        for (key, _), ok in zip(job.batch, found, strict=True):
+            if ok is False:
+                if later and not self._over:
+                    again.append((later[0], key))
+                else:
+                    self.counters[WARM_SKIPPED] += 1
+        if again:
+            self._plan += again
+            self.budget += len(again)
+
     def end(self, why: str = "stopped") -> None:
         """No more batches (one in flight still ends as it would)."""
         if self.budget or self.warming:
@@ -231,6 +320,7 @@ class WarmStart:
         self.budget = 0
         self._plan = []
         self._over = True
+        self.counters[WARM_REMAINING] = 0
 
     def clear(self) -> None:
         """A reset: the batch in flight is forgotten (its result will be dropped), and no more
@@ -240,9 +330,15 @@ class WarmStart:
         self.end()
 
     def _said_end(self, why: str) -> None:
+        p = self.progress()
         log.info(
-            "kvtier: warm start ended (%s): %d blocks read in %.2f s",
+            "kvtier: warm start ended (%s): following %s, %d planned, %d read, %d skipped, "
+            "%d not read, in %.2f s",
             why,
-            self.counters[BLOCKS_WARMED],
+            p.source,
+            p.planned,
+            p.read,
+            p.skipped,
+            max(0, p.planned - p.read - p.skipped),
             time.monotonic() - self._began,
         )

@@ -19,7 +19,9 @@ from tiering.manager.demotion import Demoter
 from tiering.manager.fences import ResetFences
 from tiering.manager.jobs import JobSink
 from tiering.manager.locator import TierLocator
+from tiering.manager.manifest import Manifest, engine_identity, read_manifest
 from tiering.manager.promotion import Promoter
+from tiering.manager.recorder import ManifestRecorder
 from tiering.manager.refusals import StoreRefusals
 from tiering.manager.steplock import StepLock
 from tiering.manager.tierstate import TierState
@@ -48,6 +50,8 @@ class Parts:
     demoter: Demoter
     promoter: Promoter
     warm: WarmStart
+    recorder: ManifestRecorder | None
+    """Writes the manifest of use (with a warm start and a persistent writable tier)."""
     fences: ResetFences
     bookkeeping: Bookkeeping
     refusals: StoreRefusals
@@ -112,16 +116,37 @@ def wire(
         write_back=bool(demoter.write_back),
     )
     block_bytes = max(1, len(slot_view(0)))
-    indexed = any(state.indexed for state in states)
+    lasting = [state.tier for state in states if state.tier.persistent]
+    budget = config.primary.warm_start // block_bytes
+    manifest, why, engine = None, "", ""
+    if budget and lasting:
+        engine = engine_identity(config.primary.engine_id, lasting[0].namespace)
+        manifest, why = _read_manifest(runtime, lasting, engine)
     warm = WarmStart(
         pool,
         states,
         promoter,
         counters,
-        budget=config.primary.warm_start // block_bytes if indexed else 0,
+        budget=budget if lasting or any(s.indexed for s in states) else 0,
         block_bytes=block_bytes,
         reserve=demoter.reserve if demoter.write_back else 0,
+        manifest=manifest,
+        why=why,
     )
+    writable = [tier for tier in lasting if not tier.read_only]
+    recorder = None
+    if budget and writable:
+        recorder = ManifestRecorder(
+            pool,
+            writable,
+            lock,
+            runtime,
+            counters,
+            engine=engine,
+            interval=config.primary.warm_manifest_interval,
+            progress=warm.progress,
+            first=None if manifest is None else manifest.keys,
+        )
     fences = ResetFences(pool, runtime, lock, counters, clock)
     bookkeeping = Bookkeeping(
         states,
@@ -147,8 +172,27 @@ def wire(
         demoter=demoter,
         promoter=promoter,
         warm=warm,
+        recorder=recorder,
         fences=fences,
         bookkeeping=bookkeeping,
         refusals=StoreRefusals(pool, slot_view, config.primary.capacity, counters),
         usage=UsagePoller(states, runtime, config.metrics.usage_interval),
     )
+
+
+MANIFEST_READ_TIMEOUT = 10.0
+"""Seconds the manager's construction waits for the manifest (one record per persistent tier);
+past them, the warm start follows the tiers' newest."""
+
+
+def _read_manifest(runtime: Runtime, tiers: list[Tier], engine: str) -> tuple[Manifest | None, str]:
+    """The last run's manifest of `engine` from `tiers`, read on the runtime before any request
+    (a tier that fails or hangs costs at most `MANIFEST_READ_TIMEOUT`)."""
+    namespace = tiers[0].namespace
+    try:
+        found: tuple[Manifest | None, str] = runtime.run_sync(
+            lambda: read_manifest(tiers, namespace, engine), MANIFEST_READ_TIMEOUT
+        )
+    except Exception as e:  # noqa: BLE001 - no manifest is never a reason not to start
+        return None, f"the manifest of engine {engine} was not read: {e}"
+    return found

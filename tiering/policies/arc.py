@@ -96,6 +96,13 @@ class ARCPolicy(EvictionPolicy[K, V]):
         victims: list[tuple[K, V]] | None = self._core.evict(n, protected)
         return victims
 
+    def hottest(self, n: int) -> list[K]:
+        """T2 (used at least twice), then T1, each most recent first: a key used again is
+        worth more than one used once (from `lists`: both copied, O(resident + ghosts))."""
+        t1, t2, _, _ = self._core.lists()
+        order = [*reversed(t2), *reversed(t1)]
+        return order[: max(0, n)]
+
     def clear(self) -> None:
         self._core.clear()
 

@@ -82,6 +82,12 @@ class EvictionPolicy(ABC, Generic[K, V]):
         then nothing changed. `n == 0` returns an empty list.
         """
 
+    def hottest(self, n: int) -> list[K]:
+        """Up to `n` resident keys, the one the policy would keep longest first: what a
+        restarted engine reads back first (`tiering.manager.manifest`). O(resident keys).
+        Default: none (a policy that cannot say gets no manifest)."""
+        return []
+
     @abstractmethod
     def clear(self) -> None:
         """Forget every key, resident or remembered (ghosts), and any adaptive state."""

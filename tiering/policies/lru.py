@@ -57,6 +57,10 @@ class LRUPolicy(EvictionPolicy[K, V]):
             return None
         return list(zip(victims, map(entries.pop, victims), strict=True))
 
+    def hottest(self, n: int) -> list[K]:
+        """The most recently used first."""
+        return list(islice(reversed(self._entries), max(0, n)))
+
     def clear(self) -> None:
         self._entries.clear()
 

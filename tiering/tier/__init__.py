@@ -13,6 +13,7 @@ A backend subclasses `Tier`, writes the primitives of the contract and declares 
 - `batching`: bounded concurrency and the optional batch primitives;
 - `counters`: the names of the events a tier counts;
 - `refusals`: names refused moments ago, a fast miss;
+- `records`: small named objects beside the blocks (a warm-start manifest);
 - `operators`: the operators' calls (listings, usage, raw objects);
 - `usage`: store-wide usage added up per namespace, within a bound;
 - `wrappers`: forwarding and fault-injecting tiers.

@@ -19,12 +19,13 @@ adds everything else (the envelope, deadlines, counting, batching, the public AP
         async def _contains(self, keys): ...      # one bool per key
         async def _stat(self): ...                # TierStat
 
-Optional, with defaults here: `_read_head(key, n)` (a ranged read), `_list()` and `_entries()`
-(with `supports_listing = True`), `_namespaces()`, `_usage()`, `_delete_refused(key, seen)`,
-`_close()`, `knows(key)` and `newest(n)` (with `indexed = True`: an in-process index of every
-object). Optional fast paths the base looks for are `Protocol`s: `ReadsInto` (the payload read
-straight into the caller's buffer), `tiering.tier.batching.ReadsMany` and `WritesMany` (a batch in
-one request, answered raw).
+Optional, with defaults here: `_read_head(key, n)` (a ranged read), `_read_record` and
+`_write_record` (small named objects beside the blocks, `tiering.tier.records`), `_list()` and
+`_entries()` (with `supports_listing = True`), `_namespaces()`, `_usage()`, `_delete_refused(key,
+seen)`, `_close()`, `knows(key)` and `newest(n)` (with `indexed = True`: an in-process index of
+every object). Optional fast paths the base looks for are `Protocol`s: `ReadsInto` (the payload
+read straight into the caller's buffer), `tiering.tier.batching.ReadsMany` and `WritesMany` (a
+batch in one request, answered raw).
 
 What the base class guarantees every primitive: keys are `BlockKey`s already validated (no path
 or name comes from input); `limit` is the largest object the caller can use (`object_limit` of
@@ -39,7 +40,7 @@ store holding a larger one answers `CorruptObject("length")` without reading it:
 object costs a stat, not 2 GiB); raise `TierUnavailable`, `TierTimeout`, `TierFull` or
 `TierError` (translated from its library's errors, `raise ... from e`) when the store fails;
 answer None or False for a missing object, never an error; never block the event loop (blocking
-libraries go to a bounded thread pool below it, `tiers.threads.IOThreads`).
+libraries go to a bounded thread pool below it, `tiering.tier.threads.IOThreads`).
 """
 
 from __future__ import annotations
@@ -335,6 +336,26 @@ class TierContract(ABC):
         if not stat.objects:
             return []
         return [NamespaceUsage(self.namespace, stat.objects, stat.bytes_used)]
+
+    async def _read_record(self, name: str, limit: int) -> Buffer | None:
+        """The stored object of record `name` (`tiering.tier.records`) of this namespace, as
+        `_write_record` got it, or None (none there, or a tier that keeps no records: the
+        default).
+
+        Guaranteed by the caller: `name` is a record's (`check_record_name`).
+        The implementation must: raise `CorruptObject("length")` for an object larger than
+        `limit` without reading it; keep records apart from blocks (never listed, counted,
+        evicted or indexed as one)."""
+        return None
+
+    async def _write_record(self, name: str, blob: bytes) -> bool:
+        """Store `blob` as record `name` of this namespace, replacing any (never write-once),
+        atomic for readers: a reader sees the old record or the new one, and a process killed
+        in the middle leaves the old one. Whether the tier keeps records (default: False,
+        nothing written).
+
+        Guaranteed by the caller: the tier is not read-only; `name` is a record's."""
+        return False
 
     async def _close(self) -> None:  # noqa: B027 - optional: most tiers hold something to release
         """Release connections, files and threads; called once, by the first `close`. The

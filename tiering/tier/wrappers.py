@@ -87,6 +87,12 @@ class ForwardingTier(Tier):
     async def _namespaces(self) -> list[bytes]:
         return await self.inner._namespaces()
 
+    async def _read_record(self, name: str, limit: int) -> Buffer | None:
+        return await self.inner._read_record(name, limit)
+
+    async def _write_record(self, name: str, blob: bytes) -> bool:
+        return await self.inner._write_record(name, blob)
+
     async def _close(self) -> None:
         await self.inner.close()
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from tiering.errors import ConfigError, TierFull, TierTimeout
+from tiering.errors import ConfigError, TierError, TierFull, TierTimeout
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, Medium, NamespaceUsage
 from tiering.tier.batching import RawWrite
 from tiering.tier.counters import corrupt
 from tiering.tier.options import TierOptions, fields_of, option
+from tiering.tier.threads import IOThreads
 from tiers.file.direct import (
     BLOCK,
     BounceBuffers,
@@ -32,9 +33,9 @@ from tiers.file.direct import (
     is_aligned,
     round_up,
 )
+from tiers.file.records import read_record, write_record
 from tiers.file.usage import FileUsage
 from tiers.indexed import IndexedTier
-from tiers.threads import IOThreads
 
 __all__ = ["LAYOUTS", "FileOptions", "FileTier"]
 
@@ -205,6 +206,18 @@ class FileTier(IndexedTier):
         own = (self.namespace, len(self._index)) if self.layout == "segments" else None
         tally = await self._usage_scan.scan(own)
         return tally.result(self.name)
+
+    async def _read_record(self, name: str, limit: int) -> Buffer | None:
+        try:
+            return await self._run(read_record, self.base, self.namespace, name, limit)
+        except OSError as e:
+            raise TierError(f"tier {self.name!r}: record {name}: {e}") from e
+
+    async def _write_record(self, name: str, blob: bytes) -> bool:
+        try:
+            return await self._run(write_record, self.base, self.namespace, name, blob)
+        except OSError as e:
+            raise TierError(f"tier {self.name!r}: record {name}: {e}") from e
 
     async def _close(self) -> None:
         self._pool.shutdown()

@@ -45,7 +45,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 
-from tiering.errors import ConfigError
+from tiering.errors import ConfigError, CorruptObject
 from tiering.keys import BlockKey
 from tiering.secrets import UNENCODED_PASSWORD, password_needs_encoding, redact_url, url_secrets
 from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
@@ -281,6 +281,24 @@ class RedisTier(Tier):
                     raise reply  # as the server worded it (no pipeline prefix): `_one_value`
             exists, size, head = answers
         return (head, size) if exists else None
+
+    def _record_name(self, name: str) -> bytes:
+        """A record's key (`tiering.tier.records`): outside the blocks' prefix, so no listing,
+        count or scan of blocks meets it."""
+        return f"kvtier-record:{self.namespace.hex()}:{name}".encode()
+
+    async def _read_record(self, name: str, limit: int) -> Buffer | None:
+        with self._errors.one_value("GETRANGE"):
+            head: bytes = await self._client.getrange(self._record_name(name), 0, limit)
+        if len(head) > limit:
+            raise CorruptObject("length", f"record of more than {limit} bytes")
+        return head or None
+
+    async def _write_record(self, name: str, blob: bytes) -> bool:
+        """A plain SET (a record is replaced, never written once), without a TTL."""
+        with self._errors.around("SET"):
+            await self._client.set(self._record_name(name), blob)
+        return True
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool:
         """SET NX: False when the key was there (nothing written)."""

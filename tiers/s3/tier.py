@@ -227,6 +227,18 @@ class S3Tier(Tier):
         text = key.hex()
         return f"{self._base}{text[:2]}/{text}"
 
+    def _record_name(self, name: str) -> str:
+        """A record's object (`tiering.tier.records`): beside the namespaces' folders under
+        the prefix, like the lease (never a namespace's object, packed, listed or swept)."""
+        return f"{self.prefix}kvtier-records/{self.namespace.hex()}.{name}"
+
+    async def _read_record(self, name: str, limit: int) -> Buffer | None:
+        return await self._bucket.get(self._record_name(name), limit)
+
+    async def _write_record(self, name: str, blob: bytes) -> bool:
+        await self._bucket.put(self._record_name(name), blob)
+        return True
+
     # -- primitives -----------------------------------------------------------------------------
 
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
