@@ -146,6 +146,7 @@ async def header_fields(tier: Tier, key: BlockKey) -> dict[str, Any]:
             "codec": header.codec,
             "checksum": header.checksum_kind,
             "authenticated": header.mac is not None,
+            "seal": header.scheme,
             "payload_offset": header.payload_offset,
             "stored_bytes": header.stored_length,
             "block_bytes": header.raw_length,

@@ -68,3 +68,54 @@ def test_the_engine_log_never_shows_the_redis_password(
         assert PASSWORD not in log and WRONG not in log
         for line in log.splitlines():  # where the tier's URL is quoted, it is masked
             assert "redis://:$" in line or "redis://:***@" in line or "redis://:" not in line
+
+
+AWKWARD = "Kv7/p#q?x=1&u@v:c 50%off-päss wörd"
+"""A password with every character a URL or a log line treats specially (issue 30, item 6)."""
+AWKWARD_WRONG = "Wr0ng/g#ess?y=2@w:d 75%on-fälsch"
+
+
+@pytest.fixture(scope="module")
+def awkward_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    server = RedisServer(tmp_path_factory.mktemp("redis-engine-awkward"), password=AWKWARD)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_the_engine_log_never_shows_an_awkward_password(
+    vllm_python: Path, workdir: Path, awkward_server: RedisServer
+) -> None:
+    """The tier's `password` option holding `/ # ? & @ : %`, blanks and non-ASCII, wrong then
+    right: no form of it (as given, percent-encoded, its tail) is in what the engine prints."""
+    from urllib.parse import quote
+
+    tiers = [
+        {
+            "name": "redis",
+            "type": "redis",
+            "url": f"redis://127.0.0.1:{awkward_server.port}/0",
+            "password": "${KVT_TEST_REDIS_PW}",
+            "write": "through",
+        }
+    ]
+    admin = redis.Redis(host="127.0.0.1", port=awkward_server.port, password=AWKWARD)
+    admin.flushall()
+    for password in (AWKWARD_WRONG, AWKWARD):
+        result = run_scenario(
+            vllm_python,
+            scenario(
+                workdir,
+                with_tiers(workdir, tiers),
+                prompts=prompts()[:1],
+                env={"KVT_TEST_REDIS_PW": password},
+            ),
+            workdir,
+        )
+        assert len(result["outputs"]) == 1
+        log = result["log"]
+        for secret in (AWKWARD, AWKWARD_WRONG):
+            for form in (secret, quote(secret, safe=""), secret[-12:], secret.encode().hex()):
+                assert form not in log, (password == AWKWARD, form)
+    assert admin.dbsize() > 0  # with the right one the engine's blocks went to Redis
+    admin.close()

@@ -86,7 +86,7 @@ def test_a_planted_violation_fails(
         # one inside a package: the contract imports the base that subclasses it
         ("tiering/tier/contract.py", "import tiering.tier.base", ".contract -> .base"),
         # one only a function's import makes, between two packages of the data plane
-        ("tiers/threads.py", "def later():\n    import tiers.file", ".threads -> .file"),
+        ("tiers/indexed.py", "def later():\n    import tiers.file", ".indexed -> .file"),
     ],
 )
 def test_a_planted_import_circle_fails(

@@ -187,3 +187,47 @@ async def _plant(tier: Tier, blocks: range) -> None:
 
 async def _count(tier: Tier) -> int:
     return sum([1 async for _ in tier.keys()])
+
+
+def test_rekey_resumes_from_its_journal_and_keeps_old_copies_when_told(
+    tmp_path: Path,
+    redis_server: RedisServer,
+    fleet: list[Engine],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`--keep` copies and leaves the old names as they were; a second run with `--resume`
+    finds every block in its journal and copies none again; without `--keep` the old copies
+    go once the new ones read back."""
+    import json
+
+    url = redis_server.url
+    old = fleet[0]
+    old.configure(_config(tmp_path, url, "KVTIER_OLD"))
+    old.write(range(200, 206))
+    old.close()
+    config_file = tmp_path / "kvtier.yaml"
+    config_file.write_text(yaml.safe_dump(_config(tmp_path, url, "KVTIER_NEW", ("KVTIER_OLD",))))
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+
+    def rekey(*flags: str) -> dict[str, Any]:
+        capsys.readouterr()
+        assert main(["rekey", "--config", str(config_file), "--tier", "f", "--json", *flags]) == 0
+        (moved,) = json.loads(capsys.readouterr().out)["namespaces"]
+        return dict(moved)
+
+    first = rekey("--keep")
+    assert (first["copied"], first["moved"], first["skipped"]) == (6, 0, 0), first
+    again = rekey("--keep", "--resume")
+    assert (again["copied"], again["skipped"]) == (0, 6), again
+    old.configure(_config(tmp_path, url, "KVTIER_OLD"))
+    assert old.found(range(200, 206))[0] == list(range(200, 206))  # kept
+    old.close()
+    last = rekey()
+    assert last["moved"] == 6, last
+    old.configure(_config(tmp_path, url, "KVTIER_OLD"))
+    assert old.found(range(200, 206))[0] == []
+    new = fleet[1]
+    new.configure(_config(tmp_path, url, "KVTIER_NEW"))
+    assert new.found(range(200, 206))[0] == list(range(200, 206))

@@ -18,6 +18,7 @@ A backend imports all of it from the package (`from tiering.tier import Tier, Ti
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
@@ -41,7 +42,7 @@ from tiering.tier.counters import (
     REFUSED_SKIPS,
     corrupt,
 )
-from tiering.tier.envelope import Envelope
+from tiering.tier.envelope import SEAL_IN_THREADS, Envelope, sealing_threads
 from tiering.tier.format import REMOVABLE, Header
 from tiering.tier.operators import OperatorCalls
 from tiering.tier.options import TierOptions
@@ -201,7 +202,7 @@ class Tier(OperatorCalls):
     async def put(self, key: KeyLike, data: Buffer | bytearray) -> None:
         """Store `data` as the block of `key`, replacing any; `StateError` on a read-only tier.
         `data` must stay unchanged until the call returns (it is written from where it lies)."""
-        block, parts = self._encode(key, data)
+        block, parts = await self._seal(key, data)
         self._count_put(await self._call(self._write(block, parts)), len(data))
 
     async def delete(self, key: KeyLike) -> bool:
@@ -294,7 +295,7 @@ class Tier(OperatorCalls):
         at a time. Each object is encoded and counted as `put`'s."""
         if not self._writes_many or not items or self.read_only:
             return await self._bounded([self.put(k, d) for k, d in items])
-        objects = [self._encode(k, d) for k, d in items]
+        objects = await asyncio.gather(*(self._seal(k, d) for k, d in items))
         try:
             outcomes = await cast(WritesMany, self)._write_many(objects)
         except TierError as e:
@@ -350,7 +351,12 @@ class Tier(OperatorCalls):
         if not placed:
             return await self._accept(block, data, view)
         try:
-            header = self.envelope.open_placed(block, data, view)
+            if self._in_threads(len(view)):
+                header = await sealing_threads().run_to_end(
+                    self.envelope.open_placed, block, data, view
+                )
+            else:
+                header = self.envelope.open_placed(block, data, view)
         except CorruptObject as e:
             await self._refuse(block, e)
             return False
@@ -361,7 +367,12 @@ class Tier(OperatorCalls):
         if blob is None:
             return self._miss()
         try:
-            header = self.envelope.open_into(block, blob, view)
+            if self._in_threads(len(view)):
+                header = await sealing_threads().run_to_end(
+                    self.envelope.open_into, block, blob, view
+                )
+            else:
+                header = self.envelope.open_into(block, blob, view)
         except CorruptObject as e:
             await self._refuse(block, e)
             return False
@@ -389,6 +400,21 @@ class Tier(OperatorCalls):
         if self.refused:  # (most tiers hold none: no dict call per put)
             self.refused.forget(block)
         return block, self.envelope.seal(block, data)
+
+    async def _seal(
+        self, key: KeyLike, data: Buffer | bytearray
+    ) -> tuple[BlockKey, tuple[Buffer, Buffer]]:
+        """`_encode`, on the sealing threads when the block is large and sealed
+        (`_in_threads`)."""
+        if not self._in_threads(len(data)):
+            return self._encode(key, data)
+        return await sealing_threads().run_to_end(self._encode, key, data)
+
+    def _in_threads(self, size: int) -> bool:
+        """Whether a block of `size` bytes is sealed and opened on the sealing threads, off
+        the event loop: with a secret, from `SEAL_IN_THREADS` bytes (below, the hand-over costs
+        more than the cryptography)."""
+        return size >= SEAL_IN_THREADS and self.envelope.authenticated
 
     async def _put_encoded(self, block: BlockKey, parts: Sequence[Buffer], size: int) -> None:
         self._count_put(await self._call(self._write(block, parts)), size)

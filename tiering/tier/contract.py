@@ -40,7 +40,7 @@ store holding a larger one answers `CorruptObject("length")` without reading it:
 object costs a stat, not 2 GiB); raise `TierUnavailable`, `TierTimeout`, `TierFull` or
 `TierError` (translated from its library's errors, `raise ... from e`) when the store fails;
 answer None or False for a missing object, never an error; never block the event loop (blocking
-libraries go to a bounded thread pool below it, `tiers.threads.IOThreads`).
+libraries go to a bounded thread pool below it, `tiering.tier.threads.IOThreads`).
 """
 
 from __future__ import annotations

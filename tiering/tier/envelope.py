@@ -7,13 +7,16 @@ writer id and, with a deployment secret, the key schedule of its namespace
 `tiering.tier.format.encode` with those settings; opening applies every step of
 `tiering.tier.format`'s verification (header, real size, checksum, seal, decryption, bounded
 decoding) and raises `CorruptObject` at the first that fails. The tier decides what a refusal
-means (a counted miss, a deletion); the envelope only answers whether an object is sound.
+means (a counted miss, a deletion); the envelope only answers whether an object is sound. A
+tier seals and opens large sealed blocks on the sealing threads (`sealing_threads`), the rest
+on its event loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -30,8 +33,9 @@ from tiering.tier.format import (
     verify_payload,
 )
 from tiering.tier.sealing import KeySchedule
+from tiering.tier.threads import IOThreads
 
-__all__ = ["MIN_SECRET_BYTES", "SEEN_BYTES", "Envelope"]
+__all__ = ["MIN_SECRET_BYTES", "SEAL_IN_THREADS", "SEEN_BYTES", "Envelope", "sealing_threads"]
 
 Buffer = bytes | memoryview
 
@@ -41,6 +45,23 @@ SEEN_BYTES: Final = 256
 """The first bytes of a refused object kept with the refusal (`CorruptObject.seen`): the
 header, the key, the MAC and the writer tag of any object (at most 66 + 68 + 32 + 16 bytes), so
 two objects that differ in anything a header or MAC covers differ in them."""
+SEAL_IN_THREADS: Final = 512 << 10
+"""From this block size, a tier with a secret seals and opens objects on the sealing threads
+(`sealing_threads`), off the runtime's event loop: AES-GCM releases the GIL, so the loop goes on
+with other calls' I/O while another core seals. Below it the hand-over (~50 us) costs about what
+the cryptography does (BENCHMARKS.md, "Sealed objects")."""
+SEALING_THREADS: Final = 2
+_sealers: list[IOThreads] = []
+_sealers_lock = threading.Lock()
+
+
+def sealing_threads() -> IOThreads:
+    """The process's sealing threads (made at the first call; any thread)."""
+    if not _sealers:
+        with _sealers_lock:
+            if not _sealers:
+                _sealers.append(IOThreads(SEALING_THREADS, "kvtier-seal"))
+    return _sealers[0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

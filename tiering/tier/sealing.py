@@ -7,7 +7,7 @@ deployment's secret, and the nonce rule that never repeats one under a key.
 
 A writer (one tier instance) draws a random 16-byte salt when it is built and numbers its
 objects 0, 1, 2, ... as their nonces; every object carries its salt and nonce, so a reader
-derives the same object key (kept for the salts it met lately). A nonce therefore repeats under
+derives the same object key (kept for the last salts it met). A nonce therefore repeats under
 an object key only if two writers draw the same 128-bit salt (for a fleet that builds 2**32
 writers over a secret's life, a chance of 2**-65) and never within one writer: its counter is
 taken under a lock and a writer draws a new salt after `OBJECTS_PER_KEY` objects, far inside
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
 from typing import Final
 
 from cryptography.exceptions import InvalidTag
@@ -46,7 +45,8 @@ TAG_BYTES: Final = 16
 OBJECTS_PER_KEY: Final = 1 << 32
 """Objects one writer seals under one object key before it draws a new salt."""
 _CACHED_KEYS: Final = 256
-"""Object keys (one per writer salt met) a reader keeps derived."""
+"""Object keys (one per writer salt met) a reader keeps derived, the oldest derived dropped
+first."""
 _NAMESPACE_DOMAIN: Final = b"kvtier object keys v2\x00"
 _WRITER_DOMAIN: Final = b"kvtier writer key v2\x00"
 
@@ -61,25 +61,24 @@ class KeySchedule:
             algorithm=hashes.SHA256(), length=32, salt=None, info=_NAMESPACE_DOMAIN + namespace
         ).derive(secret)
         self._lock = threading.Lock()
-        self._keys: OrderedDict[bytes, bytes] = OrderedDict()
+        self._keys: dict[bytes, bytes] = {}
         self._salt = b""
         self._key = b""
         self._next = OBJECTS_PER_KEY  # draws a salt at the first seal
 
     def key_of(self, salt: bytes) -> bytes:
-        """The object key of the writer that drew `salt`."""
-        with self._lock:
-            key = self._keys.get(salt)
-            if key is not None:
-                self._keys.move_to_end(salt)
-                return key
+        """The object key of the writer that drew `salt` (a dict read without the lock: the
+        cache only grows under it, dropping its oldest entry)."""
+        key = self._keys.get(salt)
+        if key is not None:
+            return key
         key = HKDFExpand(algorithm=hashes.SHA256(), length=32, info=_WRITER_DOMAIN + salt).derive(
             self._root
         )
         with self._lock:
             self._keys[salt] = key
             if len(self._keys) > _CACHED_KEYS:
-                self._keys.popitem(last=False)
+                del self._keys[next(iter(self._keys))]
         return key
 
     def next_nonce(self) -> tuple[bytes, bytes, bytes]:

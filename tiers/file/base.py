@@ -24,6 +24,7 @@ from tiering.tier import Buffer, Medium, NamespaceUsage
 from tiering.tier.batching import RawWrite
 from tiering.tier.counters import corrupt
 from tiering.tier.options import TierOptions, fields_of, option
+from tiering.tier.threads import IOThreads
 from tiers.file.direct import (
     BLOCK,
     BounceBuffers,
@@ -35,7 +36,6 @@ from tiers.file.direct import (
 from tiers.file.records import read_record, write_record
 from tiers.file.usage import FileUsage
 from tiers.indexed import IndexedTier
-from tiers.threads import IOThreads
 
 __all__ = ["LAYOUTS", "FileOptions", "FileTier"]
 

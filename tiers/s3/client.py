@@ -41,7 +41,7 @@ from botocore.exceptions import (
 from botocore.exceptions import SSLError as BotoSSLError
 
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable, TlsError
-from tiers.threads import IOThreads
+from tiering.tier.threads import IOThreads
 from tiers.tls import tls_cause
 
 __all__ = ["Bucket", "Listed"]

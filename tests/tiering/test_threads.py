@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tiers.threads import IOThreads
+from tiering.tier.threads import IOThreads
 
 
 def test_results_and_errors_reach_the_caller() -> None:
