@@ -18,9 +18,11 @@ its time to first token. Set-ups (`--setups`):
   engine: the tier's blocks are read into its primary from its start, so the return finds them
   there (`host`), promoted before it came. Its limit (the disk's) is not on the return's path.
 
-Every engine first serves a short unrelated prompt (a fresh engine's first request is slow) that
-is not counted. Each round runs every set-up, in an order rotated by one per round; figures are
-medians over rounds, ratios are taken per round, then their median.
+Every engine process first serves a short unrelated prompt: its *first request*, measured per
+set-up against vLLM alone's first request in the same round (`first`; it pays vLLM's one-time
+costs, and kvtier's start must add nothing to them: the primary's prefault, a warm start), and
+kept out of the return's time. Each round runs every set-up, in an order rotated by one per
+round; figures are medians over rounds, ratios are taken per round, then their median.
 
 The limit of each set-up is the prompt's KV bytes over the raw read bandwidth of its medium,
 measured in the same round on the same bytes (`bench/media.py`: a numpy copy for the primary,
@@ -298,6 +300,7 @@ class Bench:
                 result = self.engine([warmup, prompt], [self.tier(name, round_)], False, warm_start)
             out = result["outputs"][-1]
             record["setups"][name] = {
+                "first": result["outputs"][0]["seconds"],  # the engine process's first request
                 "seconds": out["seconds"],
                 "cached_tokens": out["cached_tokens"],
                 "tokens": out["tokens"],

@@ -1,8 +1,8 @@
 """bench/ttft.py's set-ups and its report: per set-up, medians over rounds of the time to first
 token of the return and of the ratios taken per round (to recomputing, to the engine hit, to the
-limit, to the primary's return), promotion throughput against the raw bandwidth, and the table
-printed from them; what bench/ttft.py and bench/fleet.py share (the machine, the progress
-line)."""
+limit, to the primary's return), of each engine process's first request against vLLM alone's,
+promotion throughput against the raw bandwidth, and the table printed from them; what
+bench/ttft.py and bench/fleet.py share (the machine, the progress line)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def summarize(rounds: list[dict[str, Any]], kv_bytes: int) -> list[dict[str, Any
     rows = []
     hit = [r["engine_hit"]["seconds"] for r in rounds]
     recompute = [r["setups"]["vllm"]["seconds"] for r in rounds]
+    alone_first = [r["setups"]["vllm"]["first"] for r in rounds]
     rows.append(
         {
             "setup": "engine hit",
@@ -77,6 +78,13 @@ def summarize(rounds: list[dict[str, Any]], kv_bytes: int) -> list[dict[str, Any
             "vs_recompute": med([t / c for t, c in zip(ttft, recompute, strict=True)]),
             "cached_tokens": got[0]["cached_tokens"],
             "source": SETUPS[name].source,
+        }
+        first = [g["first"] for g in got]
+        row |= {
+            "first": med(first),
+            "first_min": min(first),
+            "first_max": max(first),
+            "first_vs_vllm": med([f / a for f, a in zip(first, alone_first, strict=True)]),
         }
         row["vs_hit"] = med([t / h for t, h in zip(ttft, hit, strict=True)])
         if "primary" in rounds[0]["setups"]:
@@ -130,6 +138,8 @@ def print_table(report: dict[str, Any]) -> None:
         "x limit",
         "x primary",
         "promotion GiB/s",
+        "first request s",
+        "x vLLM's first",
     )
     lines = [head]
     for r in report["rows"]:
@@ -153,6 +163,8 @@ def print_table(report: dict[str, Any]) -> None:
                 fmt("vs_limit"),
                 fmt("vs_primary"),
                 promotion,
+                "-" if r.get("first") is None else first_request(r),
+                fmt("first_vs_vllm"),
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
@@ -162,6 +174,10 @@ def print_table(report: dict[str, Any]) -> None:
     for r in report["rows"]:
         if "medium" in r:
             print(f"  {r['title']}: {r['medium']} {r['raw_gib_s']:.3g} GiB/s ({r['raw_method']})")
+
+
+def first_request(row: dict[str, Any]) -> str:
+    return f"{row['first']:.3f} ({row['first_min']:.3f}-{row['first_max']:.3f})"
 
 
 def machine() -> dict[str, Any]:

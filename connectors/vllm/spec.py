@@ -145,7 +145,8 @@ class TieredOffloadingSpec(OffloadingSpec):
                 self.config.engine_id, self.region_layout, self.kvtier, "scheduler"
             )
             if self.kvtier.primary.prefault:
-                region.prefault()  # the tiers read into slots in this process
+                # the tiers read into slots in this process
+                region.prefault(sync=self.kvtier.primary.prefault_sync)
             slots = region.slots()
             block_bytes = self.region_layout.shard_bytes * self.region_layout.num_workers
 
@@ -190,7 +191,8 @@ class TieredOffloadingSpec(OffloadingSpec):
                 )
             else:
                 if self.kvtier.primary.prefault:
-                    region.prefault(rank)  # (pinning maps every page, for CUDA)
+                    # (pinning maps every page, for CUDA)
+                    region.prefault(rank, sync=self.kvtier.primary.prefault_sync)
                 engine = CpuCopyEngine(tensors, groups, shard, self.blocks_per_chunk)
             resources.engine = engine
         except BaseException:

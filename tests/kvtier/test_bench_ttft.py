@@ -95,12 +95,15 @@ def test_smoke_run_serves_every_return_from_its_set_up(tmp_path: Path, vllm_pyth
     assert list(rows) == ["engine hit", "vllm", *SOURCES]
     assert rows["vllm"]["vs_recompute"] == 1.0
     assert rows["primary"]["vs_primary"] == 1.0
+    assert rows["vllm"]["first_vs_vllm"] == 1.0  # each engine process's first request, measured
+    assert all({"first", "first_vs_vllm"} <= rows[name].keys() for name in SOURCES)
     for name in SOURCES:
         assert {"limit", "vs_limit", "vs_primary", "raw_gib_s"} <= rows[name].keys(), name
         if name != "primary":
             assert {"promotion_gib_s", "promotion_vs_raw"} <= rows[name].keys(), name
     for row in rows.values():
-        assert all(positive(v) for k, v in row.items() if k.startswith(("ttft", "vs_"))), row
+        timed = (v for k, v in row.items() if k.startswith(("ttft", "vs_", "first")))
+        assert all(positive(v) for v in timed), row
         assert all(positive(row[k]) for k in ("limit", "raw_gib_s", "promotion_vs_raw") if k in row)
     assert list(tmp_path.iterdir()) == []  # its scratch directory is gone
 

@@ -87,9 +87,19 @@ class PrimaryConfig:
     )
     prefault: bool = option(
         True,
-        help="Map the primary region's pages in the background from the start (a first write "
-        "to a fresh shared page costs about four times the copy): the whole capacity is "
-        "committed early instead of as slots are first used.",
+        help="Map the primary region's pages from the start (a first write to a fresh shared "
+        "page costs about four times the copy): the first `prefault_sync` bytes before the "
+        "engine serves, the rest in the background while the engine is idle; the whole "
+        "capacity is committed early instead of as slots are first used.",
+    )
+    prefault_sync: int = option(
+        1 << 30,
+        kind="size",
+        zero=True,
+        help="Bytes of the primary (the slots handed out first) that `prefault` maps before "
+        "the engine serves, on its start's thread (~0.4 s per GiB here, in each process that "
+        "maps the region); the rest is mapped by a background thread that waits while the "
+        "engine computes, so that no first request competes with it (0: all of it so).",
     )
     warm_start: int = option(
         0,

@@ -3,7 +3,10 @@ directory's byte count (`tiers.file.budget.Ledger`) before it writes, and report
 removed or idle.
 
 A writer reserves room before it writes (`take`): from what its tier was granted, or by asking
-the count for more (at least `chunk` at a time, so most puts touch no file). A grant keeps the
+the count for more (at least a chunk at a time, so most puts touch no file). A chunk is the
+writer's share of `RESERVED_SHARE` of the capacity among the writers the count has entries for
+(`_chunk`): however many engines write, the room they hold reserved and unwritten stays about
+that share (plus one object each), and the rest of the capacity holds objects. A grant keeps the
 count's total (landed bytes and every writer's room) within the directory's capacity. Landed and
 removed bytes, and room held unused for `IDLE_RETURN` seconds, are reported in the background
 (`flush`).
@@ -19,12 +22,14 @@ from collections.abc import Callable
 from tiering.errors import TierFull
 from tiers.file.budget import MAX_ENTRIES, WRAP, Ledger, LedgerState
 
-__all__ = ["IDLE_RETURN", "UNBOUNDED_CHUNK", "Credit"]
+__all__ = ["IDLE_RETURN", "RESERVED_SHARE", "UNBOUNDED_CHUNK", "Credit"]
 
 log = logging.getLogger(__name__)
 
 IDLE_RETURN = 1.0
 """Seconds room may lie reserved and unused before it is given back."""
+RESERVED_SHARE = 1 / 32
+"""The share of a directory's capacity its writers' chunks add up to at most."""
 UNBOUNDED_CHUNK = 4 << 20
 """The room a tier with no capacity takes at a time while its directory has none recorded:
 its bytes count all the same, and once a capacity is recorded it holds at most this much."""
@@ -97,7 +102,6 @@ class Credit:
                 self._room -= n
                 return True
             landed, removed = self._landed, self._removed
-            asks = (max(n - self._room, self.chunk), n - self._room)
             now = time.time()
             granted: list[int] = []
 
@@ -110,7 +114,10 @@ class Credit:
                 if (capacity is None or not state.needs_scan) and (  # a count not made yet
                     self.ident in state.entries or len(state.entries) < MAX_ENTRIES
                 ):
-                    for ask in asks:
+                    chunk = self.chunk
+                    if capacity is not None:  # this writer's share, with the others'
+                        chunk = min(chunk, _chunk(capacity, len(state.entries) + 1))
+                    for ask in (max(n - self._room, chunk), n - self._room):
                         if capacity is None or state.total + mine + ask <= capacity:
                             granted.append(ask)
                             mine += ask
@@ -202,6 +209,7 @@ class Credit:
             return True
 
 
-def _chunk(capacity: int) -> int:
-    """The room a tier takes at a time in a directory of `capacity` bytes."""
-    return min(max(capacity // 64, 4096), 64 << 20)
+def _chunk(capacity: int, writers: int = 1) -> int:
+    """The room a tier takes at a time in a directory of `capacity` bytes that `writers`
+    tiers write to (itself included)."""
+    return min(max(int(capacity * RESERVED_SHARE) // max(writers, 1), 4096), 64 << 20)

@@ -57,9 +57,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-HIGH = 31 / 32
+HIGH = 63 / 64
 """A sweep starts when the directory holds more than this share of its capacity."""
-LOW = 15 / 16
+LOW = 31 / 32
 """A sweep ends when the directory holds at most this share of its capacity."""
 TICK = 0.02
 """Seconds between two looks at the count by the sweeper while writes land (or wait); 0.25 s

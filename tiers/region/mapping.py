@@ -254,19 +254,22 @@ class PrimaryRegion:
 
     # -- prefault ------------------------------------------------------------------------------
 
-    def prefault(self, rank: int | None = None) -> bool:
-        """Map the slots' pages writable in this process, on a background thread, slot 0
-        first (the order in which a fresh pool hands slots out); with `rank`, only that
-        worker's shard of each slot. A first write to a fresh page of shared memory costs the
-        kernel an allocation, zeroing and a page-table entry per page (what that costs the first
-        copies: BENCHMARKS.md, "Time to first token"). Nothing is written; the pages count as
-        used from then on.
+    def prefault(self, rank: int | None = None, sync: int = 0) -> bool:
+        """Map the slots' pages writable in this process, slot 0 first (the order in which a
+        fresh pool hands slots out): the slots of the region's first `sync` bytes before
+        returning, the others on a background thread that maps while the process's other
+        threads are idle (`tiers.region.prefault`); with `rank`, only that worker's shard of
+        each slot. A first write to a fresh page of shared memory costs the kernel an
+        allocation, zeroing and a page-table entry per page (what that costs the first copies,
+        and what a prefault running beside them costs the first requests: BENCHMARKS.md).
+        Nothing is written; the pages count as used from then on.
 
         Returns False (nothing started) where the kernel lacks MADV_POPULATE_WRITE (before
         Linux 5.14) or the region is closed; the copies are then as before, slower at first."""
         if self._prefault.started or self._mmap is None:
             return self._prefault.started
-        return self._prefault.start(self.address, self.layout, rank, self.path)
+        sync_slots = -(-sync // self.layout.slot_stride)
+        return self._prefault.start(self.address, self.layout, rank, self.path, sync_slots)
 
     def prefault_done(self, timeout: float | None = None) -> bool:
         """Wait up to `timeout` seconds for the prefault; whether it has ended (or none runs)."""
