@@ -46,6 +46,7 @@ def run_fleet(args: argparse.Namespace, memory: int) -> int:
                 args.seed,
                 args.block_bytes,
                 progress.update,
+                args.shared_blocks,
             )
         )
         progress.close()
@@ -93,12 +94,16 @@ def _lines(r: FleetResult) -> list[str]:
             )
         )
     capacity = "unbounded" if r.store_capacity is None else f"{r.store_capacity:,}"
+    if r.capacity_blocks is not None:
+        capacity += f" ({r.capacity_blocks:,} blocks of {r.object_bytes:,} bytes there)"
     share = f" ({100 * r.store_peak_bytes / r.store_capacity:.1f}%)" if r.store_capacity else ""
     evictions = r.store_counters.get("evictions")
     if r.store_bytes is None or r.store_objects is None:
         held = f"not readable at the end ({r.store_error})"
     else:
         held = f"{r.store_bytes:,} bytes in {r.store_objects:,} objects at the end"
+        if r.capacity_blocks:
+            held += f" ({100 * r.store_objects / r.capacity_blocks:.1f}% of its blocks)"
     store = f"shared tier {r.tier}: {held}, at most {r.store_peak_bytes:,}{share} of {capacity}" + (
         "" if evictions is None else f"; {evictions:,} evictions"
     )

@@ -64,7 +64,16 @@ def add_parser(commands: Any) -> None:
         "--block-bytes",
         type=argtypes.count(1, MAX_BLOCK_BYTES),
         help="with --config: bytes of each synthesized block (default 4096; with --engines, "
-        f"{FLEET_BLOCK_BYTES}: hit rates do not depend on it, and N primaries stay small)",
+        f"{FLEET_BLOCK_BYTES}, N primaries stay small). Hit rates depend on the blocks a tier "
+        "holds, not on their bytes: give a shared tier's capacity in blocks with --shared-blocks",
+    )
+    parser.add_argument(
+        "--shared-blocks",
+        type=argtypes.count(1, MAX_CAPACITY),
+        metavar="N",
+        help="with --engines: the shared tier holds N blocks, its capacity N times what one "
+        "synthesized block takes on its medium (a files directory's alignment included), "
+        "instead of the config's capacity in bytes",
     )
     parser.add_argument(
         "--requests", type=argtypes.count(1, 10**9), help="replay only the first N requests"
@@ -100,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         args.route = "sticky" if args.route is None else args.route
         args.seed = 0 if args.seed is None else args.seed
         return run_fleet(args, _physical_memory())
-    if args.route is not None or args.seed is not None:
-        raise ConfigError("--route and --seed need --engines N")
+    if args.route is not None or args.seed is not None or args.shared_blocks is not None:
+        raise ConfigError("--route, --seed and --shared-blocks need --engines N")
     if args.config is not None:
         return run_tiered(args)
     for name in args.policy:

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvtier.fleet.figures import EngineFigures, FleetResult
+from kvtier.fleet.footprint import object_footprint, with_capacity
 from kvtier.fleet.routing import ROUTES, route_requests, session_of
 from kvtier.fleet.run import Fleet, FleetRun
 from kvtier.trace import TraceRequest, trace_keys
@@ -92,12 +93,18 @@ def replay_fleet(
     seed: int = 0,
     block_bytes: int = 4096,
     progress: Callable[[int], None] | None = None,
+    shared_blocks: int | None = None,
 ) -> FleetResult:
     """Replay `requests` through `engines` managers of `capacity` primary blocks of
     `block_bytes` each, over the one secondary tier of `config`, routed by `route` with
     `seed` (module docstring). `ConfigError` as `check_fleet` says; `progress` is called with
-    the number of requests done."""
+    the number of requests done. `shared_blocks`: the shared tier holds that many blocks, its
+    capacity that many times what one takes there (`kvtier.fleet.footprint`), instead of the
+    config's bytes."""
     check_fleet(config, engines, route)
+    one = object_footprint(config, block_bytes)
+    if shared_blocks is not None:
+        config = with_capacity(config, shared_blocks * one)
     tier = config.tiers[0]
     assignment = route_requests(requests, engines, route, seed)
     keys = trace_keys(requests)
@@ -128,4 +135,5 @@ def replay_fleet(
         store_counters=counters,
         store_error=None if store is not None else fleet.store_error,
         seconds=time.perf_counter() - started,
+        object_bytes=one,
     )

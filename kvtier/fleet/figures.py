@@ -153,6 +153,15 @@ class FleetResult:
     store_error: str | None
     """Why the store could not say what it holds at the end (None: it did)."""
     seconds: float
+    object_bytes: int = 0
+    """What one synthesized block takes in the shared tier (`kvtier.fleet.footprint`)."""
+
+    @property
+    def capacity_blocks(self) -> int | None:
+        """The shared tier's capacity in synthesized blocks (None: unbounded)."""
+        if self.store_capacity is None or not self.object_bytes:
+            return None
+        return self.store_capacity // self.object_bytes
 
     @property
     def hit_rate(self) -> float:
@@ -179,6 +188,8 @@ class FleetResult:
                 "bytes_used": self.store_bytes,
                 "peak_bytes": self.store_peak_bytes,
                 "capacity": self.store_capacity,
+                "capacity_blocks": self.capacity_blocks,
+                "object_bytes": self.object_bytes,
                 "counters": dict(self.store_counters),
                 "error": self.store_error,
             },

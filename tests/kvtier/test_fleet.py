@@ -340,8 +340,14 @@ class TestCommandLine:
             (["--engines", "0"], "argument --engines: expected an integer from 1 to 256, got '0'"),
             (["--engines", "257"], "argument --engines: expected an integer from 1 to 256"),
             (["--engines", "2", "--route", "rr"], "argument --route: invalid choice: 'rr'"),
-            (["--route", "random"], "kvtier replay: error: --route and --seed need --engines N"),
-            (["--seed", "1"], "kvtier replay: error: --route and --seed need --engines N"),
+            (
+                ["--route", "random"],
+                "kvtier replay: error: --route, --seed and --shared-blocks need --engines N",
+            ),
+            (
+                ["--seed", "1"],
+                "kvtier replay: error: --route, --seed and --shared-blocks need --engines N",
+            ),
         ],
     )
     def test_bad_flags_exit_2_with_one_line(

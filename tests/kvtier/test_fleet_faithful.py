@@ -1,0 +1,73 @@
+"""`kvtier replay --engines N` is faithful to the shared tier's medium (issue 44): given the
+shared tier's capacity in blocks (`--shared-blocks`), the memory stand-in and a real `files`
+directory land within half a point of an independent replay of the same model
+(tests/helpers/fleet_model.py), and the capacity is reported in blocks as well as bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvtier.cli import main
+from tests.helpers.fleet_model import model_hit_rate, read_requests
+from tests.helpers.paths import SHIPPED_TRACES
+
+TRACE = SHIPPED_TRACES / "mooncake_conversation_trace.jsonl.gz"
+
+
+def trace() -> Path:
+    return TRACE
+
+
+def replay(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tier: dict[str, object],
+    n: int,
+    primary: int,
+    shared: int,
+) -> dict[str, object]:
+    config = tmp_path / "fleet.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "primary": {"eviction": "lru"},
+                "promotion": {"gate": "always", "deadline": "10s"},
+                "faults": {"timeout": "10s"},
+                "tiers": [{"name": "shared", "write": "through", "capacity": 4096, **tier}],
+            }
+        )
+    )
+    args = ["replay", str(trace()), "--config", str(config), "--engines", "8", "--route"]
+    args += ["random", "--capacity", str(primary), "--shared-blocks", str(shared)]
+    assert main([*args, "--requests", str(n), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["results"][0]
+    assert isinstance(result, dict)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("tier", "n", "primary", "shared"),
+    [({"type": "memory"}, 1500, 300, 3000), ({"type": "file", "path": "DIR"}, 300, 60, 600)],
+    ids=["memory", "files"],
+)
+def test_the_replay_lands_within_half_a_point_of_the_by_use_model(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    tier: dict[str, object],
+    n: int,
+    primary: int,
+    shared: int,
+) -> None:
+    tier = {k: str(tmp_path / "dir") if v == "DIR" else v for k, v in tier.items()}
+    result = replay(tmp_path, capsys, tier, n, primary, shared)
+    model = model_hit_rate(read_requests(trace(), n), 8, primary, shared)
+    got = result["fleet"]["hit_rate"]  # type: ignore[index]
+    assert model > 0.02  # (the shared tier matters here)
+    assert abs(got - model) <= 0.005, (got, model)
+    store = result["shared_tier"]  # type: ignore[index]
+    assert store["capacity_blocks"] == shared
+    assert store["capacity"] == shared * store["object_bytes"]
