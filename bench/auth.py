@@ -125,8 +125,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--megabytes", type=int, default=128, help="moved per run and size")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (a real disk)")
+    parser.add_argument(
+        "--seal-in-threads",
+        default=None,
+        help="the block size from which sealing runs on the sealing threads (default: the "
+        "product's, tiering.tier.envelope.SEAL_IN_THREADS; 'never' keeps it on the loop)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.seal_in_threads is not None:
+        never = args.seal_in_threads == "never"
+        Tier.seal_in_threads = (
+            1 << 62 if never else parse_size(args.seal_in_threads, "--seal-in-threads")
+        )
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
     chosen = args.tiers.split(",")
     unknown = set(chosen) - set(TIERS)

@@ -9,23 +9,33 @@ written to and read from the tiers, checked on the way back):
 - primary + a memory tier (write-through, a quarter of the primary's size) + the file tier:
   the "two tiers configured" case for the cost comparison.
 
+With `--manifest S` (issue 33, item 7) the set-ups are two instead: primary + the file tier
+(write-back) without a manifest of use, and the same with a warm start on and its manifest
+written every S seconds (`primary.warm_manifest_interval`; 60 by default), in the same
+rotation; and one manifest of `--manifest-keys` keys (a 100 GiB primary of 2 MiB blocks: 51,200)
+is timed apart, as the recorder makes it: the pass under the step lock (what the scheduler can
+wait for), the encoding and the write to a files directory.
+
 Each replay pauses after every step for the model's step, which streams 16 MiB through the
 caches (kvtier/replay.py, `ENGINE_SWEEP_BYTES`), in every setup. With `--repeat N` the setups
 run N times each in rotated order; timings are medians and the cost ratio is the median of each
 round's ratio to the primary alone's run of the same round.
 
     python bench/tiering.py [--capacity 6553] [--requests N] [--block-bytes 4096] [--repeat N]
-                            [--dir DIR] [--json]
+                            [--dir DIR] [--manifest S [--manifest-keys N]] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import hashlib
 import json
 import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +46,12 @@ if str(ROOT) not in sys.path:
 from kvtier.replay import replay_tiered  # noqa: E402
 from kvtier.trace import load_trace  # noqa: E402
 from tiering.config import parse_config  # noqa: E402
-from tiering.manager.counters import BOOKKEEPING_SECONDS  # noqa: E402
+from tiering.keys import BlockKey  # noqa: E402
+from tiering.manager.counters import BOOKKEEPING_SECONDS, MANIFESTS_WRITTEN  # noqa: E402
+from tiering.manager.manifest import Manifest, encode, record_name  # noqa: E402
+from tiering.primary import PrimaryPool  # noqa: E402
+from tiering.testing import NAMESPACE  # noqa: E402
+from tiers.file import BlockFileTier  # noqa: E402
 
 DEFAULT_TRACE = ROOT / "bench" / "traces" / "mooncake_conversation_trace.jsonl.gz"
 
@@ -49,6 +64,14 @@ def main() -> int:
     parser.add_argument("--block-bytes", type=int, default=4096)
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory on a real disk")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each setup (median)")
+    parser.add_argument(
+        "--manifest",
+        type=float,
+        default=None,
+        metavar="S",
+        help="compare the file tier without and with a manifest of use written every S seconds",
+    )
+    parser.add_argument("--manifest-keys", type=int, default=51_200, help="keys of the timed one")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     trace = load_trace(args.trace)
@@ -88,6 +111,18 @@ def main() -> int:
             ],
         },
     }
+    if args.manifest is not None:
+        file_only = configs["primary + file"]
+        manifest = {
+            **base,
+            "primary": {
+                "eviction": "lru",
+                "warm_start": args.capacity * args.block_bytes,
+                "warm_manifest_interval": args.manifest,
+            },
+            "tiers": [{**file_only["tiers"][0], "path": str(scratch / "m")}],
+        }
+        configs = {"primary + file": file_only, "primary + file + manifest": manifest}
     names = list(configs)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
@@ -103,6 +138,7 @@ def main() -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     rows = [_median_row(runs[name], runs[names[0]]) for name in names]
+    one = None if args.manifest is None else manifest_write_cost(args.manifest_keys, args.dir)
     if args.json:
         print(
             json.dumps(
@@ -111,6 +147,7 @@ def main() -> int:
                     "requests": len(requests),
                     "repeat": args.repeat,
                     "rows": rows,
+                    "manifest": one,
                 },
                 indent=2,
                 default=str,
@@ -144,7 +181,61 @@ def main() -> int:
             f"{'':<24} us per block handed to any call: {row['us_per_block_handed_all']:.2f} "
             f"(x{row['handed_ratio']:.2f})"
         )
+        if row["manager"].get(MANIFESTS_WRITTEN):
+            print(f"{'':<24} manifests written: {row['manager'][MANIFESTS_WRITTEN]:.0f}")
+    if one is not None:
+        print(
+            f"one manifest of {one['keys']:,} keys ({one['bytes']:,} bytes), median of "
+            f"{one['repeat']}: pass under the step lock {1e3 * one['pass_s']:.1f} ms, encoding "
+            f"{1e3 * one['encode_s']:.1f} ms, write to a files directory "
+            f"{1e3 * one['write_s']:.1f} ms; every {args.manifest:g} s: "
+            f"{100 * one['total_s'] / args.manifest:.3f} % of one thread"
+        )
     return 0
+
+
+def manifest_write_cost(keys: int, where: Path | None, repeat: int = 5) -> dict[str, Any]:
+    """One manifest of `keys` vLLM-sized keys (36 bytes), made as the recorder makes it:
+    `PrimaryPool.hottest` over a full LRU pool, `encode`, `write_record` to a files
+    directory (temporary file, fsync, rename); median seconds of each over `repeat`."""
+    pool = PrimaryPool(keys, "lru")
+    stored = [
+        BlockKey(hashlib.sha256(i.to_bytes(8, "big")).digest() + b"\0" * 4) for i in range(keys)
+    ]
+    grant = pool.prepare_store(stored)
+    assert grant is not None
+    pool.complete_store(set(grant.keys))
+    scratch = Path(tempfile.mkdtemp(prefix="kvtier-manifest-", dir=where))
+    times: dict[str, list[float]] = {"pass_s": [], "encode_s": [], "write_s": []}
+    size = 0
+
+    async def write(data: bytes) -> None:
+        async with BlockFileTier(name="nvme", path=scratch, min_free=0, namespace=NAMESPACE) as t:
+            began = time.perf_counter()
+            await t.write_record(record_name("bench"), data)
+            times["write_s"].append(time.perf_counter() - began)
+
+    try:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            order = pool.hottest(pool.num_slots)
+            t1 = time.perf_counter()
+            data = encode(Manifest(NAMESPACE, "bench", order))
+            t2 = time.perf_counter()
+            times["pass_s"].append(t1 - t0)
+            times["encode_s"].append(t2 - t1)
+            size = len(data)
+            asyncio.run(write(data))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    figures = {what: statistics.median(values) for what, values in times.items()}
+    return {
+        "keys": keys,
+        "bytes": size,
+        "repeat": repeat,
+        **figures,
+        "total_s": sum(figures.values()),
+    }
 
 
 def _row(name: str, r: Any) -> dict[str, Any]:

@@ -66,6 +66,7 @@ if str(ROOT) not in sys.path:
 
 from bench import media  # noqa: E402
 from bench.ttft_report import SETUPS, Progress, machine, print_table, summarize  # noqa: E402
+from bench.ttft_restart import RESTART_SETUPS as RESTART  # noqa: E402
 from kvtier.cli.common import PLACEHOLDER  # noqa: E402
 from kvtier.demo import MODEL as DEMO_MODEL  # noqa: E402
 from kvtier.scenario import run_scenario  # noqa: E402
@@ -175,9 +176,12 @@ class Bench:
         tiers: list[dict[str, Any]] | None,
         settle: bool = False,
         warm_start: int = 0,
+        primary: dict[str, Any] | None = None,
+        **more: Any,
     ) -> dict[str, Any]:
         """One engine process serving `prompts` in turn; `tiers` None: without kvtier;
-        `warm_start`: the primary's `warm_start` in bytes."""
+        `warm_start`: the primary's `warm_start` in bytes; `primary`: more of the primary's
+        options; `more`: more of the scenario's keys (`kvtier.scenario`)."""
         w = self.workload
         extra = None
         if tiers is not None:
@@ -187,7 +191,11 @@ class Bench:
                 "spec_module_path": "connectors.vllm",
                 "kvtier": {
                     "version": 1,
-                    "primary": {"capacity": f"{max(capacity, 8)}MiB", "warm_start": warm_start},
+                    "primary": {
+                        "capacity": f"{max(capacity, 8)}MiB",
+                        "warm_start": warm_start,
+                        **(primary or {}),
+                    },
                     "tiers": tiers,
                     "promotion": {"gate": "always", "deadline": DEADLINE},
                 },
@@ -201,6 +209,7 @@ class Bench:
             "extra": extra,
             "settle": settle,
             **({"model": w.model} if w.model is not None else {}),
+            **more,
         }
         return run_scenario(self.python, scenario, self.runs)
 
@@ -388,8 +397,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=None, help="keep the model here")
     parser.add_argument("--vllm-python", type=Path, default=None, help="vLLM environment's python")
     parser.add_argument("--smoke", action="store_true", help="tiny model, short prompts (CI)")
+    parser.add_argument(
+        "--restart",
+        default=None,
+        help=f"run the restart set-up (bench/ttft_restart.py) instead, of {', '.join(RESTART)}",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.restart is not None:
+        from bench.ttft_restart import main as restart_main
+
+        return restart_main(args)
     setups = ["vllm"] + [s for s in args.setups.split(",") if s and s != "vllm"]
     unknown = [s for s in setups if s not in SETUPS]
     if unknown:

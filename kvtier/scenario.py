@@ -50,7 +50,9 @@ def run_scenario(
     costs), `prefix_caching_hash_algo`, `env`
     (variables for the engine; a null value removes one), `settle` (default False: after the
     prompts, step the engine until its stores and kvtier's demotions have ended, at most
-    `settle_timeout` seconds, default 120; in-process engines only). `uniproc` (default True) keeps
+    `settle_timeout` seconds, default 120; in-process engines only), `kill_after` (a crash:
+    after the prompts and the settling, the engine idles this many seconds, writes its result
+    and is killed with SIGKILL, no shutdown run). `uniproc` (default True) keeps
     scheduler and worker in one process; False is vLLM's default deployment, scheduler and
     worker in separate processes. `tensor_parallel_size` (default 1): above 1, one worker
     process per rank (vLLM's multiprocess executor; on CPUs give each rank its cores with

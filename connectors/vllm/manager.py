@@ -40,28 +40,21 @@ from connectors.vllm.versions import traits
 from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.manager import TierEvent, TieringOffloadingManager
-from tiering.manager.counters import (
-    MANAGER_COUNTERS,
-    MANAGER_METRICS,
-    TIER_COUNTERS,
-    WARM_REMAINING,
-    WARM_SOURCE,
+from tiering.manager.counters import MANAGER_METRICS, TIER_COUNTERS
+from tiering.manager.exported import (
+    BREAKER,
+    EXPORTED,
+    LATENCY,
+    LATENCY_BUCKETS,
+    READING,
+    USED,
+    WARM_GAUGES,
+    WRITING,
 )
 from tiering.manager.usage import USAGE_GAUGES
 from tiering.primary import LookupResult as KvtierLookup
 
 __all__ = ["CONFIG_INFO_KEYS", "KvtierManager", "config_info", "metric_definitions"]
-
-USED = "vllm:kvtier_primary_used_perc"
-WRITING = "vllm:kvtier_primary_write_perc"
-READING = "vllm:kvtier_primary_read_perc"
-BREAKER = "vllm:kvtier_tier_breaker_open"
-WARM_GAUGES = {
-    WARM_REMAINING: "vllm:kvtier_warm_remaining",
-    WARM_SOURCE: "vllm:kvtier_warm_source",
-}
-"""The warm start's gauges (their documentation: MANAGER_COUNTERS)."""
-LATENCY = "vllm:kvtier_tier_job_seconds"
 
 CONFIG_INFO_KEYS = (
     "kvtier_tier",
@@ -99,38 +92,21 @@ _LOOKUP = {
 
 
 def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
-    definitions: dict[str, OffloadingMetricMetadata] = {
-        USED: OffloadingGaugeMetadata(
-            documentation="Fraction of kvtier's CPU primary slots holding a block (any state)."
-        ),
-        WRITING: OffloadingGaugeMetadata(
-            documentation="Fraction of kvtier's CPU primary slots being written.",
-        ),
-        READING: OffloadingGaugeMetadata(
-            documentation="Fraction of kvtier's CPU primary slots pinned by loads and demotions."
-        ),
-        BREAKER: OffloadingGaugeMetadata(
-            documentation="1 while a tier's circuit breaker is open or half-open.",
-            labelnames=("tier",),
-        ),
-        LATENCY: OffloadingHistogramMetadata(
-            documentation="Duration of kvtier's tier jobs (checks, promotions, demotions).",
-            labelnames=("tier",),
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
-        ),
-    }
-    for name, metric in MANAGER_METRICS.items():  # (their documentation: MANAGER_COUNTERS)
-        definitions[metric] = OffloadingCounterMetadata(documentation=MANAGER_COUNTERS[name])
-    for name, metric in WARM_GAUGES.items():
-        definitions[metric] = OffloadingGaugeMetadata(documentation=MANAGER_COUNTERS[name])
-    for name, doc in TIER_COUNTERS.items():
-        definitions[f"vllm:kvtier_tier_{name}"] = OffloadingCounterMetadata(
-            documentation=doc, labelnames=("tier",)
-        )
-    for name, doc in USAGE_GAUGES.items():  # (set once the tier's usage has been polled)
-        definitions[f"vllm:kvtier_tier_{name}"] = OffloadingGaugeMetadata(
-            documentation=doc, labelnames=("tier",)
-        )
+    """vLLM's definitions of the metrics kvtier exports (`tiering.manager.exported`)."""
+    definitions: dict[str, OffloadingMetricMetadata] = {}
+    for m in EXPORTED:
+        if m.kind == "counter":
+            definitions[m.name] = OffloadingCounterMetadata(
+                documentation=m.documentation, labelnames=m.labels
+            )
+        elif m.kind == "gauge":
+            definitions[m.name] = OffloadingGaugeMetadata(
+                documentation=m.documentation, labelnames=m.labels
+            )
+        else:
+            definitions[m.name] = OffloadingHistogramMetadata(
+                documentation=m.documentation, labelnames=m.labels, buckets=LATENCY_BUCKETS
+            )
     return definitions
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -322,9 +323,17 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
     if scenario.get("settle"):
         settle(llm, float(scenario.get("settle_timeout", 120)))
     totals = {key: value - before[key] for key, value in _totals().items()}
+    result = {"outputs": outputs, "metrics": totals, "seconds": elapsed}
+    if scenario.get("kill_after") is not None:
+        # A crash: the engine idles `kill_after` seconds (kvtier's periodic work goes on), then
+        # its process is killed with SIGKILL, no shutdown run: its result is written first.
+        time.sleep(float(scenario["kill_after"]))
+        Path(scenario["result"]).write_text(json.dumps(result))
+        progress("killed")
+        os.kill(os.getpid(), signal.SIGKILL)
     progress("done")
     del llm
-    return {"outputs": outputs, "metrics": totals, "seconds": elapsed}
+    return result
 
 
 def _totals() -> dict[str, float]:
@@ -403,5 +412,5 @@ primary), disk (promoted from a file tier), remote (from Redis or S3)."""
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    result = run(json.loads(Path(sys.argv[1]).read_text()))
+    result = run({**json.loads(Path(sys.argv[1]).read_text()), "result": sys.argv[2]})
     Path(sys.argv[2]).write_text(json.dumps(result))

@@ -23,9 +23,10 @@ from kvtier.cli.common import (
     tier_config,
 )
 from kvtier.operations import read_block
-from tiering.config import load_config, tier_from_config
+from tiering.config import Config, TierConfig, load_config, tier_from_config
 from tiering.errors import CorruptObject, TierError, TierUnavailable
 from tiering.keys import BlockKey
+from tiering.manager.manifest import ManifestRefused, decode, engine_identity, record_name
 from tiering.tier import NamespaceUsage, Tier, as_key
 from tiering.tier.format import check_object
 
@@ -58,8 +59,10 @@ def add_parsers(commands: Any) -> None:
 
 def run_stats(args: argparse.Namespace) -> int:
     """Every namespace each tier's store holds, whoever wrote it (`Tier.usage`), with the
-    store's totals and the tier's capacity. JSON: one row per tier and namespace (a tier
-    holding none: one row, namespace null), each with the store's totals beside."""
+    store's totals and the tier's capacity, and this engine's last manifest of use there
+    (`primary.engine_id`, else this host's identity): its age and its writer's warm start as
+    it stood then (`warm`). JSON: one row per tier and namespace (a tier holding none: one
+    row, namespace null), each with the store's totals beside."""
     config = load_config(args.config)
     chosen = [tier_config(config, args.tier)] if args.tier else list(config.tiers)
     now = time.time()
@@ -78,6 +81,7 @@ def run_stats(args: argparse.Namespace) -> int:
             }
             listed: list[NamespaceUsage | None] = [*usage] or [None]
             for u in listed:
+                warm = None if u is None else await last_warm_start(config, cfg, u.namespace, now)
                 rows.append(
                     store
                     | {
@@ -88,13 +92,14 @@ def run_stats(args: argparse.Namespace) -> int:
                         "idle_seconds": None
                         if u is None or u.last_write is None
                         else max(0.0, now - u.last_write),
+                        "warm": warm,
                     }
                 )
         return rows
 
     rows = asyncio.run(gather())
     lines: list[tuple[str, ...]] = [
-        ("tier", "type", "namespace", "objects", "bytes", "last write", "idle", "capacity")
+        ("tier", "type", "namespace", "objects", "bytes", "last write", "idle", "capacity", "warm")
     ]
     for r in rows:
         if r["namespace"] is not None:
@@ -108,6 +113,7 @@ def run_stats(args: argparse.Namespace) -> int:
                     format_time(r["last_write"]),
                     format_age(r["idle_seconds"]),
                     "",
+                    warm_line(r["warm"]),
                 )
             )
     for tier in dict.fromkeys(r["tier"] for r in rows):
@@ -123,9 +129,48 @@ def run_stats(args: argparse.Namespace) -> int:
                 "",
                 "",
                 f"{capacity:,}" if capacity else "-",
+                "",
             )
         )
     return emit(args, rows, table(lines))
+
+
+async def last_warm_start(
+    config: Config, cfg: TierConfig, namespace: bytes, now: float
+) -> dict[str, Any] | None:
+    """This engine's manifest of use in `namespace` of tier `cfg`, as `kvtier stats` shows it:
+    its age and blocks, and its writer's warm start as it stood at the write; None when there
+    is none (or the tier keeps no records), `{"refused": why}` when it is refused."""
+    engine = engine_identity(config.primary.engine_id, namespace)
+    async with tier_from_config(cfg, namespace, config, read_only=True) as tier:
+        try:
+            data = await tier.read_record(record_name(engine))
+            if data is None:
+                return None
+            found = decode(data, namespace, engine)
+        except (CorruptObject, ManifestRefused) as e:
+            return {"engine": engine, "refused": str(e)}
+    w = found.warm
+    return {
+        "engine": engine,
+        "age_seconds": max(0.0, now - found.written_at),
+        "blocks": len(found.keys),
+        "ended": found.ended,
+        **{f"warm_{f}": getattr(w, f) for f in ("source", "planned", "read", "skipped")},
+        "warm_remaining": w.remaining,
+    }
+
+
+def warm_line(warm: dict[str, Any] | None) -> str:
+    if warm is None:
+        return ""
+    if "refused" in warm:
+        return f"manifest refused ({warm['refused']})"
+    return (
+        f"manifest of {warm['blocks']:,} blocks, {format_age(warm['age_seconds'])} old; its "
+        f"warm start: {warm['warm_source']}, {warm['warm_read']}/{warm['warm_planned']} read, "
+        f"{warm['warm_skipped']} skipped, {warm['warm_remaining']} left"
+    )
 
 
 async def header_fields(tier: Tier, key: BlockKey) -> dict[str, Any]:

@@ -37,7 +37,10 @@ def misbehaving(mode: str, protocol: str, interval: float = 0.5) -> Iterator[str
     connections: list[socket.socket] = []
 
     def serve(conn: socket.socket) -> None:
-        conn.settimeout(interval)
+        try:
+            conn.settimeout(interval)
+        except OSError:  # closed at the end before this thread ran
+            return
         answer = _ANSWERS[protocol]
         sent = 0
         while not stop.is_set():

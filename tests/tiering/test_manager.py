@@ -805,6 +805,7 @@ def test_shutdown_writes_what_write_through_tiers_were_still_to_get(
     h.manager.shutdown()
     assert stored(tier, k(1)) is not None and stored(tier, k(2)) is not None
     assert h.manager.stats()["tiers"]["mem"]["demotions"] == 2
+    assert h.manager.stats()["tiers"]["mem"]["bytes_demoted"] == 2 * BLOCK
 
 
 def file_tier(path: Any, name: str = "nvme") -> Tier:

@@ -37,6 +37,7 @@ from tiering.policies import ARCPolicy, LRUPolicy
 from tiering.primary import KeyState
 from tiering.testing import NAMESPACE
 from tiering.tier import Tier
+from tiering.tier.wrappers import ForwardingTier
 from tiers.file import BlockFileTier, SegmentFileTier
 from tiers.memory import MemoryTier
 
@@ -354,10 +355,37 @@ def test_two_live_engines_of_one_identity_on_one_store_are_told_so(
     assert again.manager.counters[MANIFEST_CLASHES] == 0
 
 
+class SlowRecords(ForwardingTier):
+    """A files directory whose record writes take `SLOW_WRITE` seconds (a slow store)."""
+
+    async def _write_record(self, name: str, blob: bytes) -> bool:
+        await asyncio.sleep(SLOW_WRITE)
+        return await super()._write_record(name, blob)
+
+
+SLOW_WRITE = 0.03
+
+
+def test_manifest_writes_take_at_most_one_percent_of_the_time_however_short_the_interval(
+    make: Callable[..., Harness], tmp_path: Path
+) -> None:
+    """An interval of 10 ms to a store whose writes take 30 ms: after the first write the next
+    waits 100 times its time (3 s and more), not the interval: a second sees no other."""
+    tier = SlowRecords(file_tier(tmp_path))
+    h = make([(THROUGH, tier)], slots=16, primary=warm(2, warm_manifest_interval=0.01))
+    recorder = h.manager.recorder
+    assert recorder is not None
+    wait_for(h, lambda: recorder.written >= 1)
+    time.sleep(1.0)
+    assert recorder.written == 1
+    assert recorder.pause >= 100 * SLOW_WRITE
+
+
 def test_kvtier_manifest_shows_the_order_and_the_last_warm_start(
     make: Callable[..., Harness], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The manifest an engine left, read-only: its keys hottest first and its warm start."""
+    """The manifest an engine left, read-only: its keys hottest first and its warm start, also
+    in `kvtier stats`."""
     import json
 
     from kvtier.cli import main
@@ -376,3 +404,10 @@ def test_kvtier_manifest_shows_the_order_and_the_last_warm_start(
     assert shown["engine"] == "gpu-0" and shown["ended"] and shown["blocks"] == 10
     assert shown["warm_source"] == "newest"
     assert main(["manifest", "--config", str(config), "--tier", "nvme", "--engine", "x"]) == 1
+    code = main(["stats", "--config", str(config), "--json"])
+    (row,) = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert row["warm"]["engine"] == "gpu-0" and row["warm"]["blocks"] == 10
+    assert row["warm"]["warm_source"] == "newest" and row["warm"]["warm_remaining"] == 0
+    assert main(["stats", "--config", str(config)]) == 0
+    assert "manifest of 10 blocks" in capsys.readouterr().out

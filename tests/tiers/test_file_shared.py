@@ -31,7 +31,14 @@ def tier(path: Path, **options: object) -> BlockFileTier:
 
 
 def object_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*.kv"))
+    """The bytes of the objects in `path` (one the sweeper removes meanwhile counts none)."""
+    total = 0
+    for found in path.rglob("*.kv"):
+        try:
+            total += found.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
 
 
 # -- the count -------------------------------------------------------------------------------------

@@ -231,3 +231,26 @@ def test_rekey_resumes_from_its_journal_and_keeps_old_copies_when_told(
     new = fleet[1]
     new.configure(_config(tmp_path, url, "KVTIER_NEW"))
     assert new.found(range(200, 206))[0] == list(range(200, 206))
+
+
+def test_a_restart_during_a_rotation_follows_the_manifest_written_under_the_old_secret(
+    tmp_path: Path, redis_server: RedisServer, fleet: list[Engine], loop: asyncio.AbstractEventLoop
+) -> None:
+    """An engine that restarts with the new secret (the old one in `previous`) finds the
+    manifest of use its previous run wrote under the old secret's names, and the blocks it
+    names through them."""
+    from tiering.manager.manifest import Manifest, encode, read_manifest, record_name
+
+    url = redis_server.url
+    old, new = fleet[0], fleet[1]
+    old.configure(_config(tmp_path, url, "KVTIER_OLD"))
+    old.write(range(300, 303))
+    for tier in old.tiers:
+        manifest = Manifest(tier.namespace, "e1", [key(i) for i in (302, 300)], ended=True)
+        loop.run_until_complete(tier.write_record(record_name("e1"), encode(manifest)))
+    old.close()
+    new.configure(_config(tmp_path, url, "KVTIER_NEW", ("KVTIER_OLD",)))
+    stored = store_namespace(NAMESPACE, NEW.encode())
+    found, why = loop.run_until_complete(read_manifest(new.tiers, stored, "e1"))
+    assert found is not None and list(found.keys) == [key(302), key(300)], why
+    assert new.found(range(300, 303)) == [[300, 301, 302]] * 2

@@ -81,6 +81,7 @@ GATED: Final = _count(
 )
 ERRORS: Final = _count("errors", "tier", "Tier jobs that failed (the breaker counts these).")
 BYTES_PROMOTED: Final = _count("bytes_promoted", "tier", "Bytes promoted from the tier.")
+BYTES_DEMOTED: Final = _count("bytes_demoted", "tier", "Bytes of the blocks written to the tier.")
 PROMOTION_SECONDS: Final = _count(
     "promotion_seconds",
     "tier",

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from tiering.errors import TierError
 from tiering.keys import BlockKey
 from tiering.manager.counters import (
+    BYTES_DEMOTED,
     DEMOTION_FAILURES,
     DEMOTIONS,
     DEMOTIONS_DROPPED,
@@ -320,6 +321,7 @@ class Demoter:
         outcomes = answers(result, len(keys), result.error or TierError("malformed answer"))
         stored = [key for key, outcome in zip(keys, outcomes, strict=True) if outcome is None]
         state.counters[DEMOTIONS] += len(stored)
+        state.counters[BYTES_DEMOTED] += len(stored) * len(self.slot_view(0))  # slots are alike
         state.counters[DEMOTION_FAILURES] += len(keys) - len(stored)
         if stored:
             if not state.indexed:  # an indexed tier knows it has them

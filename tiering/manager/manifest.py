@@ -40,6 +40,7 @@ from tiering.config.schema import ENGINE_ID
 from tiering.errors import ConfigError, CorruptObject, TierError
 from tiering.keys import BlockKey
 from tiering.tier import Tier
+from tiering.tier.rotation import RotatingTier
 
 __all__ = [
     "ENGINE_ID",
@@ -196,19 +197,26 @@ def decode(data: bytes, namespace: bytes, engine: str) -> Manifest:
 async def read_manifest(
     tiers: Sequence[Tier], namespace: bytes, engine: str
 ) -> tuple[Manifest | None, str]:
-    """The newest usable manifest of `engine` among `tiers` (each asked once, in order), and a
-    line saying where it came from or why there is none. A refused one is logged (one line
+    """The newest usable manifest of `engine` among `tiers` (each asked once, in order; a tier
+    during a rotation of its secret, `RotatingTier`, in each previous secret's names too, where
+    a manifest names their namespace), and a line saying where it came from or why there is
+    none. A refused one is logged (one line
     each) and never followed; a tier that cannot answer is passed over."""
     found: Manifest | None = None
     source = ""
     refusals: list[str] = []
     name = record_name(engine)
-    for tier in tiers:
+    asked: list[tuple[Tier, bytes]] = []
+    for tier in tiers:  # during a rotation, each previous secret's names too (their namespace)
+        asked.append((tier, namespace))
+        if isinstance(tier, RotatingTier):
+            asked += [(old, old.namespace) for old in tier.previous]
+    for tier, expected in asked:
         try:
             data = await tier.read_record(name)
             if data is None:
                 continue
-            manifest = decode(data, namespace, engine)
+            manifest = decode(data, expected, engine)
         except (CorruptObject, ManifestRefused) as e:
             line = f"tier {tier.name!r}: {e.reason}"
             refusals.append(line)

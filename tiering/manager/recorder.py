@@ -8,6 +8,12 @@ never on the scheduler's thread: it tries the lock and tries again a tick later)
 another, off the lock. A write that fails is logged once per tier and tried again at the next
 interval; the last complete manifest stays where it was (a record is replaced atomically).
 
+Bounded in size and rate: a manifest names at most the primary's slots (1 + key bytes each),
+and the next periodic write waits the interval or `DUTY` times the last write's wall time
+(its pass under the lock, encoding, and every tier's write), whichever is longer, so that the
+recorder spends at most 1/`DUTY` of the runtime's time on manifests, however short the
+interval or slow the tiers.
+
 Once at start it writes the manifest the warm start follows (the last run's order, which the
 engine has not replaced yet) under its own session: the store then says at once that an
 engine of this identity is alive, so one started later with the same identity is told so
@@ -23,6 +29,7 @@ import contextlib
 import logging
 import os
 import secrets
+import time
 from collections.abc import Callable, Sequence
 
 from tiering.errors import TierError
@@ -42,9 +49,12 @@ from tiering.primary import PrimaryPool
 from tiering.runtime import TICK, Runtime
 from tiering.tier import Tier
 
-__all__ = ["ManifestRecorder"]
+__all__ = ["DUTY", "ManifestRecorder"]
 
 log = logging.getLogger(__name__)
+
+DUTY = 100
+"""A periodic write waits at least this many times the last one's wall time (1 %)."""
 
 
 class ManifestRecorder:
@@ -73,6 +83,8 @@ class ManifestRecorder:
         self.engine, self.interval, self.progress = engine, interval, progress
         self.session = secrets.randbits(63)
         self.written = 0
+        self.pause = interval
+        """Seconds before the next periodic write: the interval, or `DUTY` times the last."""
         self._first = None if first is None else list(first)
         self._said: set[str] = set()
         self._clashed = False
@@ -128,14 +140,16 @@ class ManifestRecorder:
             first, self._first = self._first, None
             await self.write(first)
         while not self._closed and self.interval > 0:
-            await asyncio.sleep(self.interval)
+            await asyncio.sleep(self.pause)
             while not self.lock.try_acquire():
                 await asyncio.sleep(TICK)
+            began = time.perf_counter()
             try:
                 keys = self.pool.hottest(self.pool.num_slots)
             finally:
                 self.lock.release()
             await self.write(keys)
+            self.pause = max(self.interval, DUTY * (time.perf_counter() - began))
 
     async def write(self, keys: Sequence[BlockKey], *, ended: bool = False) -> None:
         """Write a manifest of `keys` to every tier (the runtime's loop)."""

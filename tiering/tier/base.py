@@ -73,6 +73,9 @@ class Tier(OperatorCalls):
 
     options: TierOptions
     """This tier's settings, read by `Options.of` from the constructor's keywords."""
+    seal_in_threads: int = SEAL_IN_THREADS
+    """The block size from which a tier with a secret seals and opens on the sealing threads
+    (`tiering.tier.envelope.SEAL_IN_THREADS`; `bench/auth.py --seal-in-threads` compares)."""
 
     def __init__(
         self,
@@ -412,9 +415,9 @@ class Tier(OperatorCalls):
 
     def _in_threads(self, size: int) -> bool:
         """Whether a block of `size` bytes is sealed and opened on the sealing threads, off
-        the event loop: with a secret, from `SEAL_IN_THREADS` bytes (below, the hand-over costs
+        the event loop: with a secret, from `seal_in_threads` bytes (below, the hand-over costs
         more than the cryptography)."""
-        return size >= SEAL_IN_THREADS and self.envelope.authenticated
+        return size >= self.seal_in_threads and self.envelope.authenticated
 
     async def _put_encoded(self, block: BlockKey, parts: Sequence[Buffer], size: int) -> None:
         self._count_put(await self._call(self._write(block, parts)), size)

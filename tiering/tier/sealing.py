@@ -27,6 +27,7 @@ from typing import Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
 from tiering.errors import CorruptObject
@@ -108,14 +109,11 @@ class KeySchedule:
     ) -> tuple[bytes | memoryview, bytes]:
         """(stored payload, tag) of `payload`: the tag covers `signed` and the payload (the
         ciphertext with `encrypt`, else the payload as it is, returned as given)."""
+        if encrypt:  # one call, one buffer: the ciphertext and the tag after it
+            sealed = AESGCM(key).encrypt(nonce, payload, signed)
+            return memoryview(sealed)[:-TAG_BYTES], sealed[-TAG_BYTES:]
         sealer = self.cipher(key, nonce).encryptor()
         sealer.authenticate_additional_data(signed)
-        if encrypt:
-            out = bytearray(len(payload))
-            if payload:
-                sealer.update_into(payload, out)
-            sealer.finalize()
-            return bytes(out) if len(out) < 4096 else memoryview(out), sealer.tag
         if payload:
             sealer.authenticate_additional_data(payload)
         sealer.finalize()

@@ -1,0 +1,242 @@
+"""bench/ttft.py's restart set-up (`--restart`, issue 33 item 5): a restarted engine's return of
+its hot prompt, read back by the warm start that follows its last manifest of use, against a
+primary hit in the same engine process.
+
+A first engine (the fill), with every selected tier written through and a primary of
+`primary_bytes`, sends a hot prompt first, then other prompts, the hot one returning after every
+second of them, until each tier holds at least 4x the primary; it steps until its stores and
+demotions have ended and shuts down (its manifest of use is written at shutdown). The hot
+prompt was written first: by write time it is the tiers' oldest. Then, per set-up, a second
+engine process with that tier alone and `primary.warm_start` of the whole primary serves an
+unrelated prompt (its first request), the hot prompt (*the return*), an unrelated prompt that
+needs every engine block, and the hot prompt again (*the primary hit*: from the primary,
+in the same process). The figure is the return's time over the primary hit's.
+
+Set-ups: `file`, `file/segments`, `redis`, `s3` (the fill's tiers); `kill`: a fill of its own
+onto a files directory, its manifest written every `KILL_INTERVAL` s, killed with SIGKILL
+`KILL_AFTER` s after its last prompt (no shutdown: the second engine follows the last periodic
+manifest); `file/newest`: a copy of the fill's files directory without its manifest, so the
+warm start reads the tiers' newest (what a restart did before the manifest).
+
+Checked, and the command fails when one does not hold: each tier holds at least 4x the primary
+after the fill; the return and the hit find the whole prompt cached, with the same first token;
+with the manifest, the warm start followed it and the hit came from the primary (`host`; the
+return too when the warm start read it before it came: `host_tokens` says how many).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.ttft_report import Progress
+
+if TYPE_CHECKING:
+    from bench.ttft import Bench, Workload
+
+RESTART_SETUPS = ("file", "file/segments", "redis", "s3", "kill", "file/newest")
+MARGIN = 1.2
+"""The primary: the hot prompt, the unrelated ones and this margin (the full workload: 159 MiB,
+about the issue's 160 MiB)."""
+KILL_INTERVAL = 2.0
+KILL_AFTER = 6.0
+
+
+def primary_bytes(w: Workload) -> int:
+    """The primary's bytes: what one restarted engine's prompts need, and `MARGIN`, in KiB."""
+    tokens = w.prompt_tokens + w.evictor_tokens + w.warmup_tokens
+    return -(-int(MARGIN * tokens * w.kv_bytes_per_token) // 1024) * 1024
+
+
+def others(w: Workload) -> int:
+    """Other prompts of the fill: with the hot one, at least 4x the primary."""
+    return -(-4 * primary_bytes(w) // w.kv_bytes)
+
+
+def fill_order(hot: list[int], others: list[list[int]]) -> list[list[int]]:
+    """The hot prompt first, then the others, the hot one again after every second of them."""
+    order = [hot]
+    for i, other in enumerate(others):
+        order.append(other)
+        if i % 2 == 1:
+            order.append(hot)
+    return order
+
+
+class Restart:
+    """The benchmark process: the restart set-up's rounds on `bench`'s engines and servers."""
+
+    def __init__(self, bench: Bench, setups: list[str]) -> None:
+        self.bench, self.setups = bench, setups
+
+    def tier(self, name: str, round_: int) -> dict[str, Any]:
+        base = "file" if name in ("kill", "file/newest") else name
+        tier = dict(self.bench.tier(base, 100 + round_))  # storage apart from the other set-ups'
+        if name != base:
+            tier["path"] = str(Path(tier["path"]).with_name(name.replace("/", "-")))
+            tier["name"] = "nvme-" + name.replace("/", "-")
+        return tier
+
+    def round(self, round_: int, progress: Progress) -> dict[str, Any]:
+        from bench.ttft import ENGINE_BLOCK, flush, rotated, stored_blocks, tokens
+
+        bench, w = self.bench, self.bench.workload
+        hot = tokens(f"restart-hot-{round_}", w.prompt_tokens)
+        more = [tokens(f"restart-other-{round_}-{i}", w.prompt_tokens) for i in range(others(w))]
+        evictor = tokens(f"restart-evictor-{round_}", w.evictor_tokens)
+        size = primary_bytes(w)
+        primary = {"capacity": f"{size // 1024}KiB"}
+        record: dict[str, Any] = {"setups": {}, "held": {}, "problems": []}
+        problems: list[str] = record["problems"]
+        filled = [n for n in self.setups if n not in ("kill", "file/newest")]
+        if "file/newest" in self.setups and "file" not in filled:
+            filled.append("file")
+        tiers = {name: self.tier(name, round_) for name in filled}
+        if bench.redis is not None:
+            flush(bench.redis.url)
+        progress.say(f"restart round {round_ + 1}: fill of {', '.join(filled)}")
+        bench.engine(fill_order(hot, more), list(tiers.values()), True, size, primary=primary)
+        if "kill" in self.setups:
+            progress.say(f"restart round {round_ + 1}: fill, then kill -9")
+            tiers["kill"] = self.tier("kill", round_)
+            bench.engine(
+                fill_order(hot, more),
+                [tiers["kill"]],
+                True,
+                size,
+                primary={**primary, "warm_manifest_interval": KILL_INTERVAL},
+                kill_after=KILL_AFTER,
+            )
+        if "file/newest" in self.setups:
+            tiers["file/newest"] = self.tier("file/newest", round_)
+            shutil.copytree(tiers["file"]["path"], tiers["file/newest"]["path"])
+            shutil.rmtree(Path(tiers["file/newest"]["path"]) / ".kvtier" / "records")
+        for name, tier in tiers.items():
+            held = stored_blocks(tier) * ENGINE_BLOCK * w.kv_bytes_per_token
+            record["held"][name] = held / size
+            if held < 4 * size:
+                problems.append(
+                    f"restart round {round_ + 1}, {name}: the tier holds "
+                    f"{held / size:.1f}x the primary, not 4x"
+                )
+        for name in rotated(self.setups, round_):
+            progress.say(f"restart round {round_ + 1}: {name}")
+            warmup = tokens(f"restart-warmup-{round_}-{name}", w.warmup_tokens)
+            result = bench.engine(
+                [warmup, hot, evictor, hot], [tiers[name]], False, size, primary=primary
+            )
+            first, back, _, hit = result["outputs"]
+            got = {
+                "first": first["seconds"],
+                "return": back["seconds"],
+                "hit": hit["seconds"],
+                "ratio": back["seconds"] / hit["seconds"],
+                "cached_tokens": [back["cached_tokens"], hit["cached_tokens"]],
+                "metrics": {k: v for k, v in result["metrics"].items() if v},
+                "host_tokens": result["metrics"].get("host_cached_tokens", 0),
+                "followed": "following the last run's manifest of use" in result["log"],
+            }
+            record["setups"][name] = got
+            problems += check(round_, name, got, back, hit, w.prompt_tokens)
+        return record
+
+
+def check(
+    round_: int, name: str, got: dict[str, Any], back: Any, hit: Any, prompt: int
+) -> list[str]:
+    where = f"restart round {round_ + 1}, {name}"
+    problems = []
+    if back["tokens"] != hit["tokens"]:
+        problems.append(f"{where}: the return's first token differs from the hit's")
+    if hit["cached_tokens"] < prompt - 32 or back["cached_tokens"] != hit["cached_tokens"]:
+        problems.append(f"{where}: cached tokens {got['cached_tokens']}")
+    if name != "file/newest":
+        if not got["followed"]:
+            problems.append(f"{where}: the warm start did not follow a manifest")
+        host = got["metrics"].get("host_cached_tokens", 0)
+        if host < hit["cached_tokens"]:
+            problems.append(f"{where}: {host:g} tokens from the primary, not the hit's")
+    return problems
+
+
+def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for name in records[0]["setups"]:
+        got = [r["setups"][name] for r in records]
+        ratios = [g["ratio"] for g in got]
+        rows.append(
+            {
+                "setup": name,
+                "ratio": statistics.median(ratios),
+                "ratios": ratios,
+                "return": statistics.median(g["return"] for g in got),
+                "hit": statistics.median(g["hit"] for g in got),
+                "held": statistics.median(r["held"][name] for r in records),
+            }
+        )
+    return rows
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    print(f"{'set-up':<14} {'return / hit':>13}  rounds            return s  hit s  tier/primary")
+    for r in rows:
+        spread = "/".join(f"{x:.2f}" for x in r["ratios"])
+        print(
+            f"{r['setup']:<14} {r['ratio']:>12.2f}x  {spread:<17} {r['return']:>8.3f}"
+            f"  {r['hit']:.3f}  {r['held']:.1f}x",
+            file=sys.stdout,
+        )
+
+
+def main(args: argparse.Namespace) -> int:
+    """`--restart`: the restart set-up's rounds (bench/ttft_restart.py), its own report."""
+    from bench.ttft import FULL, SMOKE, Bench
+    from bench.ttft_report import machine
+
+    setups = [s for s in args.restart.split(",") if s]
+    if not setups or any(s not in RESTART_SETUPS for s in setups):
+        raise SystemExit(f"--restart: set-ups of {', '.join(RESTART_SETUPS)}")
+    rounds = args.rounds or (1 if args.smoke else 3)
+    workload = SMOKE if args.smoke else FULL
+    python = args.vllm_python
+    if python is None:
+        from kvtier.venv import ensure_vllm_venv
+
+        python = ensure_vllm_venv()
+    scratch = Path(tempfile.mkdtemp(prefix="kvtier-restart-", dir=args.dir))
+    bench = Bench(workload, python, scratch, args.model_dir or scratch / "model", setups)
+    restart = Restart(bench, setups)
+    progress = Progress()
+    started, load = time.time(), os.getloadavg()
+    try:
+        bench.start_servers()
+        records = [restart.round(r, progress) for r in range(rounds)]
+    finally:
+        bench.stop_servers()
+        shutil.rmtree(scratch, ignore_errors=True)
+    problems = [p for r in records for p in r["problems"]]
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": {**machine(), "load_before": load, "load_after": os.getloadavg()},
+        "wall_seconds": time.time() - started,
+        "rounds": rounds,
+        "rows": summarize(records),
+        "per_round": records,
+        "problems": problems,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_rows(report["rows"])
+        print(f"wall time {report['wall_seconds']:.0f} s, {report['date']}")
+    for problem in problems:
+        print(f"ttft: {problem}", file=sys.stderr)
+    return 1 if problems else 0
