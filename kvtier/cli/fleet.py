@@ -104,6 +104,8 @@ def _lines(r: FleetResult) -> list[str]:
         held = f"{r.store_bytes:,} bytes in {r.store_objects:,} objects at the end"
         if r.capacity_blocks:
             held += f" ({100 * r.store_objects / r.capacity_blocks:.1f}% of its blocks)"
+        if r.store_held_blocks is not None:
+            held += f", {r.store_held_blocks:,.0f} blocks on average over the measured half"
     store = f"shared tier {r.tier}: {held}, at most {r.store_peak_bytes:,}{share} of {capacity}" + (
         "" if evictions is None else f"; {evictions:,} evictions"
     )

@@ -136,4 +136,5 @@ def replay_fleet(
         store_error=None if store is not None else fleet.store_error,
         seconds=time.perf_counter() - started,
         object_bytes=one,
+        store_held_blocks=sum(run.held) / len(run.held) if run.held else None,
     )

@@ -155,6 +155,10 @@ class FleetResult:
     seconds: float
     object_bytes: int = 0
     """What one synthesized block takes in the shared tier (`kvtier.fleet.footprint`)."""
+    store_held_blocks: float | None = None
+    """The blocks the shared tier held on average at its looks in the measured half (None: no
+    look there): what it really holds, which a medium that keeps room free (a `files`
+    directory's sweep margin and writers' room in flight) makes less than `capacity_blocks`."""
 
     @property
     def capacity_blocks(self) -> int | None:
@@ -190,6 +194,7 @@ class FleetResult:
                 "capacity": self.store_capacity,
                 "capacity_blocks": self.capacity_blocks,
                 "object_bytes": self.object_bytes,
+                "held_blocks": self.store_held_blocks,
                 "counters": dict(self.store_counters),
                 "error": self.store_error,
             },

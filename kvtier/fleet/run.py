@@ -177,6 +177,9 @@ class FleetRun:
         self.done = 0
         self.peak = 0
         """The most bytes the shared store held at a look."""
+        self.held: list[int] = []
+        """The objects the shared store held at each look in the measured half (from its
+        first look after `measured_from` requests)."""
         self._next_look = STORE_SAMPLE
 
     def run(self) -> None:
@@ -195,6 +198,8 @@ class FleetRun:
                     self._next_look += STORE_SAMPLE
                     stat = self.fleet.store_stat()
                     self.peak = max(self.peak, stat.bytes_used if stat else 0)
+                    if stat is not None and self.done >= self.measured_from:
+                        self.held.append(stat.objects)
                 if self.progress is not None:
                     self.progress(self.done)
         self.stats = [engine.finish() for engine in self.fleet.engines]

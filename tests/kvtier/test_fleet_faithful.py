@@ -1,7 +1,8 @@
 """`kvtier replay --engines N` is faithful to the shared tier's medium (issue 44): given the
 shared tier's capacity in blocks (`--shared-blocks`), the memory stand-in and a real `files`
 directory land within half a point of an independent replay of the same model
-(tests/helpers/fleet_model.py), and the capacity is reported in blocks as well as bytes."""
+(tests/helpers/fleet_model.py), and the capacity is reported in blocks as well as bytes, with
+the blocks the tier really held (the memory tier: its capacity)."""
 
 from __future__ import annotations
 
@@ -71,3 +72,5 @@ def test_the_replay_lands_within_half_a_point_of_the_by_use_model(
     store = result["shared_tier"]  # type: ignore[index]
     assert store["capacity_blocks"] == shared
     assert store["capacity"] == shared * store["object_bytes"]
+    held = store["held_blocks"]  # (a look every 512 requests, over the measured half)
+    assert held is None if n < 1024 else 0.99 * shared <= held <= shared, held

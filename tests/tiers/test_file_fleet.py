@@ -2,7 +2,8 @@
 blocks one stores are found by the others while they run (within the bound DESIGN.md states),
 a `files` directory stays within its capacity with three writers, least recently used first,
 its sweeper's role moves when its holder is killed, a key is written once however many write
-it, and the `segments` layout refuses a second writer, naming the first."""
+it (a write that finds the file is a use of it), and the `segments` layout refuses a second
+writer, naming the first."""
 
 from __future__ import annotations
 
@@ -350,6 +351,28 @@ def test_two_engines_writing_the_same_keys_at_once_write_each_once(
             assert all(bytes(buffers[i]) == payload(size, i) for i in range(n))
 
     asyncio.run(check())
+
+
+def test_a_write_that_finds_another_engines_file_refreshes_its_recency(tmp_path: Path) -> None:
+    """A put of a block another engine's file holds writes nothing but is a use, as a hit is:
+    the file's mtime becomes now, so the sweeper (least recently used first, by mtime) sees
+    every engine that stores the block (issue 44). A tier with no capacity sweeps nothing and
+    leaves the mtime."""
+
+    async def check(capacity: int | None) -> float:
+        options = {"namespace": NAMESPACE, "path": tmp_path / str(capacity), "min_free": 0}
+        async with BlockFileTier(**options, capacity=capacity) as first:
+            async with BlockFileTier(**options) as second:
+                await first.put(key(1), payload(4096, 1))
+                (path,) = (tmp_path / str(capacity)).rglob("*.kv")
+                old = time.time() - 3600
+                os.utime(path, (old, old))
+                await second.put(key(1), payload(4096, 1))
+                assert second.counters["duplicates"] == 1
+                return path.stat().st_mtime - old
+
+    assert asyncio.run(check(1 << 20)) > 3500
+    assert asyncio.run(check(None)) == 0
 
 
 # -- the segment layout: one writer --------------------------------------------------------------

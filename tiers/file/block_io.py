@@ -185,8 +185,11 @@ class BlockFiles:
     def write(self, path: Path, parts: Sequence[Buffer], size: int) -> bool:
         """Write the object of `size` bytes in `parts` to `path` once: False, writing nothing,
         when a file is there already (another engine's, or this one's), or is put there while
-        this one is written (`place_once`). Room is reserved first (`TierFull` without it)."""
-        if _exists(path):
+        this one is written (`place_once`). Room is reserved first (`TierFull` without it).
+        A file found there is used by this write as a read would use it (`recency`: its mtime
+        becomes now, in the same one call that finds it), so the sweeper sees every engine that
+        stores the block, not only the first."""
+        if _touched(path) if self.recency else _exists(path):
             return False
         disk = round_up(size) if self.direct else size
         self.shared.take(disk)
@@ -309,6 +312,26 @@ def _exists(path: Path) -> bool:
         return False
     except OSError:
         return False
+    return True
+
+
+def _touched(path: Path) -> bool:
+    """Whether something is at `path`, its mtime (and atime) set to now if so: one
+    `utimensat`, where a write's existence check is one `lstat`. A link is not followed (its
+    own times change: no object's). Where the times cannot be set (another user's file), the
+    kernel's coarser now, or none (the file is then judged by its last write)."""
+    now = time.time_ns()
+    try:
+        os.utime(path, ns=(now, now), follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        try:
+            os.utime(path, follow_symlinks=False)
+        except OSError:
+            pass
+    except OSError:
+        return _exists(path)
     return True
 
 

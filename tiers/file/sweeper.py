@@ -11,7 +11,8 @@ process: another tier breaks the lease). No other process evicts. The holder wri
 host and start into the file, for operators.
 
 **Recency.** A file's mtime is when it was last written or read: writers set it when they
-write, and every engine's hits set it again (`BlockFileTier`), so one order serves them all.
+write, and every engine's hits and writes that find it there set it again (`BlockFileTier`), so
+one order serves them all.
 
 **A sweep.** The sweeper reads the directory's count (`tiers.file.budget.Ledger`); above
 `HIGH` of the capacity it removes files, oldest mtime first, until the count is at most `LOW` of

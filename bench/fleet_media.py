@@ -1,0 +1,178 @@
+"""`kvtier replay --engines N` on a real Redis as the shared tier (issue 44, item 2): a
+redis-server started here, its `maxmemory` sized for `--shared-blocks` synthesized blocks and
+its policy `allkeys-lru` (what an operator bounding a shared Redis sets: the server evicts,
+kvtier cannot), then the replay.
+
+Sizing: Redis counts its clients' buffers against `maxmemory`, and the replay's 8 engines
+keep over a hundred connections whose pipelines of write-through batches peak at megabytes,
+as much as 13,107 64-byte blocks take: sized for the blocks alone the server evicts most of
+them at each peak. So `maxmemory` = the server's own `used_memory` (less its clients') + the
+blocks x what one adds (2,000 scratch blocks put through `--engines` Redis tiers, measured
+and flushed: key, value and Redis's per-key overhead) + the clients' peak memory in a first,
+unbounded pass over the first 1,500 requests (what an operator gives a shared Redis as
+headroom for its clients). Between peaks the server holds more blocks than asked: the replay's
+`held_blocks` says how many.
+
+    python bench/fleet_media.py TRACE [--requests 6000] [--engines 8] [--capacity 1638]
+                                [--shared-blocks 13107] [--samples 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from kvtier.fleet import replay_fleet  # noqa: E402
+from kvtier.replay import REPLAY_NAMESPACE  # noqa: E402
+from kvtier.servers import RedisServer  # noqa: E402
+from kvtier.trace import load_trace  # noqa: E402
+from tiering.config import parse_config, tier_from_config  # noqa: E402
+from tiering.keys import make_key  # noqa: E402
+
+SCRATCH = 2000
+PROBE = 1500
+"""Requests of a first, unbounded pass that measures the replay's clients' peak memory."""
+T = TypeVar("T")
+
+
+def config(url: str) -> object:
+    return parse_config(
+        {
+            "primary": {"eviction": "lru"},
+            "promotion": {"gate": "always", "deadline": "10s"},
+            "faults": {"timeout": "10s"},
+            "tiers": [{"name": "shared", "type": "redis", "url": url, "write": "through"}],
+        }
+    )
+
+
+async def sized(cfg: object, engines: int, block_bytes: int, client: redis.Redis) -> tuple:
+    """(the server's used_memory with nothing stored, less its clients', bytes per block): the
+    tiers each put their share of `SCRATCH` blocks, the server is measured, flushed and
+    measured again."""
+    entry = cfg.tiers[0]  # type: ignore[attr-defined]
+    tiers = [tier_from_config(entry, REPLAY_NAMESPACE, cfg) for _ in range(engines)]
+    for tier in tiers:
+        await tier.__aenter__()
+    try:
+        for i in range(SCRATCH):
+            key = make_key(hashlib.sha256(b"scratch%d" % i).digest())
+            await tiers[i % engines].put(key, bytes(block_bytes))
+        full = int(client.info("memory")["used_memory"])
+        client.flushall()
+        memory = client.info("memory")
+        empty = int(memory["used_memory"])
+    finally:
+        for tier in tiers:
+            await tier.__aexit__(None, None, None)
+    return empty - int(memory["mem_clients_normal"]), (full - empty) / SCRATCH
+
+
+def watched(port: int, run: Callable[[], T]) -> tuple[T, dict[str, int]]:
+    """`run()` and the peaks of the server's client memory and connections meanwhile (looked
+    at every 50 ms)."""
+    peak = {"mem_clients_normal": 0, "connected_clients": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        watch = redis.Redis(host="127.0.0.1", port=port)
+        while not done.wait(0.05):
+            memory, clients = watch.info("memory"), watch.info("clients")
+            peak["mem_clients_normal"] = max(
+                peak["mem_clients_normal"], int(memory["mem_clients_normal"])
+            )
+            peak["connected_clients"] = max(
+                peak["connected_clients"], int(clients["connected_clients"])
+            )
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        return run(), peak
+    finally:
+        done.set()
+        sampler.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace", type=Path)
+    parser.add_argument("--requests", type=int)
+    parser.add_argument("--engines", type=int, default=8)
+    parser.add_argument("--capacity", type=int, default=1638)
+    parser.add_argument("--shared-blocks", type=int, default=13107)
+    parser.add_argument("--block-bytes", type=int, default=64)
+    parser.add_argument("--samples", type=int, default=5, help="maxmemory-samples")
+    parser.add_argument(
+        "--headroom", type=float, default=1.0, help="times the clients' peak memory given"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    requests = load_trace(args.trace).requests[: args.requests]
+    with tempfile.TemporaryDirectory(prefix="kvtier-fleet-media-") as work:
+        server = RedisServer(Path(work))
+        server.start()
+        try:
+            client = redis.Redis(host="127.0.0.1", port=server.port)
+            cfg = config(server.url)
+            base, one = asyncio.run(sized(cfg, args.engines, args.block_bytes, client))
+            probe = requests[: min(len(requests), PROBE)]
+            _, probed = watched(
+                server.port,
+                lambda: replay_fleet(
+                    probe, cfg, args.engines, args.capacity, "random", 0, args.block_bytes
+                ),
+            )
+            client.flushall()
+            clients = probed["mem_clients_normal"]
+            maxmemory = (
+                int(base + args.shared_blocks * one + args.headroom * clients)
+                if args.shared_blocks
+                else 0
+            )
+            client.config_set("maxmemory", maxmemory)
+            client.config_set("maxmemory-policy", "allkeys-lru")
+            client.config_set("maxmemory-samples", args.samples)
+            result, peak = watched(
+                server.port,
+                lambda: replay_fleet(
+                    requests, cfg, args.engines, args.capacity, "random", 0, args.block_bytes
+                ),
+            )
+            out = {
+                "probe_clients": clients,
+                **peak,
+                "requests": len(requests),
+                "per_block": round(one, 1),
+                "baseline": base,
+                "maxmemory": maxmemory,
+                "samples": args.samples,
+                "hit_rate": round(100 * result.hit_rate, 2),
+                "held_blocks": result.store_held_blocks,
+                "objects_at_end": result.store_objects,
+                "dbsize": client.dbsize(),
+                "store_error": result.store_error,
+                "evicted_keys": int(client.info("stats")["evicted_keys"]),
+                "seconds": round(result.seconds, 1),
+            }
+        finally:
+            server.stop()
+    print(json.dumps(out) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
+
+
+if __name__ == "__main__":
+    main()
