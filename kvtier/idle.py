@@ -100,10 +100,12 @@ async def purge_idle(
     open_tier: Callable[[bytes], Tier],
     idle_for: float,
     older_than: float | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[PurgeOutcome]:
     """`purge_if_idle` for each namespace of a plan's `idle`, in a tier `open_tier` gives for
     it; a namespace that fails (held by a writer, a failing server) is an outcome with its
-    error, and the others go on."""
+    error, and the others go on. `progress`, when given, is told how many namespaces are done
+    after each."""
     done = []
     for row in idle:
         try:
@@ -111,4 +113,6 @@ async def purge_idle(
                 done.append(await purge_if_idle(tier, idle_for, older_than))
         except KvtierError as e:
             done.append(PurgeOutcome(row.namespace, error=" ".join(str(e).split())))
+        if progress is not None:
+            progress(len(done))
     return done

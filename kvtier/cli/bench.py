@@ -12,6 +12,7 @@ from typing import Any
 
 from kvtier.cli import args as argtypes
 from kvtier.cli.common import TIER, add_command, emit, table, tier_config
+from kvtier.cli.progress import Progress
 from kvtier.operations import purge_namespace
 from tiering.config import TierConfig, load_config, tier_from_config
 from tiering.errors import ConfigError, KvtierError
@@ -74,12 +75,16 @@ def run_bench(args: argparse.Namespace) -> int:
                             file=sys.stderr,
                         )
 
-        for size in sizes:
+        # per block size: the tier's puts and gets, then the raw baseline's writes and reads
+        bar = Progress.of(args, 4 * args.count * len(sizes), f"bench {cfg.name}")
+        for index, size in enumerate(sizes):
             put, get = asyncio.run(measure(size))
+            bar.update((4 * index + 2) * args.count)
             try:
                 baseline = raw_baseline(cfg, size, args.count, args.clients, scratch)
             except baselines.NoBaseline as e:
                 baseline, note = None, str(e)
+            bar.update((4 * index + 4) * args.count)
             rows.append(
                 {
                     "block_bytes": size,
@@ -92,6 +97,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     "get_ratio": None if baseline is None else get / baseline[1],
                 }
             )
+        bar.close()
 
     def ratio(value: Any) -> str:
         return "-" if value is None else f"{value:.2f}"

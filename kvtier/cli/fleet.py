@@ -35,7 +35,7 @@ def run_fleet(args: argparse.Namespace, memory: int) -> int:
     results = []
     for capacity in args.capacity:
         label = f"{args.engines} engines ({args.route}) @ {capacity:,} blocks each"
-        progress = Progress(len(requests), label)
+        progress = Progress.of(args, len(requests), label)
         results.append(
             replay_fleet(
                 requests,

@@ -138,7 +138,7 @@ def run_migrate(args: argparse.Namespace) -> int:
             tier_from_config(source_cfg, namespace, config, read_only=not args.move) as source,
             tier_from_config(destination_cfg, namespace, config) as destination,
         ):
-            bar = Progress(0, f"migrate {source_cfg.name} -> {destination_cfg.name}")
+            bar = Progress.of(args, 0, f"migrate {source_cfg.name} -> {destination_cfg.name}")
             summary = await migrate(
                 source,
                 destination,
@@ -176,7 +176,7 @@ def run_verify(args: argparse.Namespace) -> int:
     async def go() -> Any:
         namespace = await resolve_namespace(config, cfg, args.namespace)
         async with tier_from_config(cfg, namespace, config, read_only=not args.repair) as tier:
-            bar = Progress(0, f"verify {cfg.name}")
+            bar = Progress.of(args, 0, f"verify {cfg.name}")
             report = await verify(
                 tier,
                 repair=args.repair,
@@ -244,7 +244,11 @@ def run_purge(args: argparse.Namespace) -> int:
             ):
                 return -1
         async with tier_from_config(cfg, namespace, config) as tier:
-            return await purge(tier, older)
+            bar = Progress.of(args, 0, f"purge {cfg.name}")
+            try:
+                return await purge(tier, older, bar.update)
+            finally:
+                bar.close()
 
     deleted = asyncio.run(go())
     if deleted < 0:
@@ -278,9 +282,11 @@ def _purge_idle(args: argparse.Namespace, config: Config, cfg: TierConfig) -> in
         plan = idle_plan(usage, idle_for)
         done: list[PurgeOutcome] = []
         if args.yes:
+            bar = Progress.of(args, len(plan.idle), f"purge idle namespaces of {cfg.name}")
             done = await purge_idle(
-                plan.idle, lambda ns: tier_from_config(cfg, ns, config), idle_for, older
+                plan.idle, lambda ns: tier_from_config(cfg, ns, config), idle_for, older, bar.update
             )
+            bar.close()
         return plan.idle, plan.unknown, done
 
     idle, unknown, done = asyncio.run(go())

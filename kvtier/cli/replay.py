@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for policy in args.policy:
         for capacity in args.capacity:
-            progress = Progress(len(trace.requests), f"{policy} @ {capacity:,} blocks")
+            progress = Progress.of(args, len(trace.requests), f"{policy} @ {capacity:,} blocks")
             start = time.perf_counter()
             result = replay(trace.requests, capacity, policy, progress.update)
             elapsed = time.perf_counter() - start
@@ -206,7 +206,7 @@ def run_tiered(args: argparse.Namespace) -> int:
     requests = trace.requests[: args.requests] if args.requests else trace.requests
     rows = []
     for capacity in args.capacity:
-        progress = Progress(len(requests), f"{args.config.name} @ {capacity:,} blocks")
+        progress = Progress.of(args, len(requests), f"{args.config.name} @ {capacity:,} blocks")
         result = replay_tiered(requests, config, capacity, args.block_bytes, progress.update)
         progress.close()
         rows.append(result)

@@ -42,7 +42,7 @@ def run_rekey(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     cfg = tier_config(config, args.tier)
     namespace = None if args.namespace is None else namespace_arg(args.namespace)
-    bar = Progress(0, f"rekey {cfg.name}")
+    bar = Progress.of(args, 0, f"rekey {cfg.name}")
     moves = asyncio.run(
         rekey(
             config,
