@@ -14,7 +14,8 @@ headroom for its clients). Between peaks the server holds more blocks than asked
 `held_blocks` says how many.
 
     python bench/fleet_media.py TRACE [--requests 6000] [--engines 8] [--capacity 1638]
-                                [--shared-blocks 13107] [--samples 5] [--json]
+                                [--shared-blocks 13107] [--samples 5] [--headroom 1]
+                                [--follow-clients] [--json]
 """
 
 from __future__ import annotations
@@ -82,16 +83,19 @@ async def sized(cfg: object, engines: int, block_bytes: int, client: redis.Redis
     return empty - int(memory["mem_clients_normal"]), (full - empty) / SCRATCH
 
 
-def watched(port: int, run: Callable[[], T]) -> tuple[T, dict[str, int]]:
+def watched(port: int, run: Callable[[], T], follow: int | None = None) -> tuple[T, dict[str, int]]:
     """`run()` and the peaks of the server's client memory and connections meanwhile (looked
-    at every 50 ms)."""
+    at every 50 ms; every 10 ms with `follow`, when `maxmemory` is set each time to `follow`
+    plus the clients' memory then: the clients counted out, as far as a look can)."""
     peak = {"mem_clients_normal": 0, "connected_clients": 0}
     done = threading.Event()
 
     def sample() -> None:
         watch = redis.Redis(host="127.0.0.1", port=port)
-        while not done.wait(0.05):
+        while not done.wait(0.05 if follow is None else 0.01):
             memory, clients = watch.info("memory"), watch.info("clients")
+            if follow is not None:
+                watch.config_set("maxmemory", follow + int(memory["mem_clients_normal"]))
             peak["mem_clients_normal"] = max(
                 peak["mem_clients_normal"], int(memory["mem_clients_normal"])
             )
@@ -120,6 +124,11 @@ def main() -> None:
     parser.add_argument(
         "--headroom", type=float, default=1.0, help="times the clients' peak memory given"
     )
+    parser.add_argument(
+        "--follow-clients",
+        action="store_true",
+        help="set maxmemory every 10 ms to the blocks' share plus the clients' memory then",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     requests = load_trace(args.trace).requests[: args.requests]
@@ -147,11 +156,13 @@ def main() -> None:
             client.config_set("maxmemory", maxmemory)
             client.config_set("maxmemory-policy", "allkeys-lru")
             client.config_set("maxmemory-samples", args.samples)
+            follow = int(base + args.shared_blocks * one) if args.follow_clients else None
             result, peak = watched(
                 server.port,
                 lambda: replay_fleet(
                     requests, cfg, args.engines, args.capacity, "random", 0, args.block_bytes
                 ),
+                follow,
             )
             out = {
                 "probe_clients": clients,
@@ -161,6 +172,7 @@ def main() -> None:
                 "baseline": base,
                 "maxmemory": maxmemory,
                 "samples": args.samples,
+                "follow_clients": args.follow_clients,
                 "hit_rate": round(100 * result.hit_rate, 2),
                 "held_blocks": result.store_held_blocks,
                 "objects_at_end": result.store_objects,
