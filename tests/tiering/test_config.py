@@ -162,7 +162,8 @@ def test_sizes(text: str, size: int) -> None:
         ({"primary": {"eviction": "lfu"}}, "primary.eviction: unknown eviction policy 'lfu'"),
         (
             {"primary": {"capcity": "1GiB"}},
-            "primary.capcity: unknown key; expected one of capacity, directory, eviction",
+            "primary.capcity: unknown key; expected one of capacity, directory, engine_id, "
+            "eviction",
         ),
         ({"tier": []}, "tier: unknown key"),
         ({"version": 2}, "version: this kvtier reads config version 1, got 2"),
