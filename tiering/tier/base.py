@@ -46,7 +46,7 @@ from tiering.tier.envelope import Envelope, seal_threshold, sealing_threads
 from tiering.tier.format import REMOVABLE, Header
 from tiering.tier.operators import OperatorCalls
 from tiering.tier.options import TierOptions
-from tiering.tier.records import MAX_RECORD_BYTES, record_key
+from tiering.tier.records import MAX_RECORD_BYTES, check_record_name, record_key
 from tiering.tier.refusals import RecentRefusals
 from tiering.tier.values import (
     Buffer,
@@ -241,6 +241,11 @@ class Tier(OperatorCalls):
         blob = b"".join(parts)
         self.envelope.written(parts)
         return await self._call(self._write_record(name, blob))
+
+    async def delete_record(self, name: str) -> bool:
+        """Remove record `name`; whether it was there. `StateError` on a read-only tier."""
+        self._writable("delete a record")
+        return await self._call(self._delete_record(check_record_name(name)))
 
     async def read_record(self, name: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
         """Record `name`'s data, opened and verified, or None (none there, or a tier that keeps

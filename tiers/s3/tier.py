@@ -26,6 +26,7 @@ from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, NamespaceUsage, ObjectInfo, Tier, TierStat
 from tiering.tier.options import TierOptions, option
+from tiering.tier.records import RECORD_PAGE
 from tiers.s3.client import Bucket
 from tiers.s3.lease import Lease
 from tiers.s3.packer import Packer
@@ -238,6 +239,27 @@ class S3Tier(Tier):
     async def _write_record(self, name: str, blob: bytes) -> bool:
         await self._bucket.put(self._record_name(name), blob)
         return True
+
+    async def _delete_record(self, name: str) -> bool:
+        """S3's DELETE answers alike whether the object was there: one HEAD first says."""
+        found = await self._bucket.head(self._record_name(name))
+        if found:
+            await self._bucket.delete(self._record_name(name))
+        return found
+
+    async def _list_records(self, prefix: str, limit: int) -> list[str]:
+        """ListObjectsV2 of the records' prefix, `RECORD_PAGE` names a page, up to `limit`."""
+        base = self._record_name("")
+        found: list[str] = []
+        token: str | None = None
+        while len(found) < limit:
+            page, token = await self._bucket.list_page(
+                base + prefix, token, min(RECORD_PAGE, limit - len(found))
+            )
+            found += [name[len(base) :] for name, _, _ in page]
+            if token is None:
+                break
+        return found
 
     # -- primitives -----------------------------------------------------------------------------
 
