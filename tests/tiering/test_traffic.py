@@ -71,7 +71,7 @@ def test_answers_say_where_each_block_was_found(tmp_path: Path) -> None:
     (line,) = lines(tmp_path / "t.jsonl")
     assert line["found"] == [PRIMARY, "nvme", MISS]
     assert line["engine_blocks"] == 2 and line["input_length"] == 100 - 2 * 16
-    assert r.answers == {}
+    assert r.answers == []
 
 
 def test_rotation_keeps_n_files_each_under_the_limit(tmp_path: Path) -> None:

@@ -207,11 +207,11 @@ class TieringOffloadingManager:
         result = self._lookup(key)
         if result is _HIT:
             traffic.answer(key, PRIMARY)
+        elif result is _MISS:
+            traffic.answer(key, MISS)
         elif result is _PENDING:
             index = self.promoter.promoting.get(key)
             traffic.answer(key, PRIMARY if index is None else self.tiers[index].config.name)
-        elif result is _MISS:
-            traffic.answer(key, MISS)
         return result  # RETRY: not found yet; the next scan's answer is kept
 
     def record(

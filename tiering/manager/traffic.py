@@ -1,5 +1,7 @@
 """The traffic recorder: `record` on the scheduler's thread (a bounded queue, never a wait),
-and a writer thread of its own that hashes, encodes and writes (`trace.record`).
+and a writer thread of its own that hashes, encodes and writes (`trace.record`), draining the
+queue every `INTERVAL` in one batch (woken per request, it took the GIL from the scheduler in
+the middle of its steps: BENCHMARKS.md, "Recording traffic").
 
 It turns the manager's lookup stream into a trace `kvtier replay` reads: one JSON line per
 request, in the Mooncake format (`kvtier.trace`):
@@ -60,11 +62,13 @@ PRIMARY, MISS = "primary", "miss"
 _SALT_BYTES = 16
 _ID_MASK = (1 << 63) - 1
 """Ids below 2**63: any JSON reader keeps them exact as signed 64-bit integers."""
+INTERVAL = 0.05
+"""Seconds between the writer's drains of the queue."""
 _CLOSE_WAIT = 5.0
 """Seconds `close` waits for the writer to write what is queued."""
 
-Item = tuple[float, tuple[BlockKey, ...], tuple[str, ...], int | None, int]
-"""A request as queued: time, keys, where each was found, prompt tokens, engine blocks."""
+Item = tuple[float, tuple[BlockKey, ...], list[tuple[BlockKey, str]], int | None, int]
+"""A request as queued: time, keys, the answers before it, prompt tokens, engine blocks."""
 
 
 class TrafficRecorder:
@@ -93,9 +97,10 @@ class TrafficRecorder:
         """Requests dropped because the queue was full (the scheduler's)."""
         self.failed = 0
         """Requests lost to a failed write (the writer's)."""
-        self.answers: dict[BlockKey, str] = {}
-        """Where the manager's first answer found each key looked up since its request was
-        recorded (the scheduler's; cleared past `ANSWERS` keys)."""
+        self.answers: list[tuple[BlockKey, str]] = []
+        """The manager's answers since the last request was recorded, in order (the
+        scheduler's; cleared past `ANSWERS`): handed whole to the writer with the request, so
+        the scheduler does one append per lookup and no work per key when recording."""
         self._limit = queue
         self._blocks_in = 0
         """Block keys queued, ever (the scheduler's)."""
@@ -114,38 +119,32 @@ class TrafficRecorder:
     # -- the scheduler's thread ------------------------------------------------------------------
 
     def answer(self, key: BlockKey, where: str) -> None:
-        """The manager found `key` at `where` (its first answer since the key was last recorded
-        is the one kept: a promoted block answers PENDING, then HIT from the primary)."""
+        """The manager found `key` at `where`. Of the answers a key gets before its request is
+        recorded, the first counts (a promoted block answers PENDING, then HIT from the
+        primary)."""
         answers = self.answers
-        if key not in answers:
-            if len(answers) >= ANSWERS:  # lookups of requests never recorded
-                answers.clear()
-            answers[key] = where
+        if len(answers) >= ANSWERS:  # lookups of requests never recorded
+            answers.clear()
+        answers.append((key, where))
 
     def record(
         self, keys: Sequence[BlockKey], *, tokens: int | None = None, engine_blocks: int = 0
     ) -> None:
         """A request with block keys `keys` (in prompt order) was looked up: queue it. Never
         waits; a full queue drops it (`dropped`)."""
-        answers = self.answers
-        found = tuple(answers.pop(key, MISS) for key in keys)
+        answers, self.answers = self.answers, []
         queue = self._queue
         if (
             len(queue) >= self._limit
-            or self._blocks_in - self._blocks_out + len(keys) > QUEUE_BLOCKS
+            or self._blocks_in - self._blocks_out + len(keys) + len(answers) > QUEUE_BLOCKS
             or self._closing
         ):
             self.dropped += 1
             return
-        self._blocks_in += len(keys)
-        queue.append((self.clock(), tuple(keys), found, tokens, engine_blocks))
-        # Never wait for the writer: it holds the lock only to look at the queue and sleep, and
-        # one that misses this wake-up looks again within a second.
-        if len(queue) == 1 and self._wake.acquire(blocking=False):
-            try:
-                self._wake.notify()
-            finally:
-                self._wake.release()
+        self._blocks_in += len(keys) + len(answers)
+        queue.append((self.clock(), tuple(keys), answers, tokens, engine_blocks))
+        # No wake-up: the writer drains the queue every `INTERVAL`, in one batch, rather than
+        # take the GIL from the scheduler in the middle of its step for every request.
 
     def close(self, wait: float = _CLOSE_WAIT) -> None:
         """Write what is queued (for up to `wait` seconds), then stop the writer and close the
@@ -161,13 +160,13 @@ class TrafficRecorder:
         queue = self._queue
         while True:
             with self._wake:
-                while not queue and not self._closing:
-                    self._wake.wait(1.0)
+                if not self._closing:
+                    self._wake.wait(INTERVAL)
             if not queue and self._closing:
                 break
             while queue:
                 item = queue.popleft()
-                self._blocks_out += len(item[1])
+                self._blocks_out += len(item[1]) + len(item[2])
                 self._write(item)
         if self._file is not None:
             with contextlib.suppress(OSError):
@@ -175,7 +174,11 @@ class TrafficRecorder:
             self._file = None
 
     def _line(self, item: Item) -> bytes:
-        at, keys, found, tokens, engine_blocks = item
+        at, keys, answers, tokens, engine_blocks = item
+        first: dict[BlockKey, str] = {}
+        for key, where in answers:
+            first.setdefault(key, where)
+        found = [first.get(key, MISS) for key in keys]
         salt, mask = self._salt, _ID_MASK
         ids = [
             int.from_bytes(hashlib.blake2b(key, digest_size=8, key=salt).digest(), "big") & mask
