@@ -129,6 +129,12 @@ def main() -> None:
         action="store_true",
         help="set maxmemory every 10 ms to the blocks' share plus the clients' memory then",
     )
+    parser.add_argument(
+        "--pace",
+        type=float,
+        help="trace seconds replayed per wall-clock second (default: unpaced); Redis's LRU "
+        "clock ticks once a second (kvtier.fleet.recency)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     requests = load_trace(args.trace).requests[: args.requests]
@@ -160,7 +166,14 @@ def main() -> None:
             result, peak = watched(
                 server.port,
                 lambda: replay_fleet(
-                    requests, cfg, args.engines, args.capacity, "random", 0, args.block_bytes
+                    requests,
+                    cfg,
+                    args.engines,
+                    args.capacity,
+                    "random",
+                    0,
+                    args.block_bytes,
+                    pace=args.pace,
                 ),
                 follow,
             )
@@ -180,6 +193,10 @@ def main() -> None:
                 "store_error": result.store_error,
                 "evicted_keys": int(client.info("stats")["evicted_keys"]),
                 "seconds": round(result.seconds, 1),
+                "pace": args.pace,
+                "lag": round(result.lag, 1),
+                "horizon": None if result.horizon is None else round(result.horizon, 1),
+                "horizon_ticks": result.horizon_ticks and round(result.horizon_ticks),
             }
         finally:
             server.stop()
