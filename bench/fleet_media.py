@@ -13,9 +13,14 @@ unbounded pass over the first 1,500 requests (what an operator gives a shared Re
 headroom for its clients). Between peaks the server holds more blocks than asked: the replay's
 `held_blocks` says how many.
 
+Redis's eviction is by use as far as two of its settings allow: its LRU clock ticks once a
+second, so `--pace` must let the tier's eviction horizon span tens of seconds (the output's
+`horizon_ticks`; `kvtier.fleet.recency`), and its sampled LRU matches an exact one here only with
+`--samples 64` (BENCHMARKS.md).
+
     python bench/fleet_media.py TRACE [--requests 6000] [--engines 8] [--capacity 1638]
                                 [--shared-blocks 13107] [--samples 5] [--headroom 1]
-                                [--follow-clients] [--json]
+                                [--follow-clients] [--pace X] [--json]
 """
 
 from __future__ import annotations
