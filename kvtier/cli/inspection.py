@@ -67,7 +67,8 @@ def run_stats(args: argparse.Namespace) -> int:
     store's totals and the tier's capacity, this engine's last manifest of use there
     (`primary.engine_id`, else this host's identity): its age and its writer's warm start as
     it stood then (`warm`), and every engine's manifest there (`manifests`, listed: at most
-    `SHOWN_MANIFESTS` a tier and namespace, `manifests_more` when there are more). JSON: one
+    `SHOWN_MANIFESTS` a tier and namespace, `manifests_more` when there are more), and the
+    order its sweeper removes objects in now (`sweep_order`, `sweep_order`'s). JSON: one
     row per tier and namespace (a tier holding none: one row, namespace null), each with the
     store's totals beside."""
     config = load_config(args.config)
@@ -79,12 +80,14 @@ def run_stats(args: argparse.Namespace) -> int:
         for cfg in chosen:
             async with tier_from_config(cfg, PLACEHOLDER, config, read_only=True) as probe:
                 usage = await probe.usage()
+                order = await sweep_order(probe)
             store: dict[str, Any] = {
                 "tier": cfg.name,
                 "type": cfg.type,
                 "capacity": cfg.capacity,
                 "store_objects": sum(u.objects for u in usage),
                 "store_bytes": sum(u.bytes_used for u in usage),
+                "sweep_order": order,
             }
             listed: list[NamespaceUsage | None] = [*usage] or [None]
             for u in listed:
@@ -142,7 +145,22 @@ def run_stats(args: argparse.Namespace) -> int:
                 "",
             )
         )
-    return emit(args, rows, table(lines) + manifest_lines(rows))
+    orders = [
+        f"tier {tier}, its sweeper's order: {order['line']}"
+        for tier, order in {r["tier"]: r["sweep_order"] for r in rows}.items()
+        if order is not None
+    ]
+    return emit(args, rows, table(lines) + manifest_lines(rows) + orders)
+
+
+async def sweep_order(tier: Tier) -> dict[str, Any] | None:
+    """The order in which the sweeper of `tier`'s store removes objects now, where the tier
+    says (an S3 tier with `capacity`: `S3Tier.sweep_order`, read from the live manifests of
+    use as its sweeper reads them), else None: `order` ("use" or "write"), `live_manifests`,
+    `named_keys`, `stale_manifests`, `refused_manifests` and the `line` shown."""
+    asked = getattr(tier, "sweep_order", None)
+    named = None if asked is None else await asked()
+    return None if named is None else named.fields() | {"line": named.line()}
 
 
 async def manifests(
