@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if fleet:
         args.route = "sticky" if args.route is None else args.route
         args.seed = 0 if args.seed is None else args.seed
-        return run_fleet(args, _physical_memory())
+        return run_fleet(args, physical_memory())
     if args.route is not None or args.seed is not None or args.shared_blocks is not None:
         raise ConfigError("--route, --seed and --shared-blocks need --engines N")
     if args.config is not None:
@@ -194,7 +194,7 @@ def _print_table(path: str, rows: list[tuple[ReplayResult, float | None, float]]
 
 def run_tiered(args: argparse.Namespace) -> int:
     config = load_config(args.config)  # a bad file fails before the trace is read
-    memory = _physical_memory()
+    memory = physical_memory()
     for capacity in args.capacity:
         if capacity * args.block_bytes > memory:
             raise ConfigError(
@@ -280,7 +280,7 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _physical_memory() -> int:
+def physical_memory() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):  # not a POSIX system that says
