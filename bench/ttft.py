@@ -67,8 +67,8 @@ if str(ROOT) not in sys.path:
 from bench import media  # noqa: E402
 from bench.ttft_report import SETUPS, Progress, machine, print_table, summarize  # noqa: E402
 from bench.ttft_restart import RESTART_SETUPS as RESTART  # noqa: E402
-from kvtier.cli.common import PLACEHOLDER  # noqa: E402
 from kvtier.demo import MODEL as DEMO_MODEL  # noqa: E402
+from kvtier.operations import PLACEHOLDER  # noqa: E402
 from kvtier.scenario import run_scenario  # noqa: E402
 from kvtier.servers import RedisServer, SeaweedS3  # noqa: E402
 from tiering.config import tier_from_config  # noqa: E402

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtier.cli.common import PLACEHOLDER
-from kvtier.operations import verify
+from kvtier.operations import PLACEHOLDER, verify
 from kvtier.scenario import run_scenarios
 from tiering.config import tier_from_config
 from tiering.config.loader import parse_config

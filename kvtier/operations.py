@@ -23,6 +23,7 @@ from tiering.tier.usage import KeepsUsageMarks
 
 __all__ = [
     "JOURNAL_MAGIC",
+    "PLACEHOLDER",
     "MigrationSummary",
     "VerifyReport",
     "journal_header",
@@ -33,6 +34,10 @@ __all__ = [
     "read_block",
     "verify",
 ]
+
+PLACEHOLDER = bytes(16)
+"""The namespace a tier is opened in to ask which namespaces it holds (an operator's command
+that lists or moves namespaces opens it there, read-only)."""
 
 Progress = Callable[[int], None]
 

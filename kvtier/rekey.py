@@ -17,15 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtier.operations import MigrationSummary, default_journal, migrate
+from kvtier.operations import PLACEHOLDER, MigrationSummary, default_journal, migrate
 from tiering.config import AuthConfig, Config, TierConfig, tier_from_config
 from tiering.errors import ConfigError
 from tiering.keys import owns_namespace, store_namespace
 
 __all__ = ["Rekeyed", "rekey", "rekey_plan"]
-
-PLACEHOLDER = bytes(16)
-"""The namespace a tier is opened in to ask which namespaces it holds."""
 
 
 @dataclass

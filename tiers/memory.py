@@ -76,6 +76,12 @@ class MemoryTier(IndexedTier):
         self._records[name] = bytes(blob)
         return True
 
+    async def _delete_record(self, name: str) -> bool:
+        return self._records.pop(name, None) is not None
+
+    async def _list_records(self, prefix: str, limit: int) -> list[str]:
+        return sorted(name for name in self._records if name.startswith(prefix))[:limit]
+
     async def _delete(self, key: BlockKey) -> bool:
         return self._delete_now(key)
 

@@ -14,12 +14,12 @@ from kvtier.cli import args as argtypes
 from kvtier.cli.common import TIER, add_command, emit, table, tier_config
 from kvtier.cli.progress import Progress
 from kvtier.operations import purge_namespace
-from tiering.config import TierConfig, load_config, tier_from_config
+from tiering.config import Config, TierConfig, load_config, tier_from_config
 from tiering.errors import ConfigError, KvtierError
 from tiering.tier.format import MAX_BLOCK_BYTES
 from tiering.units import parse_size
 
-__all__ = ["add_parsers", "raw_baseline", "run_bench"]
+__all__ = ["add_parsers", "raw_baseline", "run_bench", "tier_throughput"]
 
 
 def add_parsers(commands: Any) -> None:
@@ -41,6 +41,40 @@ def add_parsers(commands: Any) -> None:
     p.add_argument("--clients", type=argtypes.count(1, 256), default=8, help="calls in flight")
 
 
+def tier_throughput(
+    config: Config,
+    cfg: TierConfig,
+    size: int,
+    count: int,
+    clients: int,
+    scratch: dict[str, Any],
+) -> tuple[float, float]:
+    """Put and get GiB/s of tier `cfg` for `count` blocks of `size`, `clients` calls in
+    flight, in `scratch` space (`kvtier.baselines.scratch_space`) and a random namespace (no
+    engine's): its blocks are removed afterwards, failed or not; the user's blocks, files,
+    keys and objects are never touched."""
+    from kvtier import baselines
+
+    namespace = os.urandom(16)
+    keyspace = baselines.REDIS_KEYSPACE if cfg.type == "redis" else None  # redis-benchmark's `-r`
+
+    async def measure() -> tuple[float, float]:
+        async with tier_from_config(cfg, namespace, config, **scratch) as tier:
+            try:
+                return await baselines.tier_rates(tier, size, count, clients, keyspace)
+            finally:
+                try:
+                    await purge_namespace(tier)  # its blocks, and a marker of its own
+                except KvtierError as e:  # say what is left; an error in flight stays
+                    print(
+                        f"kvtier: could not remove the bench's blocks (namespace "
+                        f"{namespace.hex()}) from tier {cfg.name!r}: {e}",
+                        file=sys.stderr,
+                    )
+
+    return asyncio.run(measure())
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from kvtier import baselines  # subprocess and boto3 helpers: only this command needs them
 
@@ -49,36 +83,15 @@ def run_bench(args: argparse.Namespace) -> int:
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",")]
     if args.count < 1 or args.clients < 1:
         raise ConfigError("--count and --clients must be positive")
-    # Blocks in a random namespace (no engine's) and, for file and S3 tiers, in scratch space
-    # of the bench's own (`scratch_space`): all removed afterwards, failed or not; the user's
-    # blocks, files, keys and objects are never touched.
-    namespace = os.urandom(16)
-    keyspace = baselines.REDIS_KEYSPACE if cfg.type == "redis" else None  # redis-benchmark's `-r`
-
+    # Blocks in a random namespace and, for file and S3 tiers, in scratch space of the bench's
+    # own (`scratch_space`, `tier_throughput`).
     rows: list[dict[str, Any]] = []
     note = ""
     with baselines.scratch_space(cfg.type, cfg.options) as scratch:
-
-        async def measure(size: int) -> tuple[float, float]:
-            async with tier_from_config(cfg, namespace, config, **scratch) as tier:
-                try:
-                    return await baselines.tier_rates(
-                        tier, size, args.count, args.clients, keyspace
-                    )
-                finally:
-                    try:
-                        await purge_namespace(tier)  # its blocks, and a marker of its own
-                    except KvtierError as e:  # say what is left; an error in flight stays
-                        print(
-                            f"kvtier bench: could not remove its blocks (namespace "
-                            f"{namespace.hex()}) from tier {cfg.name!r}: {e}",
-                            file=sys.stderr,
-                        )
-
         # per block size: the tier's puts and gets, then the raw baseline's writes and reads
         bar = Progress.of(args, 4 * args.count * len(sizes), f"bench {cfg.name}")
         for index, size in enumerate(sizes):
-            put, get = asyncio.run(measure(size))
+            put, get = tier_throughput(config, cfg, size, args.count, args.clients, scratch)
             bar.update((4 * index + 2) * args.count)
             try:
                 baseline = raw_baseline(cfg, size, args.count, args.clients, scratch)

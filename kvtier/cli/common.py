@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvtier.cli import args as argtypes
+from kvtier.operations import PLACEHOLDER
 from tiering.config import Config, TierConfig, tier_from_config
 from tiering.errors import ConfigError
 
@@ -36,9 +37,6 @@ __all__ = [
     "table",
     "tier_config",
 ]
-
-PLACEHOLDER = bytes(16)
-"""The namespace a tier is opened in to ask which namespaces it holds."""
 
 
 def _parent() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from kvtier.cli.common import (
     table,
     tier_config,
 )
+from kvtier.cli.manifests import manifest_fields
 from kvtier.operations import read_block
 from tiering.config import Config, TierConfig, load_config, tier_from_config
 from tiering.errors import CorruptObject, TierError, TierUnavailable
@@ -31,6 +32,10 @@ from tiering.tier import NamespaceUsage, Tier, as_key
 from tiering.tier.format import check_object
 
 __all__ = ["add_parsers", "header_fields", "run_inspect", "run_ls", "run_stats"]
+
+SHOWN_MANIFESTS = 100
+"""The most manifests `kvtier stats` reads per tier and namespace (each is read whole)."""
+MANIFEST_PREFIX = record_name("")
 
 
 def add_parsers(commands: Any) -> None:
@@ -59,10 +64,13 @@ def add_parsers(commands: Any) -> None:
 
 def run_stats(args: argparse.Namespace) -> int:
     """Every namespace each tier's store holds, whoever wrote it (`Tier.usage`), with the
-    store's totals and the tier's capacity, and this engine's last manifest of use there
+    store's totals and the tier's capacity, this engine's last manifest of use there
     (`primary.engine_id`, else this host's identity): its age and its writer's warm start as
-    it stood then (`warm`). JSON: one row per tier and namespace (a tier holding none: one
-    row, namespace null), each with the store's totals beside."""
+    it stood then (`warm`), and every engine's manifest there (`manifests`, listed: at most
+    `SHOWN_MANIFESTS` a tier and namespace, `manifests_more` when there are more), and the
+    order its sweeper removes objects in now (`sweep_order`, `sweep_order`'s). JSON: one
+    row per tier and namespace (a tier holding none: one row, namespace null), each with the
+    store's totals beside."""
     config = load_config(args.config)
     chosen = [tier_config(config, args.tier)] if args.tier else list(config.tiers)
     now = time.time()
@@ -72,16 +80,19 @@ def run_stats(args: argparse.Namespace) -> int:
         for cfg in chosen:
             async with tier_from_config(cfg, PLACEHOLDER, config, read_only=True) as probe:
                 usage = await probe.usage()
+                order = await sweep_order(probe)
             store: dict[str, Any] = {
                 "tier": cfg.name,
                 "type": cfg.type,
                 "capacity": cfg.capacity,
                 "store_objects": sum(u.objects for u in usage),
                 "store_bytes": sum(u.bytes_used for u in usage),
+                "sweep_order": order,
             }
             listed: list[NamespaceUsage | None] = [*usage] or [None]
             for u in listed:
                 warm = None if u is None else await last_warm_start(config, cfg, u.namespace, now)
+                shown, more = ([], False) if u is None else await manifests(config, cfg, u, now)
                 rows.append(
                     store
                     | {
@@ -93,6 +104,8 @@ def run_stats(args: argparse.Namespace) -> int:
                         if u is None or u.last_write is None
                         else max(0.0, now - u.last_write),
                         "warm": warm,
+                        "manifests": shown,
+                        "manifests_more": more,
                     }
                 )
         return rows
@@ -132,7 +145,74 @@ def run_stats(args: argparse.Namespace) -> int:
                 "",
             )
         )
-    return emit(args, rows, table(lines))
+    orders = [
+        f"tier {tier}, its sweeper's order: {order['line']}"
+        for tier, order in {r["tier"]: r["sweep_order"] for r in rows}.items()
+        if order is not None
+    ]
+    return emit(args, rows, table(lines) + manifest_lines(rows) + orders)
+
+
+async def sweep_order(tier: Tier) -> dict[str, Any] | None:
+    """The order in which the sweeper of `tier`'s store removes objects now, where the tier
+    says (an S3 tier with `capacity`: `S3Tier.sweep_order`, read from the live manifests of
+    use as its sweeper reads them), else None: `order` ("use" or "write"), `live_manifests`,
+    `named_keys`, `stale_manifests`, `refused_manifests` and the `line` shown."""
+    asked = getattr(tier, "sweep_order", None)
+    named = None if asked is None else await asked()
+    return None if named is None else named.fields() | {"line": named.line()}
+
+
+async def manifests(
+    config: Config, cfg: TierConfig, usage: NamespaceUsage, now: float
+) -> tuple[list[dict[str, Any]], bool]:
+    """Every engine's manifest of use in the namespace of `usage` (`Tier.list_records`), as
+    `manifest_fields` with its age: at most `SHOWN_MANIFESTS` of them (each is read whole to be
+    verified), and whether there are more. A refused one is shown as refused."""
+    shown: list[dict[str, Any]] = []
+    async with tier_from_config(cfg, usage.namespace, config, read_only=True) as tier:
+        names = await tier.list_records(MANIFEST_PREFIX, SHOWN_MANIFESTS + 1)
+        for name in names[:SHOWN_MANIFESTS]:
+            engine = name[len(MANIFEST_PREFIX) :]
+            try:
+                data = await tier.read_record(name)
+                if data is None:
+                    continue  # removed since the listing
+                found = decode(data, usage.namespace, engine)
+            except (CorruptObject, ManifestRefused) as e:
+                shown.append({"engine": engine, "refused": str(e)})
+                continue
+            fields = manifest_fields(found, 0)
+            del fields["hottest"], fields["namespace"]
+            shown.append(fields | {"age_seconds": max(0.0, now - found.written_at)})
+    return shown, len(names) > SHOWN_MANIFESTS
+
+
+def manifest_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The manifests of `rows` as a table of their own (none: no lines)."""
+    lines: list[tuple[str, ...]] = [
+        ("tier", "namespace", "engine", "age", "blocks", "ended", "host", "its warm start")
+    ]
+    for r in rows:
+        for m in r["manifests"]:
+            where = (r["tier"], r["namespace"], m["engine"])
+            if "refused" in m:
+                lines.append((*where, "", "", "", "", f"refused ({m['refused']})"))
+                continue
+            lines.append(
+                (
+                    *where,
+                    format_age(m["age_seconds"]),
+                    f"{m['blocks']:,}",
+                    "yes" if m["ended"] else "no",
+                    f"{m['host']} pid {m['pid']}",
+                    f"{m['warm_source']}, {m['warm_read']}/{m['warm_planned']} read, "
+                    f"{m['warm_skipped']} skipped, {m['warm_remaining']} left",
+                )
+            )
+        if r["manifests_more"]:
+            lines.append((r["tier"], r["namespace"], f"(more than {SHOWN_MANIFESTS})", *[""] * 5))
+    return ["", "manifests of use:", *table(lines)] if len(lines) > 1 else []
 
 
 async def last_warm_start(

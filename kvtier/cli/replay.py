@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if fleet:
         args.route = "sticky" if args.route is None else args.route
         args.seed = 0 if args.seed is None else args.seed
-        return run_fleet(args, _physical_memory())
+        return run_fleet(args, physical_memory())
     if any(x is not None for x in (args.route, args.seed, args.shared_blocks, args.pace)):
         raise ConfigError("--route, --seed, --shared-blocks and --pace need --engines N")
     if args.config is not None:
@@ -204,7 +204,7 @@ def _print_table(path: str, rows: list[tuple[ReplayResult, float | None, float]]
 
 def run_tiered(args: argparse.Namespace) -> int:
     config = load_config(args.config)  # a bad file fails before the trace is read
-    memory = _physical_memory()
+    memory = physical_memory()
     for capacity in args.capacity:
         if capacity * args.block_bytes > memory:
             raise ConfigError(
@@ -290,7 +290,7 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _physical_memory() -> int:
+def physical_memory() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):  # not a POSIX system that says

@@ -237,7 +237,7 @@ values = st.one_of(
 def argvs(draw: st.DrawFn, workspace: dict[str, Path]) -> list[str]:
     command = draw(st.sampled_from(COMMANDS))
     argv = [command]
-    if command == "replay":
+    if command in ("replay", "plan"):
         argv.append(str(workspace["trace"]))
     elif draw(st.integers(0, 9)):
         argv += ["--config", str(workspace["config"])]

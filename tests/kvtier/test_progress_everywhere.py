@@ -1,4 +1,4 @@
-"""Every command that can run long (migrate, verify, purge, bench, replay) draws its progress
+"""Every command that can run long (migrate, verify, purge, bench, replay, plan) draws its progress
 on a terminal, a real pseudo-terminal as standard error: what is done and its rate, and the
 time left where the total is known; it draws nothing with `--json` on that terminal, nor when
 standard error is not a terminal."""
@@ -72,6 +72,9 @@ def commands(root: Path) -> dict[str, list[str]]:
         ],
         "lru @ 64 blocks [": [
             *("replay", str(root / "trace.jsonl"), "--capacity", "64", "--policy", "lru"),
+        ],
+        "plan [": [
+            *("plan", str(root / "trace.jsonl"), "--primary", "64,128", "--policy", "lru"),
         ],
     }
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.helpers.manager import Harness, k
-from tiering.config import PrimaryConfig, TierConfig
+from tests.helpers.manifests import THROUGH, file_tier, wait_for, warm
+from tiering.config import TierConfig
 from tiering.errors import CorruptObject
 from tiering.keys import store_namespace
 from tiering.manager.counters import (
@@ -38,17 +39,9 @@ from tiering.primary import KeyState
 from tiering.testing import NAMESPACE
 from tiering.tier import Tier
 from tiering.tier.wrappers import ForwardingTier
-from tiers.file import BlockFileTier, SegmentFileTier
 from tiers.memory import MemoryTier
 
-BLOCK = 4096
 SECRET = b"s" * 32
-
-
-def file_tier(path: Path, layout: str = "files", **kw: Any) -> Tier:
-    cls = BlockFileTier if layout == "files" else SegmentFileTier
-    kw.setdefault("namespace", NAMESPACE)
-    return cls(name="nvme", path=path, min_free=0, direct=False, **kw)
 
 
 @pytest.fixture(
@@ -60,30 +53,36 @@ def file_tier(path: Path, layout: str = "files", **kw: Any) -> Tier:
         pytest.param("s3", marks=pytest.mark.s3),
     ]
 )
-def any_tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tier]:
+def tier_of(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[bytes], Tier]:
+    """A tier of the given namespace, every call's over one store."""
     kind = request.param
     if kind == "memory":
-        yield MemoryTier(namespace=NAMESPACE)
-    elif kind in ("files", "segments"):
-        yield file_tier(tmp_path, kind)
-    elif kind == "redis":
+        return lambda namespace: MemoryTier(namespace=namespace)
+    if kind in ("files", "segments"):
+        return lambda namespace: file_tier(tmp_path, kind, namespace=namespace)
+    if kind == "redis":
         from tiers.redis import RedisTier
 
-        server = request.getfixturevalue("redis_server")
-        yield RedisTier(namespace=NAMESPACE, name="redis", url=server.url)
-    else:
-        from tiers.s3 import S3Tier
+        url = request.getfixturevalue("redis_server").url
+        return lambda namespace: RedisTier(namespace=namespace, name="redis", url=url)
+    from tiers.s3 import S3Tier
 
-        server = request.getfixturevalue("s3_server")
-        yield S3Tier(
-            namespace=NAMESPACE,
-            name="s3",
-            bucket=server.bucket,
-            endpoint_url=server.endpoint,
-            access_key=server.ACCESS_KEY,
-            secret_key=server.SECRET_KEY,
-            prefix=f"m{time.monotonic_ns()}/",
-        )
+    server = request.getfixturevalue("s3_server")
+    prefix = f"m{time.monotonic_ns()}/"
+    return lambda namespace: S3Tier(
+        namespace=namespace,
+        name="s3",
+        bucket=server.bucket,
+        endpoint_url=server.endpoint,
+        access_key=server.ACCESS_KEY,
+        secret_key=server.SECRET_KEY,
+        prefix=prefix,
+    )
+
+
+@pytest.fixture
+def any_tier(tier_of: Callable[[bytes], Tier]) -> Tier:
+    return tier_of(NAMESPACE)
 
 
 def test_every_tier_keeps_a_record_apart_from_its_blocks(any_tier: Tier) -> None:
@@ -98,6 +97,34 @@ def test_every_tier_keeps_a_record_apart_from_its_blocks(any_tier: Tier) -> None
             assert await tier.write_record(name, b"second" * 1000)
             assert await tier.read_record(name) == b"second" * 1000
             assert (await tier.stat()).objects == 0
+            if tier.supports_listing:
+                assert [key async for key in tier.keys()] == []
+
+    asyncio.run(run())
+
+
+def test_every_tier_lists_its_records_by_prefix_and_removes_them(
+    tier_of: Callable[[bytes], Tier],
+) -> None:
+    """Listed by prefix, sorted, bounded, this namespace's only; a removed one is gone."""
+
+    mine = time.monotonic_ns().to_bytes(16, "big")  # namespaces no other test wrote in
+    other = (time.monotonic_ns() + 1).to_bytes(16, "big")
+
+    async def run() -> None:
+        async with tier_of(mine) as tier, tier_of(other) as far:
+            assert await tier.list_records("manifest.") == []
+            for name in ("manifest.b", "manifest.a", "manifest-request.a", "other"):
+                assert await tier.write_record(name, name.encode())
+            await far.write_record("manifest.c", b"c")
+            assert await tier.list_records("manifest.") == ["manifest.a", "manifest.b"]
+            assert await tier.list_records("manifest.", limit=1) in (["manifest.a"], ["manifest.b"])
+            assert len(await tier.list_records()) == 4
+            assert await far.list_records("manifest.") == ["manifest.c"]
+            assert await tier.delete_record("manifest.a")
+            assert not await tier.delete_record("manifest.a")
+            assert await tier.list_records("manifest.") == ["manifest.b"]
+            assert await tier.read_record("manifest.a") is None
             if tier.supports_listing:
                 assert [key async for key in tier.keys()] == []
 
@@ -194,32 +221,15 @@ def test_a_sealed_manifest_is_refused_by_tiers_of_its_namespace_without_the_seal
 # -- through the manager ------------------------------------------------------------------------
 
 
-def warm(blocks: int, **kw: Any) -> PrimaryConfig:
-    return PrimaryConfig(warm_start=blocks * BLOCK, **kw)
-
-
 def resident(h: Harness) -> set[int]:
     with h.manager.quiet():
         pool = h.manager.pool
         return {i for i in range(64) if k(i) in pool and pool.state(k(i)) is KeyState.READY}
 
 
-def wait_for(h: Harness, done: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with h.manager.quiet():
-            if done():
-                return
-        time.sleep(0.005)
-    raise AssertionError("timed out")
-
-
 def warm_ended(h: Harness) -> Callable[[], bool]:
     warm = h.manager.warm
     return lambda: warm.budget == 0 and not warm.warming
-
-
-THROUGH = TierConfig(name="nvme", type="file", write="through")
 
 
 def first_engine(

@@ -14,7 +14,7 @@ import pytest
 from tests.tiers.memory_hooks import plant, stored
 from tiering.testing import SECRET, key, payload
 from tiering.testing.data import NAMESPACE
-from tiering.tier import Envelope
+from tiering.tier import Envelope, Tier
 from tiering.tier.envelope import SEAL_IN_THREADS
 from tiers.memory import MemoryTier
 
@@ -32,6 +32,7 @@ def test_large_sealed_blocks_are_sealed_and_opened_off_the_loop(
             return _f(self, *args)
 
         monkeypatch.setattr(Envelope, name, spy)
+    monkeypatch.setattr(Tier, "seal_in_threads", SEAL_IN_THREADS)  # as with cores to spare
     big, small = SEAL_IN_THREADS, SEAL_IN_THREADS // 4
 
     async def go() -> None:

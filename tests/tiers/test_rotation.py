@@ -6,7 +6,7 @@ at any step, and an engine told to drop a secret serves nothing sealed under it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,15 @@ import yaml
 
 from kvtier.cli import main
 from kvtier.servers import RedisServer
+from tests.tiers import memory_hooks
 from tiering.config import parse_config
 from tiering.keys import store_namespace
 from tiering.manager import build_tiers
 from tiering.testing import NAMESPACE, key, payload
 from tiering.tier import Tier
+from tiering.tier.rotation import RotatingTier
+from tiering.tier.values import KeyLike, as_key
+from tiers.memory import MemoryTier
 
 pytestmark = pytest.mark.redis
 
@@ -254,3 +258,35 @@ def test_a_restart_during_a_rotation_follows_the_manifest_written_under_the_old_
     found, why = loop.run_until_complete(read_manifest(new.tiers, stored, "e1"))
     assert found is not None and list(found.keys) == [key(302), key(300)], why
     assert new.found(range(300, 303)) == [[300, 301, 302]] * 2
+
+
+class _CountingTier(MemoryTier):
+    """A previous secret's names that count what they are asked."""
+
+    asked: list[list[bytes]]
+
+    async def contains(self, keys: Sequence[KeyLike]) -> list[bool]:
+        self.asked.append([bytes(as_key(k)) for k in keys])
+        return await super().contains(keys)
+
+
+def test_contains_asks_the_previous_names_once_and_never_for_a_refused_block() -> None:
+    """A block refused moments ago in the current names is not asked anywhere, and each
+    missing block is asked in the previous names once (not again after the base's
+    refused-key filtering)."""
+
+    async def go() -> None:
+        current = MemoryTier(namespace=NAMESPACE, secret=b"the new secret, 32 bytes long..")
+        old = _CountingTier(namespace=NAMESPACE, secret=b"the old secret, 32 bytes long..")
+        old.asked = []
+        async with RotatingTier(current, [old]) as tier:
+            await old.put(key(2), payload(64, 2))
+            foreign = b"".join(bytes(p) for p in old.envelope.seal(key(1), payload(64, 1)))
+            memory_hooks.plant(current, key(1), foreign)  # another secret's: refused, kept
+            assert not await tier.get(key(1), bytearray(64))
+            assert tier.counters["corrupt.auth"] == 1
+            old.asked.clear()
+            assert await tier.contains([key(1), key(2), key(3)]) == [False, True, False]
+            assert old.asked == [[bytes(key(2)), bytes(key(3))]]
+
+    asyncio.run(go())

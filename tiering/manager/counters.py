@@ -177,6 +177,18 @@ MANIFEST_CLASHES: Final = _count(
     "Times another live engine was found writing this engine's identity (primary.engine_id).",
     "vllm:kvtier_manifest_clashes",
 )
+MANIFEST_REQUESTS: Final = _count(
+    "manifest_requests",
+    "manager",
+    "Requests to write the manifest now (kvtier manifest --write-now) answered with a write.",
+    "vllm:kvtier_manifest_requests",
+)
+MANIFEST_REQUESTS_REFUSED: Final = _count(
+    "manifest_requests_refused",
+    "manager",
+    "Manifest requests refused and removed: not sealed by this deployment's secret, damaged.",
+    "vllm:kvtier_manifest_requests_refused",
+)
 WARM_STOPPED: Final = _count(
     "warm_stopped",
     "manager",

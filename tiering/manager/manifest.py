@@ -9,7 +9,8 @@ apart, `clash`). The recorder (`tiering.manager.recorder`) writes it to every pe
 that keeps records (`Tier.write_record`: a `files` directory's `.kvtier/records/`, a Redis key,
 an S3 object), as record `manifest.<engine id>`, sealed by the tier's envelope (its namespace,
 checksum and, with `auth.secret`, its seal); a restarted engine's warm start reads it back
-(`read_manifest`) and follows it.
+(`read_manifest`) and follows it. An operator can ask a running engine to write it now
+(`tiering.manager.request`) and list every engine's (`Tier.list_records`, `kvtier stats`).
 
 Body, all integers big-endian: `MAGIC` (8 bytes), version (u16), namespace (16), engine id (u8
 length + ASCII), host (u8 length + UTF-8), pid (u32), session (8), written at (f64, Unix seconds),
@@ -249,11 +250,9 @@ def clash(
     now = time.time() if now is None else now
     if now - found.written_at > max(2 * interval, 60.0):
         return None
-    if found.host != socket.gethostname():
-        return f"host {found.host!r} wrote it {now - found.written_at:.0f} s ago"
-    if found.pid != os.getpid() and not _alive(found.pid):
+    if found.host == socket.gethostname() and found.pid != os.getpid() and not _alive(found.pid):
         return None  # a process of this host that has ended: this engine's last run
-    return f"process {found.pid} of this host wrote it {now - found.written_at:.0f} s ago"
+    return f"host {found.host!r} pid {found.pid} wrote it {now - found.written_at:.0f} s ago"
 
 
 def _alive(pid: int) -> bool:

@@ -42,11 +42,11 @@ from tiering.tier.counters import (
     REFUSED_SKIPS,
     corrupt,
 )
-from tiering.tier.envelope import SEAL_IN_THREADS, Envelope, sealing_threads
+from tiering.tier.envelope import Envelope, seal_threshold, sealing_threads
 from tiering.tier.format import REMOVABLE, Header
 from tiering.tier.operators import OperatorCalls
 from tiering.tier.options import TierOptions
-from tiering.tier.records import MAX_RECORD_BYTES, record_key
+from tiering.tier.records import MAX_RECORD_BYTES, check_record_name, record_key
 from tiering.tier.refusals import RecentRefusals
 from tiering.tier.values import (
     Buffer,
@@ -73,9 +73,10 @@ class Tier(OperatorCalls):
 
     options: TierOptions
     """This tier's settings, read by `Options.of` from the constructor's keywords."""
-    seal_in_threads: int = SEAL_IN_THREADS
+    seal_in_threads: int = seal_threshold()
     """The block size from which a tier with a secret seals and opens on the sealing threads
-    (`tiering.tier.envelope.SEAL_IN_THREADS`; `bench/auth.py --seal-in-threads` compares)."""
+    (`tiering.tier.envelope.seal_threshold`: `SEAL_IN_THREADS` with cores to spare, else
+    never; `bench/auth.py --seal-in-threads` compares)."""
 
     def __init__(
         self,
@@ -206,7 +207,9 @@ class Tier(OperatorCalls):
         """Store `data` as the block of `key`, replacing any; `StateError` on a read-only tier.
         `data` must stay unchanged until the call returns (it is written from where it lies)."""
         block, parts = await self._seal(key, data)
-        self._count_put(await self._call(self._write(block, parts)), len(data))
+        written = await self._call(self._write(block, parts))
+        self.envelope.written(parts)
+        self._count_put(written, len(data))
 
     async def delete(self, key: KeyLike) -> bool:
         """Remove the block of `key`; whether there was one. `StateError` on a read-only tier."""
@@ -235,7 +238,14 @@ class Tier(OperatorCalls):
         read-only tier."""
         self._writable("write a record")
         parts = self.envelope.seal(record_key(name), data)
-        return await self._call(self._write_record(name, b"".join(parts)))
+        blob = b"".join(parts)
+        self.envelope.written(parts)
+        return await self._call(self._write_record(name, blob))
+
+    async def delete_record(self, name: str) -> bool:
+        """Remove record `name`; whether it was there. `StateError` on a read-only tier."""
+        self._writable("delete a record")
+        return await self._call(self._delete_record(check_record_name(name)))
 
     async def read_record(self, name: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
         """Record `name`'s data, opened and verified, or None (none there, or a tier that keeps
@@ -308,6 +318,9 @@ class Tier(OperatorCalls):
             return await self._bounded(
                 [self._put_encoded(b, p, n) for (b, p), n in zip(objects, sizes, strict=True)]
             )
+        for outcome, (_, parts) in zip(outcomes, objects, strict=True):
+            if not isinstance(outcome, BaseException):
+                self.envelope.written(parts)
         return [self._stored(o, len(d)) for o, (_, d) in zip(outcomes, items, strict=True)]
 
     async def delete_many(self, keys: Sequence[KeyLike]) -> list[bool | BaseException]:
@@ -420,7 +433,9 @@ class Tier(OperatorCalls):
         return size >= self.seal_in_threads and self.envelope.authenticated
 
     async def _put_encoded(self, block: BlockKey, parts: Sequence[Buffer], size: int) -> None:
-        self._count_put(await self._call(self._write(block, parts)), size)
+        written = await self._call(self._write(block, parts))
+        self.envelope.written(parts)
+        self._count_put(written, size)
 
     def _count_put(self, written: bool | None, size: int) -> None:
         """Count a put of a `size`-byte block that `_write` answered `written` for (False:

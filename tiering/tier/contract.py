@@ -20,7 +20,8 @@ adds everything else (the envelope, deadlines, counting, batching, the public AP
         async def _stat(self): ...                # TierStat
 
 Optional, with defaults here: `_read_head(key, n)` (a ranged read), `_read_record` and
-`_write_record` (small named objects beside the blocks, `tiering.tier.records`), `_list()` and
+`_write_record`, `_delete_record`, `_list_records` (small named objects beside the blocks,
+`tiering.tier.records`), `_list()` and
 `_entries()` (with `supports_listing = True`), `_namespaces()`, `_usage()`, `_delete_refused(key,
 seen)`, `_close()`, `knows(key)` and `newest(n)` (with `indexed = True`: an in-process index of
 every object). Optional fast paths the base looks for are `Protocol`s: `ReadsInto` (the payload
@@ -356,6 +357,21 @@ class TierContract(ABC):
 
         Guaranteed by the caller: the tier is not read-only; `name` is a record's."""
         return False
+
+    async def _delete_record(self, name: str) -> bool:
+        """Remove record `name` of this namespace; whether one was there (default: False).
+
+        Guaranteed by the caller: the tier is not read-only; `name` is a record's."""
+        return False
+
+    async def _list_records(self, prefix: str, limit: int) -> list[str]:
+        """The names of this namespace's records that start with `prefix`, at most `limit`
+        (default: none). The caller checks every name and sorts them.
+
+        The implementation must: keep its memory and requests bounded by `limit` (pages of
+        `tiering.tier.records.RECORD_PAGE`, stopping at `limit` names), never answer a block's
+        name, nor a record of another namespace."""
+        return []
 
     async def _close(self) -> None:  # noqa: B027 - optional: most tiers hold something to release
         """Release connections, files and threads; called once, by the first `close`. The

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -32,10 +33,20 @@ from tiering.tier.format import (
     mac_key,
     verify_payload,
 )
+from tiering.tier.scratch import ScratchPool
 from tiering.tier.sealing import KeySchedule
 from tiering.tier.threads import IOThreads
 
-__all__ = ["MIN_SECRET_BYTES", "SEAL_IN_THREADS", "SEEN_BYTES", "Envelope", "sealing_threads"]
+__all__ = [
+    "MIN_SECRET_BYTES",
+    "SEAL_IN_THREADS",
+    "SEEN_BYTES",
+    "SPARE_CORES",
+    "Envelope",
+    "ciphertext_buffers",
+    "seal_threshold",
+    "sealing_threads",
+]
 
 Buffer = bytes | memoryview
 
@@ -46,13 +57,37 @@ SEEN_BYTES: Final = 256
 header, the key, the MAC and the writer tag of any object (at most 66 + 68 + 32 + 16 bytes), so
 two objects that differ in anything a header or MAC covers differ in them."""
 SEAL_IN_THREADS: Final = 512 << 10
-"""From this block size, a tier with a secret seals and opens objects on the sealing threads
-(`sealing_threads`), off the runtime's event loop: AES-GCM releases the GIL, so the loop goes on
-with other calls' I/O while another core seals. Below it the hand-over (~50 us) costs about what
-the cryptography does (BENCHMARKS.md, "Sealed objects")."""
+"""From this block size, a tier with a secret on a host with cores to spare (`seal_threshold`)
+seals and opens objects on the sealing threads (`sealing_threads`), off the runtime's event
+loop: AES-GCM releases the GIL, so the loop goes on with other calls' I/O while another core
+seals. Below it the hand-over (~50 us) costs about what the cryptography does (BENCHMARKS.md,
+"Sealed objects")."""
+SPARE_CORES: Final = 4
+"""The cores from which a host seals on threads by default (`seal_threshold`): with two, the
+loop's own I/O keeps the other core busy and the hand-over costs more than it frees
+(BENCHMARKS.md, "Sealed objects": on the loop 0.78-0.94 where the threads gave 0.48-0.81)."""
 SEALING_THREADS: Final = 2
+
+
+def seal_threshold() -> int:
+    """The block size from which tiers seal and open on the sealing threads by default:
+    `SEAL_IN_THREADS` on a host with `SPARE_CORES` usable cores or more, never below."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return SEAL_IN_THREADS if cores >= SPARE_CORES else 1 << 62
+
+
+_scratch = ScratchPool()
+"""The process's buffers for ciphertexts (`Envelope.seal`, `Envelope.written`)."""
 _sealers: list[IOThreads] = []
 _sealers_lock = threading.Lock()
+
+
+def ciphertext_buffers() -> ScratchPool:
+    """The process's pool of buffers encrypted payloads are sealed into."""
+    return _scratch
 
 
 def sealing_threads() -> IOThreads:
@@ -131,7 +166,9 @@ class Envelope:
 
     def seal(self, key: BlockKey, data: Buffer | bytearray) -> tuple[Buffer, Buffer]:
         """The stored object of block `data` under `key`, as its parts (header, payload: the
-        payload is `data` itself with the `raw` codec, not a copy)."""
+        payload is `data` itself with the `raw` codec and no encryption, not a copy; an
+        encrypted payload lies in a reused, page-aligned buffer, which `written` takes back
+        once the object is written)."""
         return encode(
             key,
             self.namespace,
@@ -142,7 +179,16 @@ class Envelope:
             keys=self.keys,
             encrypt=self.encrypt,
             writer=self.writer,
+            scratch=_scratch,
         )
+
+    @staticmethod
+    def written(parts: Sequence[object]) -> None:
+        """The object of `parts` (`seal`'s) is written and nothing reads its parts any more:
+        its ciphertext's buffer goes back for the next encrypted put. Not called after a
+        failed or cancelled write (a thread may still read the buffer: it is left to the
+        garbage collector)."""
+        _scratch.give_back(parts)
 
     def header(self, key: BlockKey, head: Buffer) -> Header:
         """The checked header of the object of `key` whose first bytes are `head`."""
@@ -183,7 +229,8 @@ class Envelope:
     def open_placed(self, key: BlockKey, header_bytes: Buffer, view: memoryview) -> Header:
         """Check a header and the payload a backend read straight into `view` (`ReadsInto`):
         `CorruptObject` unless they are `key`'s, of this namespace, raw, with a matching
-        checksum (and MAC); the checked header."""
+        checksum (and seal); the checked header. An encrypted payload is decrypted where it
+        lies (put back as read when refused, so its checksum still tells damage)."""
         try:
             header = decode_header(header_bytes, key, self.namespace)
             if header.payload_offset != len(header_bytes):
@@ -193,9 +240,7 @@ class Envelope:
             if header.codec != "raw":
                 raise CorruptObject("codec", f"expected a raw object, found {header.codec}")
             check_object(header, header.payload_offset + len(view), len(view))
-            plain = verify_payload(header, view, self.mac, self.keys)
-            if header.encrypted:
-                view[:] = plain
+            verify_payload(header, view, self.mac, self.keys, in_place=True)
             return header
         except CorruptObject as e:
             e.seen = bytes(memoryview(header_bytes)[:SEEN_BYTES])

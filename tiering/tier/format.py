@@ -74,6 +74,7 @@ import xxhash
 from tiering.errors import CorruptObject
 from tiering.keys import FORMAT_VERSION, NAMESPACE_BYTES, BlockKey
 from tiering.tier.codecs import CHECKSUMS, CODECS, Checksum, checksum, compress, decompress
+from tiering.tier.scratch import ScratchPool
 from tiering.tier.sealing import NONCE_BYTES, SALT_BYTES, TAG_BYTES, KeySchedule
 
 __all__ = [
@@ -207,6 +208,7 @@ def encode(
     keys: KeySchedule | None = None,
     encrypt: bool = False,
     writer: bytes | None = None,
+    scratch: ScratchPool | None = None,
 ) -> tuple[bytes, bytes | memoryview]:
     """The header (padded so the payload starts at a multiple of `align`) and the payload.
 
@@ -217,7 +219,9 @@ def encode(
     deployment secret's `KeySchedule` of `namespace`) seals the object with AES-256-GCM, and
     with `encrypt` encrypts its payload; `secret_key` (`mac_key` of a secret) seals it with an
     HMAC-SHA256 instead (what readers still accept; kept for tests of it); `writer`
-    (`WRITER_BYTES` bytes) adds a writer tag.
+    (`WRITER_BYTES` bytes) adds a writer tag. An encrypted payload is written into a buffer
+    of `scratch` when given (`tiering.tier.scratch`: the caller gives it back once the object
+    is written), else into a new one.
     """
     if len(namespace) != NAMESPACE_BYTES:
         raise ValueError(f"namespace must be {NAMESPACE_BYTES} bytes, got {len(namespace)}")
@@ -260,7 +264,10 @@ def encode(
     if keys is not None:
         salt, nonce, object_key = keys.next_nonce()
         signed = fields(0)[:_SIGNED_FIELDS] + key + salt + nonce
-        payload, tag = keys.seal(signed, payload, encrypt, object_key, nonce)
+        into = None
+        if encrypt and scratch is not None and len(payload):
+            into = memoryview(scratch.take(len(payload)))
+        payload, tag = keys.seal(signed, payload, encrypt, object_key, nonce, into)
         seal = salt + nonce + tag
     packed = fields(checksum(checksum_kind, payload))
     header_sum = xxhash.xxh3_64_intdigest(packed[:58] + key)
@@ -400,11 +407,13 @@ def verify_payload(
     secret_key: bytes | None = None,
     keys: KeySchedule | None = None,
     into: memoryview | None = None,
+    in_place: bool = False,
 ) -> bytes | memoryview:
     """The stored payload of `header` as it was sealed (decrypted when it was encrypted),
     once its length and checksum match its header and, for a reader with a secret (`keys`, its
     `KeySchedule`, and `secret_key`, `mac_key` of it, for HMAC seals), its seal verifies.
-    An encrypted payload is decrypted into `into` when given (not overlapping `payload`).
+    An encrypted payload is decrypted into `into` when given (not overlapping `payload`), or
+    with `in_place` into `payload` itself (a writable buffer; as read again when refused).
     Raises `CorruptObject`; a reader without a secret ignores a seal over a plaintext payload
     and refuses an encrypted one (`auth`: it cannot read it).
 
@@ -425,7 +434,7 @@ def verify_payload(
             raise CorruptObject("auth", "the payload is encrypted and this reader has no secret")
         return payload
     try:
-        return _unseal(header, payload, secret_key, keys, into)
+        return _unseal(header, payload, secret_key, keys, into, in_place)
     except CorruptObject:
         if sealed and checksum(header.checksum_kind, payload) != header.payload_checksum:
             raise CorruptObject("checksum", "payload checksum mismatch") from None
@@ -438,6 +447,7 @@ def _unseal(
     secret_key: bytes | None,
     keys: KeySchedule | None,
     into: memoryview | None,
+    in_place: bool,
 ) -> bytes | memoryview:
     if header.mac is None:
         raise CorruptObject("auth", "the object carries no seal (written without the secret)")
@@ -454,4 +464,4 @@ def _unseal(
         header.mac[SALT_BYTES : SALT_BYTES + NONCE_BYTES],
         header.mac[SALT_BYTES + NONCE_BYTES :],
     )
-    return keys.open(header.signed, payload, header.encrypted, salt, nonce, tag, into)
+    return keys.open(header.signed, payload, header.encrypted, salt, nonce, tag, into, in_place)

@@ -16,6 +16,7 @@ from tiering.tier.contract import TierContract
 from tiering.tier.counters import FOREIGN_NAMES
 from tiering.tier.envelope import Envelope
 from tiering.tier.format import MAX_BLOCK_BYTES, Header
+from tiering.tier.records import MAX_LISTED_RECORDS, RECORD_NAME
 from tiering.tier.values import Buffer, KeyLike, NamespaceUsage, ObjectInfo, TierStat, as_key
 
 __all__ = ["OperatorCalls"]
@@ -97,3 +98,21 @@ class OperatorCalls(TierContract):
             if isinstance(e, TierError):
                 raise
             raise TierTimeout(f"tier {self.name!r}: usage not listed within {timeout:g}s") from e
+
+    async def list_records(
+        self, prefix: str = "", limit: int = MAX_LISTED_RECORDS, timeout: float | None = None
+    ) -> list[str]:
+        """The names of this namespace's records (`tiering.tier.records`) that start with
+        `prefix`, sorted: at most `limit` (a store holding more answers the first it meets),
+        none from a tier that keeps no records. A name that is not a record's (planted by
+        anyone who can write to the store) is left out. Bounded like `usage` by `timeout`, not
+        the tier's per-block deadline; not counted among the tier's `errors`."""
+        try:
+            async with asyncio.timeout(timeout):
+                names = await self._list_records(prefix, limit)
+        except TimeoutError as e:
+            if isinstance(e, TierError):
+                raise
+            raise TierTimeout(f"tier {self.name!r}: records not listed within {timeout:g}s") from e
+        kept = {n for n in names if isinstance(n, str) and n.startswith(prefix)}
+        return sorted(n for n in kept if RECORD_NAME.match(n))[:limit]

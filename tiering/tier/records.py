@@ -9,7 +9,9 @@ the blocks' prefix, an S3 object beside the namespaces' folders (each backend's
 namespace, checksum and, with a deployment secret, its seal), under a key no block can have:
 `record_key` of its name, so a record moved under another name, namespace or secret is refused
 like a block would be. Records are never listed as blocks, counted in a tier's objects, evicted
-with them or read into a slot.
+with them or read into a slot; they are listed on their own (`list_records`, by a prefix of
+their names: a files directory's listing, a Redis SCAN of the records' prefix, an S3 listing of
+it), at most `MAX_LISTED_RECORDS` a call, `RECORD_PAGE` a request.
 """
 
 from __future__ import annotations
@@ -21,13 +23,25 @@ from typing import Final
 from tiering.errors import KeyFormatError
 from tiering.keys import GROUP_BYTES, BlockKey
 
-__all__ = ["MAX_RECORD_BYTES", "RECORD_NAME", "check_record_name", "record_key"]
+__all__ = [
+    "MAX_LISTED_RECORDS",
+    "MAX_RECORD_BYTES",
+    "RECORD_NAME",
+    "RECORD_PAGE",
+    "check_record_name",
+    "record_key",
+]
 
 RECORD_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}\Z")
 """What a record's name looks like: safe as a file name, a Redis key part and an S3 name."""
 MAX_RECORD_BYTES: Final = 64 << 20
 """The largest record a tier reads back (a manifest of a 100 GiB primary of 2 MiB blocks is
 about 2 MB)."""
+MAX_LISTED_RECORDS: Final = 1000
+"""The most record names one listing answers (a store holding more: the first it meets). A
+fleet's manifests are one per engine and namespace: a thousand engines of one model."""
+RECORD_PAGE: Final = 1000
+"""Names asked for per request of a listing (an S3 page, a Redis SCAN's COUNT)."""
 _DOMAIN = b"kvtier record v1\x00"
 _GROUP = b"\xff" * GROUP_BYTES
 """A KV-group index no engine reaches: no block's key is a record's."""

@@ -19,7 +19,7 @@ from tiering.errors import TierError
 from tiering.keys import BlockKey
 from tiering.tier.base import Tier
 from tiering.tier.counters import BYTES_READ, HITS, HITS_PREVIOUS_SECRET, MISSES
-from tiering.tier.values import KeyLike, as_key
+from tiering.tier.values import KeyLike
 from tiering.tier.wrappers import ForwardingTier
 
 __all__ = ["RotatingTier"]
@@ -53,14 +53,17 @@ class RotatingTier(ForwardingTier):
                 continue
         return False
 
-    async def contains(self, keys: Sequence[KeyLike]) -> list[bool]:
-        found = await super().contains(keys)
+    async def _contains(self, keys: Sequence[BlockKey]) -> list[bool]:
+        """The current names' answers, a block not there looked for in the previous names
+        (the primitive under the base's `contains`, which has left out the keys refused moments
+        ago: those are asked nowhere, and nothing is asked twice)."""
+        found = await super()._contains(keys)
         for old in self.previous:
             missing = [i for i, there in enumerate(found) if not there]
             if not missing:
                 break
             try:
-                again = await old.contains([as_key(keys[i]) for i in missing])
+                again = await old.contains([keys[i] for i in missing])
             except TierError:
                 continue
             for i, there in zip(missing, again, strict=True):

@@ -93,6 +93,12 @@ class ForwardingTier(Tier):
     async def _write_record(self, name: str, blob: bytes) -> bool:
         return await self.inner._write_record(name, blob)
 
+    async def _delete_record(self, name: str) -> bool:
+        return await self.inner._delete_record(name)
+
+    async def _list_records(self, prefix: str, limit: int) -> list[str]:
+        return await self.inner._list_records(prefix, limit)
+
     async def _close(self) -> None:
         await self.inner.close()
 

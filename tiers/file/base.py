@@ -33,7 +33,7 @@ from tiers.file.direct import (
     is_aligned,
     round_up,
 )
-from tiers.file.records import read_record, write_record
+from tiers.file.records import delete_record, list_records, read_record, write_record
 from tiers.file.usage import FileUsage
 from tiers.indexed import IndexedTier
 
@@ -218,6 +218,18 @@ class FileTier(IndexedTier):
             return await self._run(write_record, self.base, self.namespace, name, blob)
         except OSError as e:
             raise TierError(f"tier {self.name!r}: record {name}: {e}") from e
+
+    async def _delete_record(self, name: str) -> bool:
+        try:
+            return await self._run(delete_record, self.base, self.namespace, name)
+        except OSError as e:
+            raise TierError(f"tier {self.name!r}: record {name}: {e}") from e
+
+    async def _list_records(self, prefix: str, limit: int) -> list[str]:
+        try:
+            return await self._run(list_records, self.base, self.namespace, prefix, limit)
+        except OSError as e:
+            raise TierError(f"tier {self.name!r}: records: {e}") from e
 
     async def _close(self) -> None:
         self._pool.shutdown()

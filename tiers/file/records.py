@@ -8,7 +8,8 @@ record is small and written rarely, and a manifest that a power cut leaves empty
 than an old one), then renamed over the old one: a reader, or the next engine after a kill -9
 at any moment, finds the old record or the new one, whole. A leftover temporary file (a
 writer killed before its rename) is replaced by the next write of the same writer's name and
-never read.
+never read. A listing reads the records' directory once (its names only: one `scandir`),
+keeping this namespace's names and never a temporary file's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from tiering.errors import CorruptObject
 from tiers.file.locks import meta_dir, open_regular
 
-__all__ = ["read_record", "write_record"]
+__all__ = ["delete_record", "list_records", "read_record", "write_record"]
 
 RECORDS = "records"
 
@@ -82,3 +83,32 @@ def write_record(base: Path, namespace: bytes, name: str, blob: bytes) -> bool:
     finally:
         os.close(folder)
     return True
+
+
+def delete_record(base: Path, namespace: bytes, name: str) -> bool:
+    """Remove the record; whether it was there."""
+    path = _where(base, namespace, name, create=False)
+    if path is None:
+        return False
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def list_records(base: Path, namespace: bytes, prefix: str, limit: int) -> list[str]:
+    """The names of `namespace`'s records starting with `prefix`, at most `limit` (the first
+    the directory's listing meets)."""
+    meta = meta_dir(base, create=False)
+    if meta is None or not (meta / RECORDS).is_dir():
+        return []
+    start = f"{namespace.hex()}.{prefix}"
+    found: list[str] = []
+    with os.scandir(meta / RECORDS) as entries:
+        for entry in entries:
+            if entry.name.startswith(start) and entry.is_file(follow_symlinks=False):
+                found.append(entry.name[len(namespace.hex()) + 1 :])
+                if len(found) >= limit:
+                    break
+    return found

@@ -50,6 +50,7 @@ from tiering.keys import BlockKey
 from tiering.secrets import UNENCODED_PASSWORD, password_needs_encoding, redact_url, url_secrets
 from tiering.tier import Buffer, NamespaceUsage, Tier, TierStat
 from tiering.tier.batching import RawRead, RawWrite
+from tiering.tier.records import RECORD_PAGE
 from tiers.redis.bounds import BoundsCheck, read_memory
 from tiers.redis.errors import RedisErrors, empty, replies, within, wrong_type
 from tiers.redis.options import URL_ARGUMENTS, URL_QUERY, RedisOptions, milliseconds
@@ -62,6 +63,15 @@ from tiers.tls import check_handshake, client_context
 __all__ = ["RedisOptions", "RedisTier"]
 
 T = TypeVar("T")
+
+
+def _glob(name: bytes) -> bytes:
+    """`name` as a SCAN pattern that matches it alone (its glob characters escaped)."""
+    for special in (b"\\", b"*", b"?", b"[", b"]"):
+        name = name.replace(special, b"\\" + special)
+    return name
+
+
 log = logging.getLogger(__name__)
 
 _DELETE_IF_SEEN = """
@@ -299,6 +309,23 @@ class RedisTier(Tier):
         with self._errors.around("SET"):
             await self._client.set(self._record_name(name), blob)
         return True
+
+    async def _delete_record(self, name: str) -> bool:
+        with self._errors.around("DEL"):
+            return bool(await self._client.delete(self._record_name(name)))
+
+    async def _list_records(self, prefix: str, limit: int) -> list[str]:
+        """A SCAN of the records' prefix (`RECORD_PAGE` names a call): its cost grows with
+        the server's keys, as every SCAN's, its memory with `limit` only."""
+        base = self._record_name("")
+        match = _glob(base + prefix.encode()) + b"*"
+        found: list[str] = []
+        with self._errors.around("SCAN"):
+            async for key in self._client.scan_iter(match=match, count=RECORD_PAGE):
+                found.append(key[len(base) :].decode("ascii", "replace"))
+                if len(found) >= limit:
+                    break
+        return found
 
     async def _write(self, key: BlockKey, parts: Sequence[Buffer]) -> bool:
         """SET NX: False when the key was there (nothing written)."""

@@ -5,11 +5,17 @@ the prefix's lease (`tiers.s3.lease`), so one engine of those sharing the prefix
 A pass, every `sweep_interval`, lists every object under the prefix and counts what kvtier
 wrote there, in every namespace (block objects `<32 hex>/<ab>/<key hex>` and packs
 `<32 hex>/packs/<name>`; nothing else is counted or removed): when that is over `capacity`, it
-deletes the oldest (by LastModified, the server's clock; ties by name) until it is not. A pack
-is counted and removed whole. Namespaces no engine writes any more are the oldest and go first.
-A pass keeps only the `SWEEP_BATCH` oldest objects it lists in memory; when deleting them all
-is not enough, the next pass follows at once. It renews the lease as due between the pages of
-its listing, and checks that it still holds it before each delete request.
+deletes objects until it is not, in the order of use as far as engines tell it
+(`tiers.s3.use`): first the objects no live engine's manifest of use names, oldest
+(LastModified, the server's clock; ties by name) first, then the named ones, least hot (the
+highest rank) first, oldest first among equals. With no live manifest that is write order, the
+oldest first, as the bucket alone can tell it. A pack is counted and removed whole. Namespaces
+no engine writes any more are named by none and the oldest, and go first. A pass that finds
+the prefix over capacity without the manifests at hand reads them (kept `REFRESH`) and sweeps
+again at once. A pass keeps only the `SWEEP_BATCH` first objects to remove in memory; when
+deleting them all is not enough, the next pass follows at once. It renews the lease as due
+between the pages of its listing, and checks that it still holds it before each delete
+request.
 
 The bound: the prefix holds at most `capacity` plus what was written since the listing of the
 sweeper's last pass began (at most `sweep_interval` and a pass ago), and while a dead holder's
@@ -34,6 +40,7 @@ from tiering.units import format_size
 from tiers.s3.background import Background
 from tiers.s3.client import DELETE_BATCH, Bucket
 from tiers.s3.lease import LEASE_TTL, Lease
+from tiers.s3.use import Named, UseOrder
 
 __all__ = ["SWEEP_BATCH", "SWEEP_PAGE", "Sweeper", "sweepable"]
 
@@ -68,9 +75,11 @@ class Sweeper:
         lease: Lease,
         counters: Counter[str],
         swept: Callable[[set[str]], object],
+        use: UseOrder | None = None,
     ) -> None:
         """`interval`: `sweep_interval`; `swept`: told the names of the packs each delete
-        request removed (the tier's own index forgets them at once)."""
+        request removed (the tier's own index forgets them at once); `use`: the live manifests
+        of use (None: write order always)."""
         self.bucket = bucket
         self.prefix = prefix
         self.tier = tier
@@ -79,6 +88,9 @@ class Sweeper:
         self.lease = lease
         self.counters = counters
         self.swept = swept
+        self.use = use
+        self.order: Named | None = None
+        """What the last pass that removed objects followed (`Named.by_use`)."""
         self.refusal: str | None = None
         """Why this tier refuses to write (the server cannot elect a sweeper), or None."""
         self.used: int | None = None
@@ -119,7 +131,8 @@ class Sweeper:
 
     async def sweep(self) -> bool:
         """One pass: whether objects over `capacity` remain that it did not get to delete."""
-        oldest: list[tuple[float, str, int]] = []  # a max-heap by (-modified, name)
+        named = None if self.use is None else self.use.cached
+        first: list[tuple[int, int, float, str, int]] = []  # the first to remove, unordered
         used = 0
         token: str | None = None
         while True:
@@ -130,9 +143,14 @@ class Sweeper:
                 if not sweepable(name[len(self.prefix) :]):
                     continue
                 used += size
-                heapq.heappush(oldest, (-modified, name, size))
-                if len(oldest) > SWEEP_BATCH:
-                    heapq.heappop(oldest)  # the newest of those kept
+                rank = None if named is None else named.rank(self.prefix, name)
+                first.append(
+                    (0, 0, modified, name, size)
+                    if rank is None
+                    else (1, -rank, modified, name, size)
+                )
+                if len(first) >= 2 * SWEEP_BATCH:
+                    first = heapq.nsmallest(SWEEP_BATCH, first)
             if token is None:
                 break
         self.used = used
@@ -140,8 +158,13 @@ class Sweeper:
         excess = used - self.capacity
         if excess <= 0:
             return False
+        if self.use is not None and named is None:
+            await self.use.named()  # read once over capacity, then kept: sweep again at once
+            return True
+        self.order = named if named is not None else Named()
+        self.counters["sweeps_by_use" if self.order.by_use else "sweeps_write_order"] += 1
         chosen = []
-        for _, name, size in sorted(oldest, key=lambda o: (-o[0], o[1])):
+        for *_, name, size in heapq.nsmallest(SWEEP_BATCH, first):
             if excess <= 0:
                 break
             chosen.append((name, size))

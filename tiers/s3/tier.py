@@ -25,7 +25,9 @@ from urllib.parse import urlsplit
 from tiering.errors import CorruptObject, TierFull
 from tiering.keys import BlockKey
 from tiering.tier import Buffer, NamespaceUsage, ObjectInfo, Tier, TierStat
+from tiering.tier.envelope import Envelope
 from tiering.tier.options import TierOptions, option
+from tiering.tier.records import RECORD_PAGE
 from tiers.s3.client import Bucket
 from tiers.s3.lease import Lease
 from tiers.s3.packer import Packer
@@ -34,6 +36,7 @@ from tiers.s3.packs import Packs
 from tiers.s3.refresh import Refresher
 from tiers.s3.sweeper import Sweeper
 from tiers.s3.usage import BucketUsage
+from tiers.s3.use import Named, UseOrder
 from tiers.tls import check_handshake, client_context
 
 __all__ = ["S3Options", "S3Tier"]
@@ -185,6 +188,17 @@ class S3Tier(Tier):
             ready=self._clock,
         )
         self._usage_scan = BucketUsage(self._bucket, self.prefix)
+        self._use = UseOrder(
+            self._bucket,
+            self.prefix,
+            tier=self.name,
+            envelope=lambda ns: (
+                self.envelope if ns == self.namespace else Envelope.of(ns, secret=secret)
+            ),
+            room=self.header_room,
+            counters=self.counters,
+            pack_of=self._pack_of,
+        )
         self._sweeper = None
         if self.capacity is not None and not self.read_only:
             self._sweeper = Sweeper(
@@ -203,7 +217,16 @@ class S3Tier(Tier):
                 ),
                 counters=self.counters,
                 swept=self._packs.drop,
+                use=self._use,
             )
+
+    def _pack_of(self, namespace: bytes, key: BlockKey) -> str | None:
+        """The pack this tier's index knows block `key` of `namespace` to lie in (its own
+        namespace only)."""
+        if namespace != self.namespace:
+            return None
+        packed = self._packs.where(key)[1]
+        return None if packed is None else packed[0]
 
     def _check_tls(self, timeout: float) -> None:
         """The TLS of an `https://` endpoint, tried once at open (`tiers.tls`): a CA bundle
@@ -238,6 +261,27 @@ class S3Tier(Tier):
     async def _write_record(self, name: str, blob: bytes) -> bool:
         await self._bucket.put(self._record_name(name), blob)
         return True
+
+    async def _delete_record(self, name: str) -> bool:
+        """S3's DELETE answers alike whether the object was there: one HEAD first says."""
+        found = await self._bucket.head(self._record_name(name))
+        if found:
+            await self._bucket.delete(self._record_name(name))
+        return found
+
+    async def _list_records(self, prefix: str, limit: int) -> list[str]:
+        """ListObjectsV2 of the records' prefix, `RECORD_PAGE` names a page, up to `limit`."""
+        base = self._record_name("")
+        found: list[str] = []
+        token: str | None = None
+        while len(found) < limit:
+            page, token = await self._bucket.list_page(
+                base + prefix, token, min(RECORD_PAGE, limit - len(found))
+            )
+            found += [name[len(base) :] for name, _, _ in page]
+            if token is None:
+                break
+        return found
 
     # -- primitives -----------------------------------------------------------------------------
 
@@ -396,6 +440,13 @@ class S3Tier(Tier):
             self._bucket.shutdown()
 
     # -- beyond the contract -------------------------------------------------------------------
+
+    async def sweep_order(self) -> Named | None:
+        """The order the prefix's sweeper removes objects in now, read from the live manifests
+        as the sweeper reads them (`tiers.s3.use`); None without `capacity` (no sweeper)."""
+        if self.capacity is None:
+            return None
+        return await self._use.named()
 
     async def refresh_packs(self) -> None:
         """List every pack in the bucket now (`tiers.s3.refresh.Refresher.full`): what the
