@@ -13,9 +13,14 @@ unbounded pass over the first 1,500 requests (what an operator gives a shared Re
 headroom for its clients). Between peaks the server holds more blocks than asked: the replay's
 `held_blocks` says how many.
 
+Redis's eviction is by use as far as two of its settings allow: its LRU clock ticks once a
+second, so `--pace` must let the tier's eviction horizon span tens of seconds (the output's
+`horizon_ticks`; `kvtier.fleet.recency`), and its sampled LRU matches an exact one here only with
+`--samples 64` (BENCHMARKS.md).
+
     python bench/fleet_media.py TRACE [--requests 6000] [--engines 8] [--capacity 1638]
                                 [--shared-blocks 13107] [--samples 5] [--headroom 1]
-                                [--follow-clients] [--json]
+                                [--follow-clients] [--pace X] [--json]
 """
 
 from __future__ import annotations
@@ -129,6 +134,12 @@ def main() -> None:
         action="store_true",
         help="set maxmemory every 10 ms to the blocks' share plus the clients' memory then",
     )
+    parser.add_argument(
+        "--pace",
+        type=float,
+        help="trace seconds replayed per wall-clock second (default: unpaced); Redis's LRU "
+        "clock ticks once a second (kvtier.fleet.recency)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     requests = load_trace(args.trace).requests[: args.requests]
@@ -160,7 +171,14 @@ def main() -> None:
             result, peak = watched(
                 server.port,
                 lambda: replay_fleet(
-                    requests, cfg, args.engines, args.capacity, "random", 0, args.block_bytes
+                    requests,
+                    cfg,
+                    args.engines,
+                    args.capacity,
+                    "random",
+                    0,
+                    args.block_bytes,
+                    pace=args.pace,
                 ),
                 follow,
             )
@@ -180,6 +198,10 @@ def main() -> None:
                 "store_error": result.store_error,
                 "evicted_keys": int(client.info("stats")["evicted_keys"]),
                 "seconds": round(result.seconds, 1),
+                "pace": args.pace,
+                "lag": round(result.lag, 1),
+                "horizon": None if result.horizon is None else round(result.horizon, 1),
+                "horizon_ticks": result.horizon_ticks and round(result.horizon_ticks),
             }
         finally:
             server.stop()

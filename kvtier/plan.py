@@ -14,6 +14,11 @@ Redis's `allkeys-lru`), else its oldest *written* (S3, whose sweeper goes by `La
 `MEDIUM_ORDER`. A tier holds whole blocks: its capacity in blocks is its bytes over a block's
 KV bytes (`BLOCK_TOKENS` tokens of `token_bytes` each).
 
+A fleet (`plan_fleet`): N engines, each with a primary of its own, over one shared tier, is
+not modelled here but replayed by `kvtier replay --engines`'s code (`kvtier.fleet.replay_fleet`:
+the real managers and the shared tier's real medium, sized in the blocks it holds), one
+configuration at a time: what `kvtier plan --engines` reports for a shared tier is that replay's.
+
 What a hit buys is priced per configuration: the prompt tokens not recomputed, the prefill time
 that saves at `prefill_rate` tokens per second, and the time the hits cost to load from their
 layer at its bandwidth (given, or `kvtier bench`'s measurement of the tier).
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kvtier.trace import BLOCK_TOKENS, TraceRequest, trace_keys
+from tiering.config import Config
 from tiering.keys import BlockKey
 from tiering.primary import LookupResult, PrimaryPool
 
@@ -44,6 +50,7 @@ __all__ = [
     "TierModel",
     "blocks_of",
     "plan",
+    "plan_fleet",
     "run_plan",
 ]
 
@@ -256,6 +263,40 @@ def run_plan(
                 if progress is not None:
                     progress(len(results))
     return results
+
+
+def plan_fleet(
+    requests: Sequence[TraceRequest],
+    config: Config,
+    engines: int,
+    primary: int,
+    policy: str,
+    shared_blocks: int,
+    pricing: Pricing,
+    route: str = "sticky",
+    seed: int = 0,
+    block_bytes: int = 64,
+) -> PlanResult:
+    """One configuration of a fleet: `engines` engines with `primary` blocks each under
+    `policy`, over the one tier of `config` holding `shared_blocks` blocks, replayed by
+    `kvtier.fleet.replay_fleet` (module docstring)."""
+    from kvtier.fleet import replay_fleet
+
+    config = dataclasses.replace(
+        config, primary=dataclasses.replace(config.primary, eviction=policy)
+    )
+    result = replay_fleet(
+        requests, config, engines, primary, route, seed, block_bytes, None, shared_blocks
+    )
+    tier = config.tiers[0]
+    fleet = result.fleet
+    shared = fleet.shared_hit_tokens
+    hit_tokens = {PRIMARY: fleet.hit_tokens - shared, tier.name: shared}
+    layer = Layer(tier.name, tier.type, shared_blocks, tier.write, tier.admit_after_hits)
+    saved = fleet.hit_tokens / pricing.prefill_rate
+    load = hit_tokens[PRIMARY] * pricing.token_bytes / (pricing.gbps(PRIMARY, PRIMARY) * 1e9)
+    load += shared * pricing.token_bytes / (pricing.gbps(tier.name, tier.type) * 1e9)
+    return PlanResult(primary, policy, (layer,), fleet.total_tokens, hit_tokens, saved, load)
 
 
 def blocks_of(size_bytes: int, token_bytes: int) -> int:

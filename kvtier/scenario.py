@@ -50,7 +50,10 @@ def run_scenario(
     costs), `prefix_caching_hash_algo`, `env`
     (variables for the engine; a null value removes one), `settle` (default False: after the
     prompts, step the engine until its stores and kvtier's demotions have ended, at most
-    `settle_timeout` seconds, default 120; in-process engines only), `kill_after` (a crash:
+    `settle_timeout` seconds, default 120; in-process engines only), `settle_each` (default False:
+    settle after every prompt of `prompts` too, as vLLM's own engine process steps between
+    requests, so that a prompt's time holds none of the stores the one before it left),
+    `kill_after` (a crash:
     after the prompts and the settling, the engine idles this many seconds, writes its result
     and is killed with SIGKILL, no shutdown run). `uniproc` (default True) keeps
     scheduler and worker in one process; False is vLLM's default deployment, scheduler and

@@ -9,12 +9,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Real servers for the tier tests: redis-server from Debian (SeaweedFS's `weed` comes from
-# PyPI with the test extra).
-if ! command -v redis-server >/dev/null 2>&1; then
+# PyPI with the test extra); tmux, the real terminal `kvtier top`'s test draws in.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v tmux >/dev/null 2>&1; then
   sudo=""
   [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server tmux
 fi
 
 if [ ! -x .venv/bin/python ]; then

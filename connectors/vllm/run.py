@@ -306,6 +306,8 @@ def run(scenario: dict[str, Any]) -> dict[str, Any]:
 
     for prompt in scenario.get("prompts", []):  # one at a time: each sees the earlier ones' KV
         generate(prompt)
+        if scenario.get("settle_each"):  # as vLLM's engine process steps between requests
+            settle(llm, float(scenario.get("settle_timeout", 120)))
     # Chats: turn t of every conversation, then turn t + 1; a turn's prompt is the whole
     # conversation so far (earlier prompts and answers) followed by the new user message. In a
     # fleet, this engine's turns alone, the others' handed over by the engines serving them.

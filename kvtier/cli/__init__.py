@@ -1,7 +1,7 @@
 """The `kvtier` command line: `main` builds the parser from one module per command group
 (`config`: validate, show; `inspection`: stats, ls, inspect; `ops`: migrate, verify, purge;
-`secrets`: rekey; `bench`; `replay`; `plan`; `demo`), whose shared options are argparse parent
-parsers (`common`).
+`secrets`: rekey; `bench`; `replay`; `plan`; `top`; `demo`), whose shared options are
+argparse parent parsers (`common`).
 
 Every command prints a readable table by default and JSON with `--json`, and exits non-zero
 with a one-line reason on error: 2 for bad usage (arguments, names, config), 1 for anything
@@ -19,7 +19,18 @@ import traceback
 from collections.abc import Sequence
 
 import kvtier
-from kvtier.cli import bench, config, demo, inspection, manifests, ops, plan, replay, secrets
+from kvtier.cli import (
+    bench,
+    config,
+    demo,
+    inspection,
+    manifests,
+    ops,
+    plan,
+    replay,
+    secrets,
+    top,
+)
 from tiering.errors import ConfigError, KeyFormatError, KvtierError
 from tiering.secrets import redact_text
 
@@ -49,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(commands)
     replay.add_parser(commands)
     plan.add_parser(commands)
+    top.add_parser(commands)
     config.add_parsers(commands)
     inspection.add_parsers(commands)
     manifests.add_parsers(commands)

@@ -10,7 +10,7 @@ from pathlib import Path
 from tiering.errors import ConfigError
 from tiering.units import parse_size
 
-__all__ = ["count", "path", "sizes"]
+__all__ = ["count", "path", "rate", "sizes"]
 
 
 def count(low: int = 1, high: int = 1_000_000) -> Callable[[str], int]:
@@ -24,6 +24,23 @@ def count(low: int = 1, high: int = 1_000_000) -> Callable[[str], int]:
         if value is None or not low <= value <= high:
             raise argparse.ArgumentTypeError(
                 f"expected an integer from {low:,} to {high:,}, got {text!r}"
+            )
+        return value
+
+    return read
+
+
+def rate(high: float) -> Callable[[str], float]:
+    """A finite number above 0 and at most `high`, in ASCII (`float` takes any script's)."""
+
+    def read(text: str) -> float:
+        try:
+            value = float(text) if len(text) <= 32 and text.isascii() else None
+        except ValueError:
+            value = None
+        if value is None or not 0 < value <= high:
+            raise argparse.ArgumentTypeError(
+                f"expected a number above 0, at most {high:g}, got {text!r}"
             )
         return value
 

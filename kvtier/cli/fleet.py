@@ -8,6 +8,7 @@ import argparse
 from kvtier.cli.common import emit
 from kvtier.cli.progress import Progress
 from kvtier.fleet import FleetResult, check_fleet, replay_fleet
+from kvtier.fleet.recency import coarse_clock_note
 from kvtier.trace import load_trace
 from tiering.config import load_config
 from tiering.errors import ConfigError
@@ -47,6 +48,7 @@ def run_fleet(args: argparse.Namespace, memory: int) -> int:
                 args.block_bytes,
                 progress.update,
                 args.shared_blocks,
+                args.pace,
             )
         )
         progress.close()
@@ -118,6 +120,19 @@ def _lines(r: FleetResult) -> list[str]:
             f"the shared tier's breaker opened on {r.breakers_opened:,} engine(s): their jobs "
             "were refused for a while (misses)"
         )
+    if r.pace is not None:
+        notes.append(
+            f"paced at {r.pace:g} trace seconds per second ({r.trace_seconds:,.0f} s of trace "
+            f"in {r.seconds:,.0f} s; an arrival at most {r.lag:.1f} s late)"
+        )
+    if r.horizon_ticks is not None:
+        notes.append(
+            f"the shared tier's blocks were replaced in {r.horizon:,.1f} s: "
+            f"{r.horizon_ticks:,.0f} ticks of its medium's {r.recency_tick:g} s recency clock"
+        )
+    coarse = coarse_clock_note(r)
+    if coarse is not None:
+        notes.append(coarse)
     return [
         f"primary {r.capacity:,} blocks of {r.block_bytes:,} bytes per engine ({r.seconds:.1f}s)",
         *_aligned(rows),

@@ -11,6 +11,8 @@ from typing import Any
 from kvtier.cli import args as argtypes
 from kvtier.cli.common import JSON, table, tier_config
 from kvtier.cli.progress import Progress
+from kvtier.cli.replay import FLEET_BLOCK_BYTES, physical_memory
+from kvtier.fleet import MAX_ENGINES, ROUTES, check_fleet
 from kvtier.picture import FORMATS, Chart, Series, write_chart
 from kvtier.plan import (
     DEFAULT_BANDWIDTH,
@@ -21,6 +23,7 @@ from kvtier.plan import (
     PlanResult,
     Pricing,
     blocks_of,
+    plan_fleet,
     run_plan,
 )
 from kvtier.trace import BLOCK_TOKENS, load_trace
@@ -37,6 +40,9 @@ shared trace's 12,000 requests)."""
 MAX_BLOCKS = 10_000_000
 """The most blocks a layer may be given (`kvtier replay`'s bound: 5 PB of 512-token blocks of
 Llama-3-8B; each block held costs the model ~100 bytes)."""
+MAX_FLEET_CONFIGURATIONS = 64
+"""The most fleet configurations one plan replays (each a fleet replay: ~40 s for 6,000
+requests of 8 engines)."""
 MEASURE_COUNT = 32
 MEASURE_BLOCK = 2 << 20
 
@@ -112,6 +118,26 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--requests", type=argtypes.count(1, 10**9), help="replay only the first N requests"
+    )
+    parser.add_argument(
+        "--engines",
+        type=argtypes.count(1, MAX_ENGINES),
+        metavar="N",
+        help="a fleet: N engines of --primary blocks each over the config's one tier, shared "
+        "(sizes: --tier NAME=BLOCKS,...); each configuration is a `kvtier replay --engines` run "
+        "through the real managers and medium (about 40 s per 6,000 requests of 8 engines)",
+    )
+    parser.add_argument(
+        "--route",
+        choices=ROUTES,
+        default="sticky",
+        help="with --engines: how requests pick an engine (default sticky)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=argtypes.count(0, 2**63 - 1),
+        default=0,
+        help="with --engines: the routing's seed (default 0)",
     )
     parser.add_argument(
         "--picture",
@@ -219,27 +245,96 @@ def run(args: argparse.Namespace) -> int:
     if not all(primaries):
         raise ConfigError("--primary: every size must hold at least one block")
     tiers = _tiers(args, config)
+    if args.picture is not None and args.picture.suffix.lower() not in FORMATS:
+        raise ConfigError(f"--picture {args.picture}: {' or '.join(FORMATS)}")
+    if args.engines is not None:
+        return _run_fleet(args, config, policies, primaries, tiers)
     count = len(policies) * len(primaries)
     for _, sizes in tiers:
         count *= len(sizes)
     if count > MAX_CONFIGURATIONS:
         raise ConfigError(f"{count} configurations; at most {MAX_CONFIGURATIONS} in one plan")
-    if args.picture is not None and args.picture.suffix.lower() not in FORMATS:
-        raise ConfigError(f"--picture {args.picture}: {' or '.join(FORMATS)}")
     pricing = Pricing(args.token_bytes, args.prefill_rate, _bandwidth(args, config, tiers))
     trace = load_trace(args.trace)
     requests = trace.requests[: args.requests] if args.requests else trace.requests
     progress = Progress.of(args, count, "plan")
     results = run_plan(requests, primaries, policies, tiers, pricing, progress.update)
     progress.close()
-    chart = _chart(str(trace.path), results, primaries, tiers)
+    return _report(args, str(trace.path), len(requests), pricing, results, primaries, tiers)
+
+
+def _report(
+    args: argparse.Namespace,
+    path: str,
+    requests: int,
+    pricing: Pricing,
+    results: list[PlanResult],
+    primaries: list[int],
+    tiers: list[tuple[Layer, list[int]]],
+) -> int:
+    chart = _chart(path, results, primaries, tiers)
     if args.picture is not None:
         write_chart(chart, args.picture)
     if args.json:
-        print(json.dumps(_as_json(str(trace.path), len(requests), pricing, results), indent=2))
+        data = _as_json(path, requests, pricing, results)
+        if args.engines is not None:
+            data |= {"engines": args.engines, "route": args.route, "seed": args.seed}
+        print(json.dumps(data, indent=2))
     else:
-        _print(str(trace.path), len(requests), pricing, results, args.picture)
+        _print(path, requests, pricing, results, args.picture)
     return 0
+
+
+def _run_fleet(
+    args: argparse.Namespace,
+    config: Config | None,
+    policies: list[str],
+    primaries: list[int],
+    tiers: list[tuple[Layer, list[int]]],
+) -> int:
+    """`--engines`: each configuration a fleet replay (`kvtier.plan.plan_fleet`)."""
+    if config is None:
+        raise ConfigError("--engines needs --config FILE: the config of the tier they share")
+    check_fleet(config, args.engines, args.route)
+    ((_, sizes),) = tiers
+    if args.measure:
+        raise ConfigError("--measure is not supported with --engines: give --bandwidth")
+    memory = physical_memory()
+    need = args.engines * max(primaries) * FLEET_BLOCK_BYTES
+    if need > memory:
+        raise ConfigError(
+            f"--engines {args.engines}: {need:,} bytes of primaries, this machine has {memory:,}"
+        )
+    count = len(policies) * len(primaries) * len(sizes)
+    if count > MAX_FLEET_CONFIGURATIONS:
+        raise ConfigError(
+            f"--engines: {count} configurations; at most {MAX_FLEET_CONFIGURATIONS} in one plan"
+        )
+    pricing = Pricing(args.token_bytes, args.prefill_rate, _bandwidth(args, config, tiers))
+    trace = load_trace(args.trace)
+    requests = trace.requests[: args.requests] if args.requests else trace.requests
+    progress = Progress.of(args, count, f"plan, {args.engines} engines")
+    results = []
+    for policy in policies:
+        for blocks in sizes:
+            for primary in primaries:
+                results.append(
+                    plan_fleet(
+                        requests,
+                        config,
+                        args.engines,
+                        primary,
+                        policy,
+                        blocks,
+                        pricing,
+                        args.route,
+                        args.seed,
+                        FLEET_BLOCK_BYTES,
+                    )
+                )
+                progress.update(len(results))
+    progress.close()
+    return _report(args, str(trace.path), len(requests), pricing, results, primaries, tiers)
 
 
 def _tiers_label(result: PlanResult) -> str:

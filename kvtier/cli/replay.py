@@ -79,6 +79,16 @@ def add_parser(commands: Any) -> None:
         "--requests", type=argtypes.count(1, 10**9), help="replay only the first N requests"
     )
     parser.add_argument(
+        "--pace",
+        type=argtypes.rate(1e9),
+        metavar="X",
+        help="with --engines: replay X seconds of the trace's timestamps per wall-clock second "
+        "(default: as fast as the engines go). A medium that evicts by itself orders its "
+        "objects by a coarse clock (Redis's LRU clock and S3's LastModified: 1 s): unpaced, "
+        "its tier turns over within a few ticks, and it evicts at random among the blocks of "
+        "a tick; the replay says when, and the pace that gives it enough",
+    )
+    parser.add_argument(
         "--engines",
         type=argtypes.count(1, MAX_ENGINES),
         metavar="N",
@@ -108,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
     if fleet:
         args.route = "sticky" if args.route is None else args.route
         args.seed = 0 if args.seed is None else args.seed
-        return run_fleet(args, _physical_memory())
-    if args.route is not None or args.seed is not None or args.shared_blocks is not None:
-        raise ConfigError("--route, --seed and --shared-blocks need --engines N")
+        return run_fleet(args, physical_memory())
+    if any(x is not None for x in (args.route, args.seed, args.shared_blocks, args.pace)):
+        raise ConfigError("--route, --seed, --shared-blocks and --pace need --engines N")
     if args.config is not None:
         return run_tiered(args)
     for name in args.policy:
@@ -194,7 +204,7 @@ def _print_table(path: str, rows: list[tuple[ReplayResult, float | None, float]]
 
 def run_tiered(args: argparse.Namespace) -> int:
     config = load_config(args.config)  # a bad file fails before the trace is read
-    memory = _physical_memory()
+    memory = physical_memory()
     for capacity in args.capacity:
         if capacity * args.block_bytes > memory:
             raise ConfigError(
@@ -280,7 +290,7 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _physical_memory() -> int:
+def physical_memory() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):  # not a POSIX system that says

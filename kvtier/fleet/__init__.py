@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 
 from kvtier.fleet.figures import EngineFigures, FleetResult
 from kvtier.fleet.footprint import object_footprint, with_capacity
+from kvtier.fleet.recency import RECENCY_TICK
 from kvtier.fleet.routing import ROUTES, route_requests, session_of
 from kvtier.fleet.run import Fleet, FleetRun
 from kvtier.trace import TraceRequest, trace_keys
@@ -94,13 +95,17 @@ def replay_fleet(
     block_bytes: int = 4096,
     progress: Callable[[int], None] | None = None,
     shared_blocks: int | None = None,
+    pace: float | None = None,
 ) -> FleetResult:
     """Replay `requests` through `engines` managers of `capacity` primary blocks of
     `block_bytes` each, over the one secondary tier of `config`, routed by `route` with
     `seed` (module docstring). `ConfigError` as `check_fleet` says; `progress` is called with
     the number of requests done. `shared_blocks`: the shared tier holds that many blocks, its
     capacity that many times what one takes there (`kvtier.fleet.footprint`), instead of the
-    config's bytes."""
+    config's bytes. `pace`: trace seconds replayed per wall-clock second (None: as fast as the
+    engines go; `kvtier.fleet.recency` says when a medium needs it)."""
+    if pace is not None and not pace > 0:
+        raise ConfigError(f"--pace: expected trace seconds per second above 0, got {pace}")
     check_fleet(config, engines, route)
     one = object_footprint(config, block_bytes)
     if shared_blocks is not None:
@@ -111,7 +116,7 @@ def replay_fleet(
     started = time.perf_counter()
     fleet = Fleet(config, engines, capacity, block_bytes, stand_in=tier.type == "memory")
     try:
-        run = FleetRun(fleet, requests, keys, assignment, progress)
+        run = FleetRun(fleet, requests, keys, assignment, progress, pace)
         run.run()
         rows = run.figures()
         store = fleet.store_stat()
@@ -137,4 +142,8 @@ def replay_fleet(
         seconds=time.perf_counter() - started,
         object_bytes=one,
         store_held_blocks=sum(run.held) / len(run.held) if run.held else None,
+        trace_seconds=run.span,
+        pace=pace,
+        lag=run.lag,
+        recency_tick=RECENCY_TICK.get(tier.type),
     )

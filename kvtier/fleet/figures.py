@@ -145,7 +145,7 @@ class FleetResult:
     """What the shared store holds once the requests are done (before the engines stop); None
     when it could not say (`store_error`)."""
     store_peak_bytes: int
-    """The most it held at any look (every `STORE_SAMPLE` requests, and at the end)."""
+    """The most it held at any look (`kvtier.fleet.run.STORE_SAMPLE`, and at the end)."""
     store_capacity: int | None
     """The shared tier's `capacity` (None: unbounded)."""
     store_counters: Mapping[str, int]
@@ -159,6 +159,34 @@ class FleetResult:
     """The blocks the shared tier held on average at its looks in the measured half (None: no
     look there): what it really holds, which a medium that keeps room free (a `files`
     directory's sweep margin and writers' room in flight) makes less than `capacity_blocks`."""
+    trace_seconds: float = 0.0
+    """The trace's time from the first arrival to the last (its timestamps)."""
+    pace: float | None = None
+    """Trace seconds replayed per wall-clock second (None: unpaced, as fast as it goes)."""
+    lag: float = 0.0
+    """With `pace`: the most seconds an arrival came after its due time."""
+    recency_tick: float | None = None
+    """The resolution, in seconds, of the clock by which the medium itself orders its objects
+    for eviction (`kvtier.fleet.recency`; None: exact, or kvtier evicts)."""
+
+    @property
+    def horizon(self) -> float | None:
+        """Wall-clock seconds in which the writes replaced the blocks the shared tier held (its
+        eviction horizon: a block older than that is gone unless used); None without a look or a
+        write."""
+        stored = self.fleet.writes - self.fleet.duplicate_writes
+        if self.store_held_blocks is None or stored <= 0 or self.seconds <= 0:
+            return None
+        return self.store_held_blocks * self.seconds / stored
+
+    @property
+    def horizon_ticks(self) -> float | None:
+        """`horizon` in ticks of the medium's recency clock (None: an exact clock, or no
+        horizon)."""
+        horizon = self.horizon
+        if horizon is None or not self.recency_tick:
+            return None
+        return horizon / self.recency_tick
 
     @property
     def capacity_blocks(self) -> int | None:
@@ -195,6 +223,11 @@ class FleetResult:
                 "capacity_blocks": self.capacity_blocks,
                 "object_bytes": self.object_bytes,
                 "held_blocks": self.store_held_blocks,
+                "recency_tick": self.recency_tick,
+                "horizon": None if self.horizon is None else round(self.horizon, 3),
+                "horizon_ticks": (
+                    None if self.horizon_ticks is None else round(self.horizon_ticks, 1)
+                ),
                 "counters": dict(self.store_counters),
                 "error": self.store_error,
             },
@@ -202,4 +235,7 @@ class FleetResult:
             "per_engine": [row.as_dict() for row in self.per_engine],
             "breakers_opened": self.breakers_opened,
             "seconds": round(self.seconds, 3),
+            "trace_seconds": self.trace_seconds,
+            "pace": self.pace,
+            "lag": round(self.lag, 3),
         }

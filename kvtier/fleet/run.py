@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from kvtier.fleet.figures import EngineFigures
+from kvtier.fleet.recency import STAT_TOUCHES
 from kvtier.fleet.shared import EngineTier, Write, WriteLedger
 from kvtier.replay import MAX_DEFERRALS, REPLAY_NAMESPACE, Admitted, ReplayEngine
 from kvtier.trace import TraceRequest
@@ -24,7 +26,9 @@ __all__ = ["STORE_SAMPLE", "UNTIMED_GAP", "Fleet", "FleetRun", "arrivals"]
 UNTIMED_GAP = 1.0
 """Seconds after the previous request that a request without a timestamp arrives."""
 STORE_SAMPLE = 512
-"""Requests between two looks at the shared store's bytes (its peak is the largest seen)."""
+"""Requests between two looks at the shared store's bytes (its peak is the largest seen), at
+most: a replay of fewer than 16 times as many looks 16 times, so that its measured half has
+some."""
 STAT_TIMEOUT = 60.0
 """Seconds a look at the shared store may take (a real store lists its keys for it)."""
 
@@ -68,6 +72,8 @@ class Fleet:
         self.shared: Tier | None = None
         self.indexed = False
         """Each engine's tier has an index of its own (`files`)."""
+        self.touchy = config.tiers[0].type in STAT_TOUCHES
+        """The store's `stat` would use every object it counts (`STAT_TOUCHES`)."""
         self.store_error: str | None = None
         """Why the store could not say what it holds, the last time it was asked."""
         lock = threading.Lock() if stand_in else None
@@ -112,11 +118,22 @@ class Fleet:
         try:
             if not self.indexed:
                 runtime = self.engines[0].manager.runtime
-                return cast(TierStat, runtime.run_sync(self.views[0].stat, STAT_TIMEOUT))
+                look = self._untouched if self.touchy else self.views[0].stat
+                return cast(TierStat, runtime.run_sync(look, STAT_TIMEOUT))
             return asyncio.run(self._fresh_stat())
         except TierError as e:
             self.store_error = str(e)
             return None
+
+    async def _untouched(self) -> TierStat:
+        """The replay's namespace in the store's `usage`, which a medium whose `stat` would
+        count as a use of every object answers without one (`STAT_TOUCHES`); its bytes are
+        the store's own for them (Redis: `MEMORY USAGE`, key and overhead included)."""
+        stored = store_namespace(REPLAY_NAMESPACE, self.config.auth.secret)
+        usage = await self.views[0].usage(STAT_TIMEOUT)
+        mine = [u for u in usage if u.namespace == stored]
+        objects, used = (mine[0].objects, mine[0].bytes_used) if mine else (0, 0)
+        return TierStat(objects, used, self.views[0].capacity)
 
     async def _fresh_stat(self) -> TierStat:
         config = self.config
@@ -164,6 +181,7 @@ class FleetRun:
         keys: list[list[BlockKey]],
         assignment: list[int],
         progress: Callable[[int], None] | None = None,
+        pace: float | None = None,
     ) -> None:
         self.fleet = fleet
         self.requests = requests
@@ -180,11 +198,25 @@ class FleetRun:
         self.held: list[int] = []
         """The objects the shared store held at each look in the measured half (from its
         first look after `measured_from` requests)."""
-        self._next_look = STORE_SAMPLE
+        self._every = max(1, min(STORE_SAMPLE, len(requests) // 16))
+        self._next_look = self._every
+        self.pace = pace
+        """Trace seconds per wall-clock second (None: as fast as the engines go)."""
+        self.lag = 0.0
+        """With `pace`: the most wall-clock seconds an arrival came later than its due time
+        (the engines and the store could not keep up)."""
+        self.span = 0.0
+        """Trace seconds from the first arrival to the last (`run`)."""
 
     def run(self) -> None:
         """Every request; then each engine's last step's results are collected."""
-        for arrival, group in arrivals(self.requests):
+        started = time.monotonic()
+        groups = arrivals(self.requests)
+        first = groups[0][0] if groups else 0.0
+        self.span = groups[-1][0] - first if groups else 0.0
+        for arrival, group in groups:
+            if self.pace is not None:
+                self._wait(started + (arrival - first) / self.pace)
             self.fleet.clock.now = arrival
             queues: dict[int, list[int]] = {}
             for index in group:
@@ -195,7 +227,7 @@ class FleetRun:
                 self._wave(wave)
                 self.done += len(wave)
                 if self.done >= self._next_look:
-                    self._next_look += STORE_SAMPLE
+                    self._next_look += self._every
                     stat = self.fleet.store_stat()
                     self.peak = max(self.peak, stat.bytes_used if stat else 0)
                     if stat is not None and self.done >= self.measured_from:
@@ -203,6 +235,14 @@ class FleetRun:
                 if self.progress is not None:
                     self.progress(self.done)
         self.stats = [engine.finish() for engine in self.fleet.engines]
+
+    def _wait(self, due: float) -> None:
+        """Sleep until `due` (`time.monotonic`), or count how late it is."""
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        else:
+            self.lag = max(self.lag, -delay)
 
     def _wave(self, wave: list[int]) -> None:
         """Admit the wave's requests in the same steps, each on its engine (vLLM's scan;

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from kvtier.fleet import (
     route_requests,
     session_of,
 )
+from kvtier.fleet.recency import ENOUGH_TICKS
 from kvtier.fleet.run import arrivals
 from kvtier.replay import REPLAY_NAMESPACE, replay_tiered
 from kvtier.servers import RedisServer, free_port
@@ -34,6 +36,7 @@ from tiers.memory import MemoryTier
 
 BLOCK = 64
 """Bytes of each synthesized block: the primaries stay small."""
+NEED_ENGINES = "--route, --seed, --shared-blocks and --pace need --engines N"
 
 
 def object_bytes(block_bytes: int = BLOCK) -> int:
@@ -235,11 +238,78 @@ def test_three_engines_on_redis_count_as_the_memory_stand_in(
     stand_in = replay_fleet(trace, config(), 3, 256, "random", 0, BLOCK)
     assert counts(on_redis) == counts(stand_in)
     assert on_redis.fleet.cross_hit_blocks > 0 and on_redis.fleet.duplicate_writes > 0
-    assert (on_redis.store_objects, on_redis.store_bytes) == (
-        stand_in.store_objects,
-        stand_in.store_bytes,
-    )
+    assert on_redis.store_objects == stand_in.store_objects
+    assert on_redis.store_bytes is not None and stand_in.store_bytes is not None
+    assert on_redis.store_bytes >= stand_in.store_bytes  # (the server's: keys and overhead)
     assert client.dbsize() == on_redis.store_objects
+    client.flushdb()
+    client.close()
+
+
+@pytest.mark.redis
+def test_a_look_at_redis_uses_none_of_its_blocks(
+    requests: tuple[TraceRequest, ...], redis_server: RedisServer
+) -> None:
+    """The replay looks at the shared store's blocks every few requests; on Redis a look
+    counts them (SCAN, MEMORY USAGE) without reading them (STRLEN would stamp every key as just
+    used, and `allkeys-lru` would then evict among them at random)."""
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port, db=6)
+    client.flushdb()
+    cfg = config({"type": "redis", "url": f"redis://127.0.0.1:{redis_server.port}/6"})
+    replay_fleet(requests[:40], cfg, 2, 64, "random", 0, BLOCK)
+    blocks = [name for name in client.scan_iter(match=b"kvtier:*:*", count=1000)]
+    assert blocks
+    time.sleep(2.1)  # (Redis's LRU clock ticks once a second)
+    fleet = kvtier.fleet.run.Fleet(cfg, 2, 64, BLOCK, stand_in=False)
+    try:
+        stat = fleet.store_stat()
+    finally:
+        fleet.close()
+    assert stat is not None and stat.objects == len(blocks)
+    assert min(client.object("idletime", name) for name in blocks) >= 2
+    client.flushdb()
+    client.close()
+
+
+def test_a_paced_replay_takes_the_trace_s_time(requests: tuple[TraceRequest, ...]) -> None:
+    """`pace`: the trace's seconds replayed per wall-clock second, the arrivals waited for."""
+    trace = requests[:12]
+    span = (trace[-1].timestamp or 0) - (trace[0].timestamp or 0)
+    assert span > 0
+    started = time.monotonic()
+    result = replay_fleet(trace, config(), 2, 64, "random", 0, BLOCK, pace=span / 1.5)
+    assert time.monotonic() - started >= 1.5
+    assert (result.trace_seconds, result.pace) == (span, span / 1.5)
+    assert result.recency_tick is None and result.horizon_ticks is None  # (exact, in memory)
+    with pytest.raises(ConfigError, match="--pace"):
+        replay_fleet(trace, config(), 2, 64, "random", 0, BLOCK, pace=0)
+
+
+@pytest.mark.redis
+def test_a_replay_too_fast_for_redis_s_clock_says_so(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    redis_server: RedisServer,
+    mooncake_trace: Path,
+) -> None:
+    """Unpaced, a replay replaces what Redis holds within a few ticks of its LRU clock (one a
+    second): the output says so, and the pace that would give it enough."""
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port, db=7)
+    client.flushdb()
+    path = tmp_path / "fleet.yaml"
+    tier = f"{{name: shared, type: redis, write: through, url: 'redis://127.0.0.1:{redis_server.port}/7'}}"
+    path.write_text(f"primary: {{eviction: lru}}\ntiers:\n  - {tier}\n")
+    args = ["replay", str(mooncake_trace), "--config", str(path), "--engines", "2"]
+    args += ["--capacity", "256", "--requests", "64", "--block-bytes", "64"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "ticks of its medium's 1 s recency clock" in out
+    assert f"fewer than {ENOUGH_TICKS}): it evicted at random among" in out
+    assert "replay slower, about --pace" in out
+    client.flushdb()
+    assert main([*args, "--json"]) == 0
+    shared = json.loads(capsys.readouterr().out)["results"][0]["shared_tier"]
+    assert shared["recency_tick"] == 1.0 and 0 < shared["horizon_ticks"] < ENOUGH_TICKS
     client.flushdb()
     client.close()
 
@@ -340,14 +410,10 @@ class TestCommandLine:
             (["--engines", "0"], "argument --engines: expected an integer from 1 to 256, got '0'"),
             (["--engines", "257"], "argument --engines: expected an integer from 1 to 256"),
             (["--engines", "2", "--route", "rr"], "argument --route: invalid choice: 'rr'"),
-            (
-                ["--route", "random"],
-                "kvtier replay: error: --route, --seed and --shared-blocks need --engines N",
-            ),
-            (
-                ["--seed", "1"],
-                "kvtier replay: error: --route, --seed and --shared-blocks need --engines N",
-            ),
+            (["--route", "random"], f"kvtier replay: error: {NEED_ENGINES}"),
+            (["--seed", "1"], f"kvtier replay: error: {NEED_ENGINES}"),
+            (["--pace", "10"], f"kvtier replay: error: {NEED_ENGINES}"),
+            (["--engines", "2", "--pace", "0"], "argument --pace: expected a number above 0"),
         ],
     )
     def test_bad_flags_exit_2_with_one_line(

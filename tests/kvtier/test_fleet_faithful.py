@@ -72,5 +72,5 @@ def test_the_replay_lands_within_half_a_point_of_the_by_use_model(
     store = result["shared_tier"]  # type: ignore[index]
     assert store["capacity_blocks"] == shared
     assert store["capacity"] == shared * store["object_bytes"]
-    held = store["held_blocks"]  # (a look every 512 requests, over the measured half)
-    assert held is None if n < 1024 else 0.99 * shared <= held <= shared, held
+    held = store["held_blocks"]  # (16 looks over the run, the measured half's)
+    assert 0.99 * shared <= held <= shared if tier["type"] == "memory" else held > 0, held

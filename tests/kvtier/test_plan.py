@@ -177,3 +177,25 @@ def test_a_config_tier_without_capacity_must_be_given_sizes(
     assert "--tier nvme=" in capsys.readouterr().err
     assert main([*argv, "--config", str(config), "--tier", "nvme=512"]) == 0
     assert "nvme 512" in capsys.readouterr().out
+
+
+def test_a_shared_tier_is_planned_by_the_fleet_replay(
+    mooncake_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kvtier plan --engines` reports for a shared tier what `kvtier replay --engines` gives
+    for the same fleet (issue 44, item 4): the same replay, not the single-engine model."""
+    config = tmp_path / "kvtier.yaml"
+    config.write_text(
+        "version: 1\nprimary: {capacity: 64MiB}\n"
+        "tiers:\n  - {name: shared, type: memory, capacity: 64MiB, write: through}\n"
+    )
+    common = [str(mooncake_trace), "--config", str(config), "--requests", "400"]
+    common += ["--engines", "3", "--route", "random", "--json"]
+    assert main(["replay", *common, "--capacity", "64", "--shared-blocks", "512"]) == 0
+    fleet = json.loads(capsys.readouterr().out)["results"][0]["fleet"]
+    argv = ["plan", *common, "--primary", "64", "--policy", "lru", "--tier", "shared=512"]
+    assert main(argv) == 0
+    (got,) = json.loads(capsys.readouterr().out)["configurations"]
+    assert got["hit_rate"] == pytest.approx(fleet["hit_rate"])
+    assert got["hit_rate_by_layer"]["shared"] == pytest.approx(fleet["shared_hit_rate"])
+    assert main([*argv[:-2], "--tier", "shared=512,1024", "--measure"]) == 2

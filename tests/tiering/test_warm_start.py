@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.manager import HIT, MISS, PENDING, Harness, k, memory_tier
+from tests.helpers.manifests import wait_for
 from tiering.config import BreakerConfig, PrimaryConfig, TierConfig
 from tiering.errors import TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
@@ -66,17 +67,6 @@ def resident(h: Harness) -> set[int]:
             for i in range(64)
             if k(i) in h.manager.pool and h.manager.pool.state(k(i)) is KeyState.READY
         }
-
-
-def wait_for(h: Harness, done: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait, running no engine step, until `done()` holds under the lock."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with h.manager.quiet():
-            if done():
-                return
-        time.sleep(0.005)
-    raise AssertionError("timed out")
 
 
 def warm_ended(h: Harness) -> Callable[[], bool]:

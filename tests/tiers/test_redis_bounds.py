@@ -23,7 +23,7 @@ from tiering.primary import LookupResult
 from tiering.testing import NAMESPACE, key, payload
 from tiers.redis import RedisTier
 from tiers.redis import bounds as redis_bounds
-from tiers.redis.bounds import ServerMemory, judge, redis_size
+from tiers.redis.bounds import ServerMemory, advise, judge, redis_size
 from tiers.redis.pipelines import PIPELINE_MAX_VALUE
 
 pytestmark = pytest.mark.redis
@@ -41,10 +41,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     own.stop()
 
 
-def configure(port: int, maxmemory: int | str, policy: str = "noeviction") -> None:
+def configure(
+    port: int, maxmemory: int | str, policy: str = "noeviction", samples: int = 64
+) -> None:
+    """The server's memory settings (sampling 64 keys unless said: no `advise` line)."""
     client = redis.Redis(host="127.0.0.1", port=port)
     client.config_set("maxmemory", maxmemory)
     client.config_set("maxmemory-policy", policy)
+    client.config_set("maxmemory-samples", samples)
     client.close()
 
 
@@ -112,6 +116,39 @@ def test_a_policy_that_never_evicts_kvtiers_keys_is_said_even_without_a_capacity
         "the server refuses new blocks once full: maxmemory-policy noeviction on h:1 "
         "(never evicts kvtier's blocks); set maxmemory-policy allkeys-lru on it"
     )
+
+
+def test_an_eviction_that_samples_few_keys_is_told_to_sample_64() -> None:
+    """Redis evicts the oldest of `maxmemory-samples` sampled keys: with 5 a shared tier keeps
+    3-6 points less of what a fleet uses than with 64 (BENCHMARKS.md, the fleet replay)."""
+    assert advise([ServerMemory("h:1", GiB, "allkeys-lru", 5)]) == (
+        "maxmemory-samples 5 on h:1: allkeys-lru evicts the oldest of a few sampled keys, not "
+        "the oldest of all (3-6 points of hit rate below exact LRU for a fleet); set "
+        "maxmemory-samples 64"
+    )
+    assert advise([ServerMemory("h:1", GiB, "allkeys-lru", 64)]) is None
+    assert advise([ServerMemory("h:1", GiB, "noeviction", 5)]) is None  # judge's business
+    assert advise([ServerMemory("h:1", GiB, "allkeys-random", 5)]) is None
+    masters = [ServerMemory(f"h:{i}", GiB, "allkeys-lfu", 10) for i in range(3)]
+    assert "on 3 masters" in (advise(masters) or "")
+
+
+def test_a_real_servers_sampling_is_read_and_advised(fresh: RedisServer) -> None:
+    client = redis.Redis(host="127.0.0.1", port=fresh.port)
+    configure(fresh.port, GiB, "allkeys-lru")
+
+    async def advice() -> str | None:
+        async with RedisTier(namespace=NAMESPACE, url=fresh.url, capacity=GiB) as tier:
+            await first_call(tier)
+            return tier.bounds.advice
+
+    try:
+        client.config_set("maxmemory-samples", 5)  # Redis's default
+        assert "set maxmemory-samples 64" in (asyncio.run(advice()) or "")
+        client.config_set("maxmemory-samples", 64)
+        assert asyncio.run(advice()) is None
+    finally:
+        client.close()
 
 
 def test_sizes_are_suggested_in_redis_conf_units() -> None:
@@ -392,16 +429,18 @@ def test_a_full_server_opens_the_write_breaker_and_promotions_go_on(fresh: Redis
 
 def test_the_readmes_redis_conf_makes_a_server_that_bounds_the_capacity(fresh: RedisServer) -> None:
     """The lines README.md gives for running Redis as a bounded cache, set on a real server,
-    are what the check asks for: no line for the capacity they name."""
+    are what the check asks for: no line for the capacity they name, nor on its sampling."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = readme.split("<!-- redis-bounded:begin -->")[1].split("<!-- redis-bounded:end -->")[0]
     lines = [line for line in block.strip().strip("`").splitlines() if line and line[0] != "#"]
     settings = dict(line.split(maxsplit=1) for line in lines)
-    assert set(settings) == {"maxmemory", "maxmemory-policy"}
-    configure(fresh.port, settings["maxmemory"], settings["maxmemory-policy"])
+    assert set(settings) == {"maxmemory", "maxmemory-policy", "maxmemory-samples"}
+    samples = int(settings["maxmemory-samples"])
+    configure(fresh.port, settings["maxmemory"], settings["maxmemory-policy"], samples)
 
     async def body() -> None:
         async with RedisTier(namespace=NAMESPACE, url=fresh.url, capacity="64GiB") as tier:
             assert await first_call(tier) is None
+            assert tier.bounds.advice is None
 
     asyncio.run(body())
