@@ -9,6 +9,9 @@ written to and read from the tiers, checked on the way back):
 - primary + a memory tier (write-through, a quarter of the primary's size) + the file tier:
   the "two tiers configured" case for the cost comparison.
 
+With `--record` (issue 31, item 1) the set-ups are primary + the file tier without and with
+`trace.record` (the recorder's `record` call is timed with the manager's), in the same rotation.
+
 With `--manifest S` (issue 33, item 7) the set-ups are two instead: primary + the file tier
 (write-back) without a manifest of use, and the same with a warm start on and its manifest
 written every S seconds (`primary.warm_manifest_interval`; 60 by default), in the same
@@ -22,7 +25,7 @@ run N times each in rotated order; timings are medians and the cost ratio is the
 round's ratio to the primary alone's run of the same round.
 
     python bench/tiering.py [--capacity 6553] [--requests N] [--block-bytes 4096] [--repeat N]
-                            [--dir DIR] [--manifest S [--manifest-keys N]] [--json]
+                            [--dir DIR] [--manifest S [--manifest-keys N]] [--record] [--json]
 """
 
 from __future__ import annotations
@@ -72,6 +75,11 @@ def main() -> int:
         help="compare the file tier without and with a manifest of use written every S seconds",
     )
     parser.add_argument("--manifest-keys", type=int, default=51_200, help="keys of the timed one")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="the cost of trace.record: primary + file with and without recording the trace",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     trace = load_trace(args.trace)
@@ -123,6 +131,10 @@ def main() -> int:
             "tiers": [{**file_only["tiers"][0], "path": str(scratch / "m")}],
         }
         configs = {"primary + file": file_only, "primary + file + manifest": manifest}
+    if args.record:
+        file_only = configs["primary + file"]
+        recording = {**file_only, "trace": {"record": str(scratch / "trace.jsonl")}}
+        configs = {"primary + file": file_only, "primary + file, recording": recording}
     names = list(configs)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
@@ -135,6 +147,7 @@ def main() -> int:
                 for tier in config.get("tiers", []):  # a fresh directory for the next run
                     if "path" in tier:
                         shutil.rmtree(tier["path"], ignore_errors=True)
+                (scratch / "trace.jsonl").unlink(missing_ok=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     rows = [_median_row(runs[name], runs[names[0]]) for name in names]

@@ -278,8 +278,11 @@ class ReplayEngine:
 
     def admit(self, keys: Sequence[BlockKey]) -> Admitted:
         """vLLM's scan (tiering.stepping): a deferred request is looked up again, whole, at the
-        next step; one never settled uses its leading hits."""
+        next step; one never settled uses its leading hits. Recorded, when the manager records
+        (`trace.record`)."""
         scan = self.driver.admit(keys, max_scans=MAX_DEFERRALS, between=self.step)
+        if self.manager.traffic is not None:  # `trace.record`: the request, as looked up
+            self.driver.timed("record", self.manager.record, list(keys))
         return self.admitted(keys, scan.hits, scan.waited, scan.settled)
 
     def admitted(

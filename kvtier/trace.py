@@ -4,7 +4,10 @@ each request.
 One JSON object per line: `input_length` (tokens) and `hash_ids` (prefix block ids,
 `BLOCK_TOKENS` tokens per block; equal ids mean a reusable prefix), optionally `timestamp` (the
 arrival, milliseconds since the trace's start: a fleet replay admits requests that arrive
-together in the same step), plus `output_length`, which no replay needs. `kvtier.replay` and
+together in the same step), plus `output_length`, which no replay needs. A trace kvtier
+recorded (`trace.record`, `tiering.manager.traffic`) gives `block_tokens` on every line, the
+engine's tokens per block (vLLM's block size), which then replace `BLOCK_TOKENS` in the tokens
+each block carries; its other fields (`found`, `engine_blocks`) no replay reads. `kvtier.replay` and
 `kvtier.fleet` replay them; bench/ reads them for its workloads.
 """
 
@@ -23,6 +26,7 @@ from tiering.keys import BlockKey, make_key
 
 __all__ = [
     "BLOCK_TOKENS",
+    "MAX_BLOCK_TOKENS",
     "MAX_TIMESTAMP_MS",
     "MAX_TRACE_BYTES",
     "REFERENCE_HIT_RATES",
@@ -36,6 +40,8 @@ MAX_TRACE_BYTES = 1 << 30
 """The largest trace read (uncompressed): the shipped one is 3 MiB."""
 BLOCK_TOKENS = 512
 """Tokens per `hash_ids` entry in the Mooncake traces."""
+MAX_BLOCK_TOKENS = 1 << 20
+"""The most tokens per block a line may give (`block_tokens`)."""
 MAX_TIMESTAMP_MS = 10**15
 """The latest arrival a trace line may give (about 30,000 years: a bound, so that a crafted
 number is an error rather than an infinity or a float that no longer tells milliseconds apart)."""
@@ -61,11 +67,14 @@ class TraceRequest:
     timestamp: float | None = None
     """Arrival in seconds since the trace's start (the line's milliseconds / 1000); None when
     the line has none."""
+    tokens_per_block: int = BLOCK_TOKENS
+    """Tokens per `hash_ids` entry: the line's `block_tokens` (a recorded trace), else 512."""
 
     def block_tokens(self) -> list[int]:
-        """Tokens carried by each block: `min(512, input_length - 512*i)`, at least 1."""
-        n = self.input_length
-        return [max(1, min(BLOCK_TOKENS, n - BLOCK_TOKENS * i)) for i in range(len(self.hash_ids))]
+        """Tokens carried by each block: `min(b, input_length - b*i)`, at least 1, where b is
+        `tokens_per_block`."""
+        n, b = self.input_length, self.tokens_per_block
+        return [max(1, min(b, n - b * i)) for i in range(len(self.hash_ids))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +150,17 @@ def _parse_line(line: str, path: Path, lineno: int) -> TraceRequest:
             f"{where}: timestamp must be milliseconds from 0 to {MAX_TIMESTAMP_MS:,}, "
             f"got {repr(stamp)[:40]}"
         )
-    return TraceRequest(tuple(ids), length, None if stamp is None else stamp / 1000)
+    per_block = obj.get("block_tokens", BLOCK_TOKENS)
+    if (
+        isinstance(per_block, bool)
+        or not isinstance(per_block, int)
+        or not 1 <= per_block <= MAX_BLOCK_TOKENS
+    ):
+        raise TraceError(
+            f"{where}: block_tokens must be an integer from 1 to {MAX_BLOCK_TOKENS:,}, "
+            f"got {repr(per_block)[:40]}"
+        )
+    return TraceRequest(tuple(ids), length, None if stamp is None else stamp / 1000, per_block)
 
 
 def trace_keys(requests: Sequence[TraceRequest]) -> list[list[BlockKey]]:

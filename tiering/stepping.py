@@ -95,6 +95,11 @@ class StepDriver:
         """Seconds spent inside the manager's calls in all."""
         return sum(self.seconds.values())
 
+    def timed(self, name: str, function: Callable[..., _T], *args: Any) -> _T:
+        """`function(*args)`, its time counted under `name` (a call beyond the protocol's, such
+        as `TieringOffloadingManager.record`)."""
+        return self._timed(name, function, *args)
+
     def _timed(self, name: str, function: Callable[..., _T], *args: Any) -> _T:
         start = self.clock()
         try:

@@ -178,6 +178,7 @@ def test_every_section_key_has_its_default_and_help_in_one_place() -> None:
         "promotion",
         "faults",
         "shutdown",
+        "trace",
         "metrics",
         "auth",
     ]

@@ -31,6 +31,7 @@ from tiering.config.schema import (
     PromotionConfig,
     ShutdownConfig,
     TierConfig,
+    TraceConfig,
 )
 from tiering.config.tiers import tier_from_config
 
@@ -44,6 +45,7 @@ __all__ = [
     "PrimaryConfig",
     "PromotionConfig",
     "ShutdownConfig",
+    "TraceConfig",
     "TierConfig",
     "json_schema",
     "load_config",

@@ -32,6 +32,7 @@ __all__ = [
     "PrimaryConfig",
     "PromotionConfig",
     "ShutdownConfig",
+    "TraceConfig",
     "TierConfig",
     "section",
     "sections_of",
@@ -268,6 +269,29 @@ class ShutdownConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceConfig:
+    """Any thread (a frozen value): the `trace` section."""
+
+    record: str | None = option(
+        None,
+        what="a file path",
+        help="Append the manager's lookup stream to this file, one JSON line per request in "
+        "the format `kvtier replay` reads (block keys re-hashed with a random salt drawn per "
+        "file: no prompt content and no real key is written), with where each block was found "
+        "(null: record nothing).",
+    )
+    max_bytes: int = option(
+        64 << 20,
+        kind="size",
+        low=4096,
+        help="The size at which the file is rotated (`PATH` becomes `PATH.1`, and so on).",
+    )
+    keep: int = option(
+        3, low=0, high=1000, help="Rotated files kept beside the current one (0: none)."
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsConfig:
     """Any thread (a frozen value): the `metrics` section."""
 
@@ -338,6 +362,7 @@ class Config:
     promotion: PromotionConfig = section(PromotionConfig, help="Secondary -> primary.")
     faults: FaultsConfig = section(FaultsConfig, help="Deadlines and circuit breakers.")
     shutdown: ShutdownConfig = section(ShutdownConfig, help="What the engine's end writes.")
+    trace: TraceConfig = section(TraceConfig, help="Recording the lookup stream as a trace.")
     metrics: MetricsConfig = section(
         MetricsConfig, help="The Prometheus endpoint and the tiers' usage metrics."
     )

@@ -260,6 +260,24 @@ CLOSE_ERRORS: Final = _count(
     "manager",
     "Shutdowns whose flush could not run: the runtime was shut down already.",
 )
+TRACE_WRITTEN: Final = _count(
+    "trace_written",
+    "manager",
+    "Requests written to the recorded trace (trace.record).",
+    "vllm:kvtier_trace_written",
+)
+TRACE_DROPPED: Final = _count(
+    "trace_dropped",
+    "manager",
+    "Requests not recorded: the trace writer's queue was full.",
+    "vllm:kvtier_trace_dropped",
+)
+TRACE_FAILED: Final = _count(
+    "trace_failed",
+    "manager",
+    "Requests not recorded: writing the trace file failed (read-only, removed, full disk).",
+    "vllm:kvtier_trace_failed",
+)
 
 TIER_COUNTERS: Final = {c.name: c.meaning for c in COUNTERS if c.scope == "tier"}
 """The counters every tier has in a snapshot, at zero until they move: name -> meaning."""

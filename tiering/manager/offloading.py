@@ -69,10 +69,18 @@ from typing import Any
 from tiering.config import Config, TierConfig
 from tiering.errors import StateError
 from tiering.keys import BlockKey
-from tiering.manager.counters import CLOSE_ERRORS, STORE_COMPLETIONS_IGNORED, STORES_FAILED
+from tiering.manager.counters import (
+    CLOSE_ERRORS,
+    STORE_COMPLETIONS_IGNORED,
+    STORES_FAILED,
+    TRACE_DROPPED,
+    TRACE_FAILED,
+    TRACE_WRITTEN,
+)
 from tiering.manager.locator import ASKING
 from tiering.manager.stats import StatsSnapshot
 from tiering.manager.tierstate import TierEvent
+from tiering.manager.traffic import MISS, PRIMARY, TrafficRecorder
 from tiering.manager.wiring import wire
 from tiering.placement import PromotionGate
 from tiering.primary import KeyState, LookupResult, PrimaryEvent, PrimaryPool, StoreGrant
@@ -119,6 +127,7 @@ class TieringOffloadingManager:
         "runtime",
         "sink",
         "tiers",
+        "traffic",
         "usage",
         "warm",
     )
@@ -160,6 +169,12 @@ class TieringOffloadingManager:
         self.fences, self.bookkeeping = parts.fences, parts.bookkeeping
         self.refusals, self.usage, self.recorder = parts.refusals, parts.usage, parts.recorder
         self._publish = publish
+        self.traffic = (
+            TrafficRecorder(config.trace, block_tokens, clock=clock)
+            if config.trace.record is not None
+            else None
+        )
+        """The lookup stream's recorder (`trace.record`; None: off)."""
         self._write_through = bool(self.demoter.write_through)
         """Some tier is written through: a completed store is queued for it."""
         runtime.add_hook(self.bookkeeping.on_tick)
@@ -184,6 +199,32 @@ class TieringOffloadingManager:
         return None if index is None else self.tiers[index].tier
 
     def lookup(self, key: BlockKey) -> LookupResult:
+        if self.traffic is not None:
+            return self._recorded_lookup(key, self.traffic)
+        return self._lookup(key)
+
+    def _recorded_lookup(self, key: BlockKey, traffic: TrafficRecorder) -> LookupResult:
+        result = self._lookup(key)
+        if result is _HIT:
+            traffic.answer(key, PRIMARY)
+        elif result is _MISS:
+            traffic.answer(key, MISS)
+        elif result is _PENDING:
+            index = self.promoter.promoting.get(key)
+            traffic.answer(key, PRIMARY if index is None else self.tiers[index].config.name)
+        return result  # RETRY: not found yet; the next scan's answer is kept
+
+    def record(
+        self, keys: Sequence[BlockKey], *, tokens: int | None = None, engine_blocks: int = 0
+    ) -> None:
+        """A request whose block keys (prompt order) were looked up, once admitted: recorded
+        (`trace.record`) with where the lookups found each block; nothing when not recording.
+        `tokens`: its prompt's, where known; `engine_blocks`: its leading blocks the engine's
+        own cache had (never looked up, so not in `keys`). Scheduler's thread; never waits."""
+        if self.traffic is not None:
+            self.traffic.record(keys, tokens=tokens, engine_blocks=engine_blocks)
+
+    def _lookup(self, key: BlockKey) -> LookupResult:
         if not self.lock.stepping:
             self.lock.begin()
         result = self.pool.lookup(key)
@@ -366,6 +407,7 @@ class TieringOffloadingManager:
 
     def _stats(self) -> dict[str, Any]:
         assert self.lock.owned()
+        self._count_traffic()
         return StatsSnapshot.take(
             self.pool, self.tiers, self.counters, self.runtime, latencies=True, usage=self.usage
         ).as_dict()
@@ -376,9 +418,18 @@ class TieringOffloadingManager:
 
     def _snapshot(self) -> dict[str, Any]:
         assert self.lock.owned()
+        self._count_traffic()
         return StatsSnapshot.take(
             self.pool, self.tiers, self.counters, self.runtime, latencies=False, usage=self.usage
         ).as_dict()
+
+    def _count_traffic(self) -> None:
+        traffic = self.traffic
+        if traffic is not None:
+            counters = self.counters
+            counters[TRACE_WRITTEN] = traffic.written
+            counters[TRACE_DROPPED] = traffic.dropped
+            counters[TRACE_FAILED] = traffic.failed
 
     def shutdown(self, flush: float | None = None) -> None:
         """For as long as `flush` seconds allow (`shutdown.flush` when None), write what the
@@ -418,3 +469,5 @@ class TieringOffloadingManager:
             bookkeeping.closed = True
             bookkeeping.urgency.set(False)
         self.runtime.remove_hook(bookkeeping.on_tick)
+        if self.traffic is not None:  # what the last requests queued is written
+            self.traffic.close()
