@@ -322,6 +322,8 @@ class KvtierManager(OffloadingManager):
             self._reported[(name, *labels)] = total
 
     def shutdown(self) -> None:
+        if self._traffic is not None:
+            self._traffic.flush()  # before the manager, which writes what is queued, closes
         self.resources.close()
 
 

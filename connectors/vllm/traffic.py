@@ -88,7 +88,11 @@ class RequestTraffic:
     def finished(self, req_context: Any) -> None:
         """vLLM ended the request: recorded, once."""
         request = self.requests.pop(req_context.req_id, None)
-        if request is None or not request.blocks:
+        if request is not None:
+            self._record(request)
+
+    def _record(self, request: _Request) -> None:
+        if not request.blocks:
             return
         self.manager.record(
             request.blocks.keys(),
@@ -97,8 +101,12 @@ class RequestTraffic:
             found=request.blocks,
         )
 
-    def clear(self) -> None:
-        self.requests.clear()
+    def flush(self) -> None:
+        """The engine shuts down: every request still tracked is recorded as far as it was seen
+        (vLLM ends a request in the step after its last, which the last request of a run that
+        stops then never gets)."""
+        for request in list(self.requests):
+            self._record(self.requests.pop(request))
 
     def _begin(self, req_context: Any, *, lookup: bool) -> _Request:
         requests = self.requests
