@@ -36,6 +36,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from connectors.resources import Resources
 from connectors.vllm.caller import caller_local
+from connectors.vllm.traffic import RequestTraffic
 from connectors.vllm.versions import traits
 from tiering.config import Config
 from tiering.keys import BlockKey
@@ -160,6 +161,8 @@ class KvtierManager(OffloadingManager):
         self._reported: dict[tuple[str, ...], float] = {}
         self._sources: dict[str, dict[OffloadKey, CacheHitSource]] = {}
         """Request id -> the keys it found being promoted, and the source of each."""
+        self._traffic = None if manager.traffic is None else RequestTraffic(manager)
+        """Each request's blocks, recorded when it ends (`trace.record`; None: off)."""
         vllm = traits()
         self._fenced_reset = vllm.reset_flushed
         self._metadata_only = vllm.metadata_only_events
@@ -179,7 +182,18 @@ class KvtierManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._traffic is not None:
+            return self._recorded_lookup(key, req_context, self._traffic)
         result = self.manager.lookup(BlockKey(key))
+        if result is KvtierLookup.PENDING:
+            self._promoted(key, req_context.req_id)
+        return _LOOKUP[result]
+
+    def _recorded_lookup(
+        self, key: OffloadKey, req_context: ReqContext, traffic: RequestTraffic
+    ) -> LookupResult:
+        result, where = self.manager.lookup_where(BlockKey(key))
+        traffic.looked_up(req_context, BlockKey(key), where)
         if result is KvtierLookup.PENDING:
             self._promoted(key, req_context.req_id)
         return _LOOKUP[result]
@@ -205,6 +219,8 @@ class KvtierManager(OffloadingManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._sources.pop(req_context.req_id, None)
+        if self._traffic is not None:
+            self._traffic.finished(req_context)
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> LoadStoreSpec:
         return CPULoadStoreSpec(self.manager.prepare_load(list(keys)))  # type: ignore[arg-type]
@@ -216,6 +232,8 @@ class KvtierManager(OffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
         keys = list(keys)
+        if self._traffic is not None:
+            self._traffic.offered(req_context, keys)  # type: ignore[arg-type]
         grant = self.manager.prepare_store(keys)  # type: ignore[arg-type]
         if grant is None:
             return None
@@ -304,6 +322,8 @@ class KvtierManager(OffloadingManager):
             self._reported[(name, *labels)] = total
 
     def shutdown(self) -> None:
+        if self._traffic is not None:
+            self._traffic.flush()  # before the manager, which writes what is queued, closes
         self.resources.close()
 
 

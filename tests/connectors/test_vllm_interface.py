@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = (
     "a",
     "canary",
+    "record",
     "b",
     "c",
     "idle",
@@ -178,6 +179,24 @@ def test_shared_prefix_is_loaded_block_by_block(harness: dict[str, Any]) -> None
     assert found["checked_blocks"] >= PREFIX_BLOCKS * MAX_TOKENS  # `again`'s prefix, every step
     assert events(found, "store")
     assert_all_finished(found)
+
+
+def test_each_request_is_recorded_once_with_its_own_blocks(harness: dict[str, Any]) -> None:
+    """record: with `trace.record`, each request is one line when vLLM ends it, its blocks in
+    the prompt's order from the first the engine's cache lacks: `again`'s engine block is not
+    in it (`engine_blocks`, its tokens taken off `input_length`), its next nine are the ones
+    `first` stored (the same salted ids) and found in the primary, the tenth a miss."""
+    found = observed(harness, "record")
+    assert_prefix_loaded_from_kvtier(found)
+    first, unrelated, again = found["recorded"]
+    assert [len(line["hash_ids"]) for line in found["recorded"]] == [11, 15, 10]
+    assert [line["input_length"] for line in found["recorded"]] == [360, 480, 328]
+    assert [line.get("engine_blocks", 0) for line in found["recorded"]] == [0, 0, 1]
+    assert first["found"] == ["miss"] * 11 and unrelated["found"] == ["miss"] * 15
+    assert again["found"] == ["primary"] * 9 + ["miss"]
+    assert again["hash_ids"][:9] == first["hash_ids"][1:10]
+    assert len(set(first["hash_ids"] + unrelated["hash_ids"] + again["hash_ids"][9:])) == 27
+    assert {line["block_tokens"] for line in found["recorded"]} == {32}
 
 
 def test_a_load_that_copies_nothing_is_caught(harness: dict[str, Any]) -> None:

@@ -269,7 +269,8 @@ TRACE_WRITTEN: Final = _count(
 TRACE_DROPPED: Final = _count(
     "trace_dropped",
     "manager",
-    "Requests not recorded: the trace writer's queue was full.",
+    "Requests not recorded: the trace writer's queue was full, or vLLM's adapter tracked too many "
+    "requests at once (the oldest is dropped).",
     "vllm:kvtier_trace_dropped",
 )
 TRACE_FAILED: Final = _count(

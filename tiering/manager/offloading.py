@@ -61,7 +61,7 @@ touches shared state asserts that its thread holds the lock (`StepLock.owned`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from typing import Any
@@ -204,25 +204,42 @@ class TieringOffloadingManager:
         return self._lookup(key)
 
     def _recorded_lookup(self, key: BlockKey, traffic: TrafficRecorder) -> LookupResult:
+        result, where = self.lookup_where(key)
+        if where is not None:
+            traffic.answer(key, where)
+        return result
+
+    def lookup_where(self, key: BlockKey) -> tuple[LookupResult, str | None]:
+        """`lookup`, and where it found `key` (`primary`, the tier it is promoted from,
+        `miss`; None for RETRY: not found yet), noted nowhere: for a caller that keeps the
+        answers per request itself (`record(found=...)`)."""
         result = self._lookup(key)
         if result is _HIT:
-            traffic.answer(key, PRIMARY)
-        elif result is _MISS:
-            traffic.answer(key, MISS)
-        elif result is _PENDING:
+            return result, PRIMARY
+        if result is _MISS:
+            return result, MISS
+        if result is _PENDING:
             index = self.promoter.promoting.get(key)
-            traffic.answer(key, PRIMARY if index is None else self.tiers[index].config.name)
-        return result  # RETRY: not found yet; the next scan's answer is kept
+            return result, PRIMARY if index is None else self.tiers[index].config.name
+        return result, None
 
     def record(
-        self, keys: Sequence[BlockKey], *, tokens: int | None = None, engine_blocks: int = 0
+        self,
+        keys: Collection[BlockKey],
+        *,
+        tokens: int | None = None,
+        engine_blocks: int = 0,
+        found: Mapping[BlockKey, str | None] | None = None,
     ) -> None:
         """A request whose block keys (prompt order) were looked up, once admitted: recorded
         (`trace.record`) with where the lookups found each block; nothing when not recording.
         `tokens`: its prompt's, where known; `engine_blocks`: its leading blocks the engine's
-        own cache had (never looked up, so not in `keys`). Scheduler's thread; never waits."""
+        own cache had (never looked up, so not in `keys`); `found`: where each key was found,
+        the request's own answers (`lookup_where`; a key absent or None: a miss), handed over
+        (not copied; the caller lets go of it); None: the answers `lookup` noted since the
+        last request was recorded. Scheduler's thread; never waits."""
         if self.traffic is not None:
-            self.traffic.record(keys, tokens=tokens, engine_blocks=engine_blocks)
+            self.traffic.record(keys, tokens=tokens, engine_blocks=engine_blocks, found=found)
 
     def _lookup(self, key: BlockKey) -> LookupResult:
         if not self.lock.stepping:

@@ -41,7 +41,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping
 from typing import IO
 
 from tiering.config import TraceConfig
@@ -67,8 +67,11 @@ INTERVAL = 0.05
 _CLOSE_WAIT = 5.0
 """Seconds `close` waits for the writer to write what is queued."""
 
-Item = tuple[float, tuple[BlockKey, ...], list[tuple[BlockKey, str]], int | None, int]
-"""A request as queued: time, keys, the answers before it, prompt tokens, engine blocks."""
+Answers = list[tuple[BlockKey, str]] | Mapping[BlockKey, str | None]
+"""Where a request's keys were found: the answers in order (the first of a key counts), or
+each key's own (None: a miss)."""
+Item = tuple[float, tuple[BlockKey, ...], Answers, int | None, int]
+"""A request as queued: time, keys, its answers, prompt tokens, engine blocks."""
 
 
 class TrafficRecorder:
@@ -128,11 +131,22 @@ class TrafficRecorder:
         answers.append((key, where))
 
     def record(
-        self, keys: Sequence[BlockKey], *, tokens: int | None = None, engine_blocks: int = 0
+        self,
+        keys: Collection[BlockKey],
+        *,
+        tokens: int | None = None,
+        engine_blocks: int = 0,
+        found: Mapping[BlockKey, str | None] | None = None,
     ) -> None:
         """A request with block keys `keys` (in prompt order) was looked up: queue it. Never
-        waits; a full queue drops it (`dropped`)."""
-        answers, self.answers = self.answers, []
+        waits; a full queue drops it (`dropped`). `found`: where each key was found, kept per
+        request by the caller (handed over, not copied); None: the answers since the last
+        request was recorded (`answer`)."""
+        answers: Answers
+        if found is None:
+            answers, self.answers = self.answers, []
+        else:
+            answers = found
         queue = self._queue
         if (
             len(queue) >= self._limit
@@ -145,6 +159,10 @@ class TrafficRecorder:
         queue.append((self.clock(), tuple(keys), answers, tokens, engine_blocks))
         # No wake-up: the writer drains the queue every `INTERVAL`, in one batch, rather than
         # take the GIL from the scheduler in the middle of its step for every request.
+
+    def drop(self) -> None:
+        """A request its caller could not record (it tracked too many at once): counted."""
+        self.dropped += 1
 
     def close(self, wait: float = _CLOSE_WAIT) -> None:
         """Write what is queued (for up to `wait` seconds), then stop the writer and close the
@@ -175,10 +193,13 @@ class TrafficRecorder:
 
     def _line(self, item: Item) -> bytes:
         at, keys, answers, tokens, engine_blocks = item
-        first: dict[BlockKey, str] = {}
-        for key, where in answers:
-            first.setdefault(key, where)
-        found = [first.get(key, MISS) for key in keys]
+        first: Mapping[BlockKey, str | None] = answers if isinstance(answers, Mapping) else {}
+        if isinstance(answers, list):
+            ordered: dict[BlockKey, str | None] = {}
+            for key, where in answers:
+                ordered.setdefault(key, where)
+            first = ordered
+        found = [first.get(key) or MISS for key in keys]
         salt, mask = self._salt, _ID_MASK
         ids = [
             int.from_bytes(hashlib.blake2b(key, digest_size=8, key=salt).digest(), "big") & mask

@@ -100,6 +100,14 @@ def scenario_a(workdir: Path) -> dict[str, Any]:
     return shared_prefix(workdir, kvtier_extra(workdir))
 
 
+def scenario_record(workdir: Path) -> dict[str, Any]:
+    """record: a with `trace.record`; the lines recorded, read after the engine's shutdown."""
+    path = workdir / "trace.jsonl"
+    found = shared_prefix(workdir, kvtier_extra(workdir, trace={"record": str(path)}))
+    found["recorded"] = [json.loads(line) for line in path.read_text().splitlines()]
+    return found
+
+
 def scenario_canary(workdir: Path) -> dict[str, Any]:
     """a with the canary spec, whose loads copy nothing: the check must see it."""
     return shared_prefix(workdir, kvtier_extra(workdir, "CanarySpec"))
@@ -452,6 +460,7 @@ def _wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 SCENARIOS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "a": scenario_a,
     "canary": scenario_canary,
+    "record": scenario_record,
     "b": scenario_b,
     "c": scenario_c,
     "idle": scenario_idle,
