@@ -2,9 +2,11 @@
 (vLLM's `/metrics`), turned into rates between two reads, and laid out as lines of text for a
 screen of a given width (the caller's thread; a read's fetches on a few threads of their own).
 
-An endpoint is read with a plain HTTP GET and a time bound; one that does not answer, answers
-an error or something that is no metrics text is *down* with a short reason, and is read again
-at the next refresh. Only kvtier's metrics (`tiering.manager.exported`) are kept, summed over
+An endpoint is read with a plain HTTP GET whose whole answer must come within a time bound; one
+that does not answer in time (however slowly it sends), answers an error or something that is
+no metrics text is *down* with a short reason, and is read again at the next refresh (a fetch
+still stuck then is not doubled: one thread per endpoint at most). Only kvtier's metrics
+(`tiering.manager.exported`) are kept, summed over
 the labels vLLM adds (`engine`, `model_name`) per tier. Rates are the counters' increase over
 the time between two reads of the same endpoint (a counter that went back, a restarted engine,
 counts from zero).
@@ -14,18 +16,18 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Final
 
 from tiering.manager.counters import WARM_REMAINING, WARM_SOURCE
 from tiering.manager.exported import BREAKER, USED, WARM_GAUGES
 
-__all__ = ["MAX_BYTES", "Endpoint", "Reading", "TierRow", "lines", "parse", "read_all"]
+__all__ = ["MAX_BYTES", "Endpoint", "Reading", "TierRow", "fetch", "lines", "parse", "read_all"]
 
 MAX_BYTES: Final = 8 << 20
 """The most bytes of one endpoint's answer read (vLLM's /metrics is tens of KiB)."""
@@ -77,6 +79,34 @@ class Reading:
     down: str | None = None
 
 
+def fetch(url: str, timeout: float) -> Reading:
+    """One GET of `url`: its kvtier samples, or why it is down. The answer must end within
+    `timeout` in all (an endpoint that sends a byte at a time is down, not waited for)."""
+    at = time.monotonic()
+    deadline = at + timeout
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:  # noqa: S310
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no whole answer within {timeout:g} s")
+                chunk = answer.read1(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_BYTES:
+                    raise ValueError(f"an answer over {MAX_BYTES >> 20} MiB")
+        samples = parse(b"".join(chunks).decode("utf-8", "replace"))
+    except urllib.error.HTTPError as e:
+        return Reading(down=f"HTTP {e.code}", at=at)
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", None) or e
+        return Reading(down=str(reason).splitlines()[0][:60] or type(e).__name__, at=at)
+    return Reading(samples, at)
+
+
 @dataclass
 class Endpoint:
     """A running engine's metrics endpoint and its last two reads (what rates come from)."""
@@ -86,26 +116,17 @@ class Endpoint:
     before: Reading | None = None
 
     def read(self, timeout: float) -> None:
-        """GET the endpoint (at most `timeout` seconds); a failure marks it down."""
-        at = time.monotonic()
-        try:
-            with urllib.request.urlopen(self.url, timeout=timeout) as answer:  # noqa: S310
-                body = answer.read(MAX_BYTES + 1)
-            if len(body) > MAX_BYTES:
-                raise ValueError(f"an answer over {MAX_BYTES >> 20} MiB")
-            samples = parse(body.decode("utf-8", "replace"))
-        except urllib.error.HTTPError as e:
-            self.now = Reading(down=f"HTTP {e.code}", at=at)
-            return
-        except (OSError, ValueError) as e:
-            reason = getattr(e, "reason", None) or e
-            self.now = Reading(down=str(reason).splitlines()[0][:60] or type(e).__name__, at=at)
-            return
-        if self.now.down is None and self.now.samples:
-            self.before = self.now
-        elif self.now.down is not None:
-            self.before = None  # back after a gap: rates start again
-        self.now = Reading(samples, at)
+        """GET the endpoint (at most about `timeout` seconds); a failure marks it down."""
+        self.update(fetch(self.url, timeout))
+
+    def update(self, reading: Reading) -> None:
+        """Take `reading` as the endpoint's latest (the one before it kept for rates)."""
+        if reading.down is None:
+            if self.now.down is None and self.now.samples:
+                self.before = self.now
+            elif self.now.down is not None:
+                self.before = None  # back after a gap: rates start again
+        self.now = reading
 
     def value(self, name: str, tier: str = "") -> float | None:
         return self.now.samples.get((name, tier))
@@ -127,10 +148,36 @@ class Endpoint:
         )
 
 
+_reading: dict[str, threading.Thread] = {}
+"""The fetch still running for each URL (one at a time: a stuck endpoint holds one thread)."""
+
+
 def read_all(endpoints: Sequence[Endpoint], timeout: float) -> None:
-    """Read every endpoint at once (a thread each, up to 16), within about `timeout`."""
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(endpoints)))) as pool:
-        list(pool.map(lambda e: e.read(timeout), endpoints))
+    """Read every endpoint at once, a thread each, and return within about `timeout`: an
+    endpoint whose answer has not ended by then is down for this refresh (its thread is left to
+    end on its own, and no second one is started for it meanwhile)."""
+    results: dict[str, Reading] = {}
+    started: list[tuple[Endpoint, threading.Thread]] = []
+    for e in endpoints:
+        running = _reading.get(e.url)
+        if running is not None and running.is_alive():
+            e.update(Reading(down="still reading its last answer", at=time.monotonic()))
+            continue
+
+        def work(url: str = e.url) -> None:
+            results[url] = fetch(url, timeout)
+
+        thread = threading.Thread(target=work, name="kvtier-top", daemon=True)
+        _reading[e.url] = thread
+        thread.start()
+        started.append((e, thread))
+    deadline = time.monotonic() + timeout + 0.5
+    for e, thread in started:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        reading = results.get(e.url)
+        if reading is None:
+            reading = Reading(down=f"no answer within {timeout:g} s", at=time.monotonic())
+        e.update(reading)
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,3 +232,42 @@ def test_live_view_in_a_real_terminal(endpoint: str, tmp_path: Path) -> None:
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+class _Trickle(BaseHTTPRequestHandler):
+    """An endpoint that answers a byte at a time, for ever (a stalled engine, a slowloris)."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Length", str(1 << 20))
+        self.end_headers()
+        try:
+            for _ in range(200):
+                self.wfile.write(b"#")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_an_endpoint_that_trickles_is_down_not_waited_for(
+    endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each read of a socket ends within the timeout, but the answer never does: top bounds
+    the whole answer, shows the endpoint down and the healthy one as usual."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    slow = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        began = time.monotonic()
+        code = main(["top", "--metrics", endpoint, slow, "--once", "--interval", "0.5"])
+        took = time.monotonic() - began
+        out = capsys.readouterr().out
+        assert code == 1 and took < 4, took
+        assert f"{slow}  DOWN" in out and "nvme" in out
+    finally:
+        server.shutdown()
+        server.server_close()
