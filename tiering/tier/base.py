@@ -458,8 +458,9 @@ class Tier(OperatorCalls):
     async def _refuse(self, key: BlockKey, error: CorruptObject) -> None:
         """Count `error` as a corrupt miss of `key` and, when the object may go (`removable`)
         and the tier is writable, remove it while the store still holds what was read
-        (`_delete_refused`). An object left in place makes `key` a fast miss for a while
-        (`refused`)."""
+        (`_delete_refused`). An object left in place (not removable, or the store holding other
+        bytes than were read) makes `key` a fast miss for a while (`refused`), and unknown to
+        the tier's index (`knows`)."""
         self.counters[MISSES] += 1
         self.counters[corrupt(error.reason)] += 1
         removable = self.removable(error) and not self.read_only
@@ -474,10 +475,18 @@ class Tier(OperatorCalls):
             self.refused.note(key)
             return
         try:
-            await self._call(self._delete_refused(key, error.seen))
+            removed = await self._call(self._delete_refused(key, error.seen))
         except TierError as e:
             log.warning("tier %r: cannot delete refused object %s: %s", self.name, key.hex(), e)
             self.refused.note(key)
+            return
+        if not removed:  # the store holds other bytes than were read: damaged on the way here
+            self.refused.note(key)  # (or rewritten since): not read again for a while
+
+    def refused_now(self, key: BlockKey) -> bool:
+        """Whether `key` was refused and left in place moments ago (any thread: an index's
+        `knows` answers no for it, so the manager promotes it from another tier)."""
+        return bool(self.refused) and self.refused.holds(key)
 
     def _writable(self, what: str) -> None:
         if self.read_only:

@@ -55,6 +55,12 @@ class RecentRefusals:
         del self._until[key]
         return False
 
+    def holds(self, key: BlockKey) -> bool:
+        """Whether `key` was refused within the window, changing nothing (any thread: an
+        index's `knows` asks it)."""
+        until = self._until.get(key)
+        return until is not None and until > time.monotonic()
+
     def forget(self, key: BlockKey) -> None:
         """`key` is being written: lookups read it again."""
         self._until.pop(key, None)

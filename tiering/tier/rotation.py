@@ -38,7 +38,7 @@ class RotatingTier(ForwardingTier):
     def knows(self, key: BlockKey) -> bool | None:
         answers = [self.inner.knows(key)] + [old.knows(key) for old in self.previous]
         if any(answers):
-            return True
+            return not self.refused_now(key)
         return None if None in answers else False
 
     async def get(self, key: KeyLike, into: memoryview | bytearray) -> bool:

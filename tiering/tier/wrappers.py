@@ -51,7 +51,8 @@ class ForwardingTier(Tier):
             self.use_secret_of(inner)
 
     def knows(self, key: BlockKey) -> bool | None:
-        return self.inner.knows(key)
+        here = self.inner.knows(key)
+        return False if here and self.refused_now(key) else here
 
     def newest(self, n: int) -> list[BlockKey]:
         return self.inner.newest(n)

@@ -179,7 +179,7 @@ class BlockFileTier(FileTier, layout="files"):
         """From the index; None for a key it lacks while other processes write the directory
         (ask `contains`)."""
         if key in self._index:
-            return True
+            return not self.refused_now(key)
         return False if self._shared.alone else None
 
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
