@@ -398,6 +398,8 @@ _METRICS = {
     ("vllm:kv_offload_store_time", None): ("store_seconds",),
     (metric(counters.PROMOTIONS), None): ("tier_promotions",),
     (metric(counters.DEMOTIONS), None): ("tier_demotions",),
+    (metric(counters.DEMOTIONS_DROPPED), None): ("demotions_dropped",),
+    (metric(counters.DEMOTION_FAILURES), None): ("demotion_failures",),
     (metric(counters.BYTES_PROMOTED), None): ("bytes_promoted",),
     (metric(counters.PROMOTION_SECONDS), None): ("promotion_seconds",),
     (metric(counters.BLOCKS_WARMED), None): ("blocks_warmed",),
