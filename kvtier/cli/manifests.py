@@ -203,5 +203,6 @@ async def write_now(
             pass  # a request left behind is answered by the engine's next start: one write
     return None, (
         f"no running engine with identity {engine} answered within {args.wait} s "
-        f"(asked through tier {cfg.name!r})"
+        f"(asked through tier {cfg.name!r}; an engine with primary.manifest_requests: 0 "
+        "never looks)"
     )

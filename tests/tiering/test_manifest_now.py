@@ -35,8 +35,7 @@ SECRET = b"s" * 32
 
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recorder looks every 50 ms, and writes on request at most every 0.3 s."""
-    monkeypatch.setattr("tiering.manager.recorder.POLL", 0.05)
+    """The recorder writes on request at most every 0.3 s (it looks every 50 ms: `engine`)."""
     monkeypatch.setattr("tiering.manager.recorder.FLOOR", 0.3)
 
 
@@ -82,11 +81,12 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
 
 
 def engine(
-    make: Callable[..., Harness], tier: Tier, blocks: range = range(3), **primary: Any
+    make: Callable[..., Harness], tier: Tier, blocks: range = range(3), **extra: Any
 ) -> Harness:
-    """An engine of identity gpu-0 (a manifest every minute) over `tier`, holding `blocks`, its
-    start's manifest written."""
-    primary = {"engine_id": "gpu-0", "warm_manifest_interval": 60.0} | primary
+    """An engine of identity gpu-0 (a manifest every minute, a look for requests every 50 ms)
+    over `tier`, holding `blocks`, its start's manifest written."""
+    primary = {"engine_id": "gpu-0", "warm_manifest_interval": 60.0, "manifest_requests": 0.05}
+    primary |= extra
     cfg = TierConfig(name=tier.name, type=tier.type_name, write="through")
     h = make([(cfg, tier)], slots=16, primary=warm(2, **primary))
     wait_for(h, lambda: recorder(h).written >= 1)
@@ -141,7 +141,7 @@ def test_write_now_without_a_running_engine_says_so_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (
         "kvtier manifest: no running engine with identity gpu-0 answered within 1 s (asked "
-        "through tier 'nvme')"
+        "through tier 'nvme'; an engine with primary.manifest_requests: 0 never looks)"
     )
     assert len(err) == 2  # the status line, then the answer
     assert store.record(request_name("gpu-0")) is None
@@ -175,9 +175,8 @@ def test_a_flood_of_requests_writes_no_more_often_than_the_floor(
 ) -> None:
     """A request every 10 ms for 2 s, looked for every 20 ms, a floor of 0.8 s: 2 or 3
     writes, not 100."""
-    monkeypatch.setattr("tiering.manager.recorder.POLL", 0.02)
     monkeypatch.setattr("tiering.manager.recorder.FLOOR", 0.8)
-    h = engine(make, file_tier(tmp_path))
+    h = engine(make, file_tier(tmp_path), manifest_requests=0.02)
     before = recorder(h).written
 
     async def flood() -> None:
@@ -193,6 +192,31 @@ def test_a_flood_of_requests_writes_no_more_often_than_the_floor(
     written = recorder(h).written - before
     assert 1 <= written <= 3, written
     assert h.manager.counters[MANIFEST_REQUESTS] == written
+
+
+def test_an_engine_that_never_looks_for_requests_reads_none(
+    make: Callable[..., Harness], tmp_path: Path, quick: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`primary.manifest_requests: 0`: the recorder never opens the request record (no GET on
+    an S3 that bills each one), the command is not answered and takes its request back, and
+    the periodic write still runs."""
+    monkeypatch.setattr("tiering.manager.recorder.POLL", 0.05)  # a default would answer
+    store = files_store(tmp_path)
+    tier = store.tier()
+    reads: list[str] = []
+    read_record = tier.read_record
+
+    async def counted(name: str, *args: Any, **kw: Any) -> bytes | None:
+        reads.append(name)
+        return await read_record(name, *args, **kw)
+
+    tier.read_record = counted  # type: ignore[method-assign]
+    h = engine(make, tier, manifest_requests=0, warm_manifest_interval=0.2)
+    before = recorder(h).written
+    assert ask(store, "--wait", "1") == 1
+    assert h.manager.counters[MANIFEST_REQUESTS] == 0
+    assert not [name for name in reads if name == request_name("gpu-0")]
+    assert recorder(h).written > before
 
 
 def test_two_engines_of_one_identity_are_told_at_start_not_at_the_first_interval(

@@ -122,6 +122,16 @@ class PrimaryConfig:
         "and at shutdown; a restart, even after a crash, follows the last one (0: at shutdown "
         "only).",
     )
+    manifest_requests: float = option(
+        2.0,
+        kind="duration",
+        zero=True,
+        help="With a warm start: how often the engine looks in the tiers it writes manifests "
+        "to for an operator's request to write one now (`kvtier manifest --write-now`); each "
+        "look costs a failed `open` on files, a GETRANGE on Redis, a GET answered 404 on S3 "
+        "(43,200 a day per engine at 2 s: raise it where S3 requests are billed; 0: never "
+        "look, such requests go unanswered).",
+    )
     engine_id: str | None = option(
         None,
         what="an engine identity",

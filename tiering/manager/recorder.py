@@ -25,7 +25,8 @@ Before every write it reads the record back from the first tier, and says a clas
 the same way (once).
 
 Between writes it looks for a request to write now (`tiering.manager.request`: an operator's
-`kvtier manifest --write-now`) every `POLL` seconds in each of its tiers, answers one with a
+`kvtier manifest --write-now`) every `primary.manifest_requests` seconds (`POLL` by default; 0:
+never) in each of its tiers, answers one with a
 write at once (no sooner than `FLOOR` seconds, nor `DUTY` times its wall time, after the last
 write) and removes it; a request not sealed by the deployment's secret, or damaged, is removed
 unanswered and counted.
@@ -95,15 +96,18 @@ class ManifestRecorder:
         interval: float,
         progress: Callable[[], WarmProgress],
         first: Sequence[BlockKey] | None = None,
+        poll: float | None = None,
     ) -> None:
         """`tiers`: those the manifest is written to (persistent, writable); `first`: the keys
         of the start's write (the manifest the warm start follows; None: none followed, and
         the start writes the order of use it has where no tier holds a record of this
-        identity; one refused or unread stays until the first interval)."""
+        identity; one refused or unread stays until the first interval); `poll`: seconds
+        between two looks for a request to write now (0: none)."""
         self.pool, self.lock, self.runtime = pool, lock, runtime
         self.tiers = list(tiers)
         self.counters = counters
         self.engine, self.interval, self.progress = engine, interval, progress
+        self.poll = POLL if poll is None else poll
         self.session = secrets.randbits(63)
         self.written = 0
         self.pause = interval
@@ -169,17 +173,18 @@ class ManifestRecorder:
             self._due = time.monotonic() + self.interval
         if not self._clashed:  # two starts at once: the later write is the one stored
             await self._check(self.tiers[:1])
-        while not self._closed:
+        periodic, asked = self.interval > 0, self.poll > 0
+        while not self._closed and (periodic or asked):  # neither: the shutdown's write alone
             now = time.monotonic()
-            wake = now + POLL if self.interval <= 0 else min(now + POLL, self._due)
-            await asyncio.sleep(max(TICK, wake - now))
-            if self.interval > 0 and time.monotonic() >= self._due:
+            wakes = ([self._due] if periodic else []) + ([now + self.poll] if asked else [])
+            await asyncio.sleep(max(TICK, min(wakes) - now))
+            if periodic and time.monotonic() >= self._due:
                 await self._timed()
-            elif time.monotonic() >= self._earliest:
-                asked = await self._requests()
-                if asked:
+            elif asked and time.monotonic() >= self._earliest:
+                requests = await self._requests()
+                if requests:
                     await self._timed()
-                    await self._answered(asked)
+                    await self._answered(requests)
 
     async def _timed(self, keys: Sequence[BlockKey] | None = None) -> None:
         """A write of `keys` (None: the order of use now, taken under the step lock, tried

@@ -8,7 +8,8 @@ one an operator signals. The command writes record `manifest-request.<engine id>
 write_record`) to the tiers that keep records; the tier's envelope seals it like a block (its
 namespace, checksum and, with `auth.secret`, its seal), so under a secret only holders of the
 secret can ask: anything else in its place is refused, removed and counted, never answered. The
-recorder looks for it every `POLL` seconds in each tier it writes manifests to (a files
+recorder looks for it every `primary.manifest_requests` seconds (`POLL` by default; 0: never) in
+each tier it writes manifests to (a files
 directory: one `open` that fails while none is there, no disk I/O once the directory is cached;
 Redis: one GETRANGE; S3: one GET, answered 404), writes its manifest at once, off the scheduler's
 thread, and removes the request. A flood of requests cannot make it write more often than

@@ -144,6 +144,7 @@ def wire(
             counters,
             engine=engine,
             interval=config.primary.warm_manifest_interval,
+            poll=config.primary.manifest_requests,
             progress=warm.progress,
             first=None if manifest is None else manifest.keys,
         )
