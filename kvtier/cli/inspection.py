@@ -236,6 +236,7 @@ async def last_warm_start(
         "age_seconds": max(0.0, now - found.written_at),
         "blocks": len(found.keys),
         "ended": found.ended,
+        "interval_seconds": found.interval,
         **{f"warm_{f}": getattr(w, f) for f in ("source", "planned", "read", "skipped")},
         "warm_remaining": w.remaining,
     }

@@ -6,7 +6,9 @@ tier has since lost (all skipped, counted, nothing read), and an engine identity
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,9 +30,11 @@ from tiering.manager.counters import (
 from tiering.manager.manifest import (
     Manifest,
     ManifestRefused,
+    clash,
     decode,
     encode,
     engine_identity,
+    is_live,
     read_manifest,
     record_name,
 )
@@ -144,7 +148,7 @@ def test_a_manifest_is_read_back_as_written_and_costs_37_bytes_a_block() -> None
 
 
 def _version(data: bytes) -> bytes:
-    return data[:8] + (2).to_bytes(2, "big") + data[10:]
+    return data[:8] + (3).to_bytes(2, "big") + data[10:]
 
 
 @pytest.mark.parametrize(
@@ -162,6 +166,48 @@ def test_a_damaged_manifest_is_refused(damage: Callable[[bytes], bytes], reason:
     with pytest.raises(ManifestRefused) as refused:
         decode(damage(encode(manifest())), NAMESPACE, "e1")
     assert refused.value.reason == reason
+
+
+def _format_1(data: bytes) -> bytes:
+    """`data` (format 2) as format 1 wrote it: no interval, its own digest."""
+    body = data[:8] + (1).to_bytes(2, "big") + data[10:-16]
+    at = 10 + 16 + 1 + 2 + 1 + len(socket.gethostname().encode()[:255]) + 4 + 8 + 8 + 1
+    body = body[:at] + body[at + 8 :]
+    return body + hashlib.sha256(body).digest()[:16]
+
+
+def test_a_manifest_carries_its_writers_interval_and_format_1_is_still_read() -> None:
+    """Format 2 says the writer's interval; a format 1 manifest (an older kvtier's) reads back
+    whole, its interval unknown."""
+    data = encode(Manifest(NAMESPACE, "e1", [k(0), k(1)], pid=1, session=7, interval=300.0))
+    assert decode(data, NAMESPACE, "e1").interval == 300.0
+    old = decode(_format_1(data), NAMESPACE, "e1")
+    assert old.interval is None and list(old.keys) == [k(0), k(1)] and old.session == 7
+
+
+def test_a_writer_is_live_for_three_of_its_own_intervals() -> None:
+    """`is_live` and `clash` judge a writer by the interval its manifest says, not the
+    reader's: one that writes every 5 minutes, last 10 minutes ago, is alive; one that writes
+    every 10 s, last a minute ago, is not; unknown or 0: the reader's default."""
+    now = time.time()
+
+    def at(ago: float, interval: float | None) -> Manifest:
+        return Manifest(
+            NAMESPACE,
+            "e1",
+            [],
+            host="elsewhere",
+            session=9,
+            written_at=now - ago,
+            interval=interval,
+        )
+
+    assert is_live(at(600, 300.0), now, 180.0)
+    assert not is_live(at(60, 10.0), now, 180.0)
+    assert is_live(at(100, None), now, 180.0) and not is_live(at(200, None), now, 180.0)
+    assert not is_live(at(200, 0.0), now, 180.0)
+    assert clash(at(500, 600.0), interval=60.0, session=1, now=now) is not None
+    assert clash(at(500, 60.0), interval=600.0, session=1, now=now) is None
 
 
 def test_a_manifest_of_another_namespace_or_engine_is_refused() -> None:

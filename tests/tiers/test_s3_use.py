@@ -89,6 +89,29 @@ def test_the_objects_no_live_manifest_names_go_first_then_the_least_hot(
     asyncio.run(body())
 
 
+@pytest.mark.parametrize(
+    ("ago", "interval", "kept"), [(400, 300.0, [0, 1, 2]), (60, 10.0, [7, 8, 9])]
+)
+def test_a_manifest_is_live_for_three_of_its_writers_own_intervals(
+    s3_server: SeaweedS3, ago: float, interval: float, kept: list[int]
+) -> None:
+    """An engine writing its manifest every 5 minutes, last 400 s ago, is alive: its blocks
+    0-4 are kept before the newer unnamed ones. One writing every 10 s, last a minute ago, is
+    not: write order (with the sweeper's old fixed 180 s, the first went by write order and
+    the second by use)."""
+    prefix = _prefix()
+
+    async def body() -> None:
+        size = await _fill(s3_server, prefix)
+        async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
+            fields = {"written_at": time.time() - ago, "interval": interval}
+            await _manifest(tier, "gpu-0", [key(i) for i in range(5)], **fields)
+            await _sweep(tier)
+            assert await _present(tier) == kept
+
+    asyncio.run(body())
+
+
 @pytest.mark.parametrize("stale", ["ended", "old"])
 def test_with_no_live_manifest_it_sweeps_in_write_order_and_stats_says_so(
     s3_server: SeaweedS3, tmp_path: Path, capsys: pytest.CaptureFixture[str], stale: str

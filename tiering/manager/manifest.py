@@ -14,11 +14,14 @@ checksum and, with `auth.secret`, its seal); a restarted engine's warm start rea
 
 Body, all integers big-endian: `MAGIC` (8 bytes), version (u16), namespace (16), engine id (u8
 length + ASCII), host (u8 length + UTF-8), pid (u32), session (8), written at (f64, Unix seconds),
-ended (u8: written at the writer's shutdown), the writer's last warm start (source u8, planned,
-read, skipped, remaining: u32 each), key count (u32), the keys (u8 length + bytes each), then the
-first 16 bytes of SHA-256 over all of it. A block of vLLM's sha256 hashes takes 37 bytes (a 100 GiB
-primary of 2 MiB blocks: 51,200 keys, 1.9 MB), plus about 100 bytes and the envelope's header per
-manifest.
+ended (u8: written at the writer's shutdown), the writer's `primary.warm_manifest_interval` (f64
+seconds; version 2 on, so that a reader judges a writer live by that writer's own interval:
+`is_live`), the writer's last warm start (source u8, planned, read, skipped, remaining: u32 each),
+key count (u32), the keys (u8 length + bytes each), then the first 16 bytes of SHA-256 over all
+of it. Version 1 (no interval) is still read; a kvtier that reads only version 1 refuses a
+version 2 manifest (`version`: its warm start takes the newest-first plan, one log line). A
+block of vLLM's sha256 hashes takes 37 bytes (a 100 GiB primary of 2 MiB blocks: 51,200 keys,
+1.9 MB), plus about 108 bytes and the envelope's header per manifest.
 
 A manifest that is truncated, damaged, of another version, namespace or engine, or (with a
 secret) not sealed by it is refused whole (`ManifestRefused`, one word of reason): nothing is
@@ -53,6 +56,7 @@ __all__ = [
     "decode",
     "encode",
     "engine_identity",
+    "is_live",
     "read_manifest",
     "record_name",
 ]
@@ -60,11 +64,17 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAGIC: Final = b"KVTWARM\x00"
-MANIFEST_VERSION: Final = 1
+MANIFEST_VERSION: Final = 2
+READS: Final = (1, 2)
+"""The format versions `decode` reads (1: without the writer's interval)."""
+LIVE_INTERVALS: Final = 3
+"""A manifest is a live engine's for this many of its writer's intervals after its write: one
+late or failed write does not drop a live engine."""
 DIGEST_BYTES: Final = 16
 SOURCES: Final = ("none", "manifest", "newest")
 """What a warm start followed (`WarmProgress.source`)."""
 _FIXED = struct.Struct(">IQdB")  # pid, session, written at, ended
+_INTERVAL = struct.Struct(">d")  # the writer's interval (version 2 on)
 _PROGRESS = struct.Struct(">BIIII")
 _IDENTITY_DOMAIN = b"kvtier engine identity v1\x00"
 
@@ -105,6 +115,9 @@ class Manifest:
     """The writer's own warm start, as it stood at the write."""
     ended: bool = False
     """Written at the writer's shutdown: no live engine stands behind it."""
+    interval: float | None = None
+    """The writer's `primary.warm_manifest_interval` (0: at shutdown only; None: unknown, a
+    version 1 manifest)."""
 
 
 def record_name(engine: str) -> str:
@@ -141,6 +154,7 @@ def encode(manifest: Manifest) -> bytes:
     parts = [MAGIC, MANIFEST_VERSION.to_bytes(2, "big"), manifest.namespace]
     parts += [_short(manifest.engine), _short(manifest.host)]
     parts.append(_FIXED.pack(manifest.pid, manifest.session, manifest.written_at, manifest.ended))
+    parts.append(_INTERVAL.pack(manifest.interval or 0.0))
     w = manifest.warm
     parts.append(_PROGRESS.pack(SOURCES.index(w.source), w.planned, w.read, w.skipped, w.remaining))
     parts.append(len(manifest.keys).to_bytes(4, "big"))
@@ -171,8 +185,8 @@ def decode(data: bytes, namespace: bytes, engine: str) -> Manifest:
     if len(data) < len(MAGIC) + 2 + DIGEST_BYTES or not data.startswith(MAGIC):
         raise ManifestRefused("magic", "not a kvtier manifest")
     version = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 2], "big")
-    if version != MANIFEST_VERSION:
-        raise ManifestRefused("version", f"format {version}, this kvtier reads {MANIFEST_VERSION}")
+    if version not in READS:
+        raise ManifestRefused("version", f"format {version}, this kvtier reads {READS}")
     body, digest = data[:-DIGEST_BYTES], data[-DIGEST_BYTES:]
     if hashlib.sha256(body).digest()[:DIGEST_BYTES] != digest:
         raise ManifestRefused("corrupt", "its digest does not match")
@@ -186,13 +200,28 @@ def decode(data: bytes, namespace: bytes, engine: str) -> Manifest:
         raise ManifestRefused("engine", f"of engine {writer!r}, not {engine!r}")
     host = r.short()
     pid, session, written_at, ended = _FIXED.unpack(r.take(_FIXED.size))
+    interval = _INTERVAL.unpack(r.take(_INTERVAL.size))[0] if version >= 2 else None
+    if interval is not None and not 0.0 <= interval < float("inf"):
+        raise ManifestRefused("corrupt", f"an interval of {interval} s")
     source, planned, read, skipped, remaining = _PROGRESS.unpack(r.take(_PROGRESS.size))
     count = int.from_bytes(r.take(4), "big")
     keys = [BlockKey(r.take(r.take(1)[0])) for _ in range(count)]
     if r.at != len(body):
         raise ManifestRefused("corrupt", f"{len(body) - r.at} bytes after its keys")
     warm = WarmProgress(SOURCES[min(source, len(SOURCES) - 1)], planned, read, skipped, remaining)
-    return Manifest(ns, writer, keys, host, pid, session, written_at, warm, bool(ended))
+    return Manifest(ns, writer, keys, host, pid, session, written_at, warm, bool(ended), interval)
+
+
+def is_live(found: Manifest, now: float, default: float) -> bool:
+    """Whether a live engine stands behind `found`: not written at its writer's shutdown, and
+    written within `LIVE_INTERVALS` of its writer's intervals of `now`, either way (writers'
+    clocks differ; one written far ahead is no live writer's either); within `default` seconds
+    where the interval is unknown (version 1) or 0 (at shutdown only: no periodic write says
+    the writer is alive)."""
+    if found.ended:
+        return False
+    span = LIVE_INTERVALS * found.interval if found.interval else default
+    return abs(now - found.written_at) <= span
 
 
 async def read_manifest(
@@ -243,12 +272,14 @@ def clash(
 ) -> str | None:
     """Why `found` (read from a store at start, or just before a write) looks written by
     another live engine of the same identity, or None: a session not ours, written within
-    two intervals (a writer alive rewrites it every interval; at shutdown-only, within a
-    minute), not at its writer's shutdown, by another host or a live process of this host."""
+    two intervals (a writer alive rewrites it every interval: the writer's own where the
+    manifest says it, else `interval`, ours; at shutdown-only, within a minute), not at its
+    writer's shutdown, by another host or a live process of this host."""
     if found.session == session or found.ended:
         return None
     now = time.time() if now is None else now
-    if now - found.written_at > max(2 * interval, 60.0):
+    span = found.interval if found.interval is not None else interval
+    if now - found.written_at > max(2 * span, 60.0):
         return None
     if found.host == socket.gethostname() and found.pid != os.getpid() and not _alive(found.pid):
         return None  # a process of this host that has ended: this engine's last run

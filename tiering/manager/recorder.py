@@ -132,6 +132,7 @@ class ManifestRecorder:
             session=self.session,
             warm=self.progress(),
             ended=ended,
+            interval=self.interval,
         )
 
     def close(self) -> None:

@@ -11,8 +11,11 @@ objects (at most `MAX_MANIFESTS`, `RECORD_PAGE` a request), reads each (at most
 `MAX_MANIFEST_BYTES`), opens it with the envelope of the namespace its name gives (its
 checksum, namespace and record name; with `auth.secret`, its seal: an unsealed one is refused)
 and decodes it (`decode`: that namespace, that engine). A manifest is live when it was not
-written at its writer's shutdown (`ended`) and was written within `LIVE_FOR` of now, either
-way (clocks of writers differ; one written far ahead is no live writer's either).
+written at its writer's shutdown (`ended`) and was written within three of its writer's
+`primary.warm_manifest_interval` of now (the manifest says it), or within `LIVE_FOR` where it
+does not (an older kvtier's manifest, or a writer that writes at shutdown only), either way
+(`tiering.manager.manifest.is_live`: clocks of writers differ; one written far ahead is no live
+writer's either).
 
 The keys of the live manifests become ranks (`Named.rank`): a key's rank is its smallest
 position in any live manifest (0: some engine's hottest). Each manifest gives at most its
@@ -42,7 +45,7 @@ from dataclasses import dataclass, field
 
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
 from tiering.keys import BlockKey
-from tiering.manager.manifest import ManifestRefused, decode, record_name
+from tiering.manager.manifest import ManifestRefused, decode, is_live, record_name
 from tiering.tier.envelope import Envelope
 from tiering.tier.records import RECORD_NAME, RECORD_PAGE, record_key
 from tiering.tier.usage import namespace_of
@@ -64,9 +67,8 @@ log = logging.getLogger(__name__)
 RECORDS = "kvtier-records/"
 """Where records lie under the prefix (`S3Tier._record_name`)."""
 LIVE_FOR = 180.0
-"""Seconds a manifest counts as a live engine's: three of `primary.warm_manifest_interval`'s
-default 60 s, so one late or failed write does not drop a live engine (an engine that writes
-less often, or only at shutdown, is not seen as live)."""
+"""Seconds a manifest that does not say its writer's interval (or whose writer writes only at
+shutdown) counts as a live engine's: three of `primary.warm_manifest_interval`'s default 60 s."""
 REFRESH = 60.0
 """Seconds the ranks are kept before the manifests are read again."""
 MAX_MANIFESTS = 128
@@ -93,7 +95,7 @@ class Named:
     live: int = 0
     """Live manifests followed."""
     stale: int = 0
-    """Manifests read that are not live (ended, or written longer than `LIVE_FOR` ago)."""
+    """Manifests read that are not live (ended, or written too long ago: `is_live`)."""
     refused: int = 0
     clipped: int = 0
     """Keys beyond a manifest's share, left out."""
@@ -201,7 +203,7 @@ class UseOrder:
                     e,
                 )
                 continue
-            if manifest.ended or abs(now - manifest.written_at) > LIVE_FOR:
+            if not is_live(manifest, now, LIVE_FOR):
                 stale += 1
                 continue
             live += 1
