@@ -55,7 +55,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -385,6 +385,40 @@ def stored_blocks(tier: dict[str, Any]) -> int:
     return asyncio.run(count())
 
 
+def run_rounds(
+    args: argparse.Namespace,
+    setups: list[str],
+    rounds_of: Callable[[Bench], Callable[[int, Progress], dict[str, Any]]],
+    prefix: str,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The benchmark process for `args` (`--rounds`, `--smoke`, `--dir`, `--model-dir`,
+    `--vllm-python`): a `Bench` of `setups` in a scratch directory named `prefix`, its servers
+    started, `rounds_of(bench)`'s round run `--rounds` times, all of it removed after; the
+    records and the report's head (date, machine and load, wall time)."""
+    rounds = args.rounds or (1 if args.smoke else 3)
+    workload = SMOKE if args.smoke else FULL
+    if args.vllm_python is None:
+        from kvtier.venv import ensure_vllm_venv
+
+        args.vllm_python = ensure_vllm_venv()
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=args.dir))
+    bench = Bench(workload, args.vllm_python, scratch, args.model_dir or scratch / "model", setups)
+    one_round, progress = rounds_of(bench), Progress()
+    started, load = time.time(), os.getloadavg()
+    try:
+        bench.start_servers()
+        records = [one_round(r, progress) for r in range(rounds)]
+    finally:
+        bench.stop_servers()
+        shutil.rmtree(scratch, ignore_errors=True)
+    head = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": {**machine(), "load_before": load, "load_after": os.getloadavg()},
+        "wall_seconds": time.time() - started,
+    }
+    return records, head
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (--smoke: 1)")
@@ -413,33 +447,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown set-up {unknown[0]!r}; known: {', '.join(SETUPS)}")
     setups = [s for s in SETUPS if s in setups]  # the round's base order
-    rounds = args.rounds or (1 if args.smoke else 3)
+    records, head = run_rounds(args, setups, lambda bench: bench.round, "kvtier-ttft-")
     workload = SMOKE if args.smoke else FULL
-    if args.vllm_python is None:
-        from kvtier.venv import ensure_vllm_venv
-
-        args.vllm_python = ensure_vllm_venv()
-    scratch = Path(tempfile.mkdtemp(prefix="kvtier-ttft-", dir=args.dir))
-    bench = Bench(workload, args.vllm_python, scratch, args.model_dir or scratch / "model", setups)
-    progress = Progress()
-    started, load = time.time(), os.getloadavg()
-    try:
-        bench.start_servers()
-        records = [bench.round(r, progress) for r in range(rounds)]
-    finally:
-        bench.stop_servers()
-        shutil.rmtree(scratch, ignore_errors=True)
     problems = [p for r in records for p in r["problems"]]
     report: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "machine": {**machine(), "load_before": load, "load_after": os.getloadavg()},
-        "wall_seconds": time.time() - started,
+        **head,
         "workload": {
             **asdict(workload),
             "evictor_tokens": workload.evictor_tokens,
             "kv_bytes": workload.kv_bytes,
         },
-        "rounds": rounds,
+        "rounds": len(records),
         "rows": summarize(records, workload.kv_bytes),
         "per_round": records,
         "problems": problems,

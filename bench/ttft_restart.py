@@ -37,12 +37,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -222,36 +219,18 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """`--restart`: the restart set-up's rounds (bench/ttft_restart.py), its own report."""
-    from bench.ttft import FULL, SMOKE, Bench
-    from bench.ttft_report import machine
+    from bench.ttft import run_rounds
 
     setups = [s for s in args.restart.split(",") if s]
     if not setups or any(s not in RESTART_SETUPS for s in setups):
         raise SystemExit(f"--restart: set-ups of {', '.join(RESTART_SETUPS)}")
-    rounds = args.rounds or (1 if args.smoke else 3)
-    workload = SMOKE if args.smoke else FULL
-    python = args.vllm_python
-    if python is None:
-        from kvtier.venv import ensure_vllm_venv
-
-        python = ensure_vllm_venv()
-    scratch = Path(tempfile.mkdtemp(prefix="kvtier-restart-", dir=args.dir))
-    bench = Bench(workload, python, scratch, args.model_dir or scratch / "model", setups)
-    restart = Restart(bench, setups)
-    progress = Progress()
-    started, load = time.time(), os.getloadavg()
-    try:
-        bench.start_servers()
-        records = [restart.round(r, progress) for r in range(rounds)]
-    finally:
-        bench.stop_servers()
-        shutil.rmtree(scratch, ignore_errors=True)
+    records, head = run_rounds(
+        args, setups, lambda bench: Restart(bench, setups).round, "kvtier-restart-"
+    )
     problems = [p for r in records for p in r["problems"]]
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "machine": {**machine(), "load_before": load, "load_after": os.getloadavg()},
-        "wall_seconds": time.time() - started,
-        "rounds": rounds,
+        **head,
+        "rounds": len(records),
         "rows": summarize(records),
         "per_round": records,
         "problems": problems,
