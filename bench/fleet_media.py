@@ -1,7 +1,9 @@
-"""`kvtier replay --engines N` on a real Redis as the shared tier (issue 44, item 2): a
-redis-server started here, its `maxmemory` sized for `--shared-blocks` synthesized blocks and
-its policy `allkeys-lru` (what an operator bounding a shared Redis sets: the server evicts,
-kvtier cannot), then the replay.
+"""`kvtier replay --engines N` on a real shared store (issue 44, item 2): a redis-server
+(`--medium redis`) or SeaweedFS's S3 gateway (`--medium s3`) started here, the shared tier sized
+for `--shared-blocks` synthesized blocks as the medium counts them, then the replay.
+
+Redis: `maxmemory` sized for the blocks and policy `allkeys-lru` (what an operator bounding a
+shared Redis sets: the server evicts, kvtier cannot).
 
 Sizing: Redis counts its clients' buffers against `maxmemory`, and the replay's 8 engines
 keep over a hundred connections whose pipelines of write-through batches peak at megabytes,
@@ -18,9 +20,21 @@ second, so `--pace` must let the tier's eviction horizon span tens of seconds (t
 `horizon_ticks`; `kvtier.fleet.recency`), and its sampled LRU matches an exact one here only with
 `--samples 64` (BENCHMARKS.md).
 
-    python bench/fleet_media.py TRACE [--requests 6000] [--engines 8] [--capacity 1638]
-                                [--shared-blocks 13107] [--samples 5] [--headroom 1]
-                                [--follow-clients] [--pace X] [--json]
+S3: the tier's `capacity` is `--shared-blocks` times one block's object (`--shared-blocks` of
+`kvtier replay`: the object's length, which is what the sweeper counts; one object a block,
+`blocks_per_object` 1, so no pack rounds a block's share), swept every `--sweep-interval` by
+the one elected sweeper, oldest `LastModified` first: the replayed engines write no manifests
+of use (no `primary.warm_start`), so the sweeper follows write order (`sweeps_write_order`).
+`write_once` as configured (default: a block another engine wrote is not written again, and
+keeps its first write's LastModified; `--rewrite`: every write-through rewrites it). The
+prefix holds its capacity plus what was written since the last pass listed it, so `held_blocks`
+is above `--shared-blocks`; LastModified has whole seconds, so `--pace` must let the horizon
+span tens of them (`horizon_ticks`), and the sweep interval be small against it.
+
+    python bench/fleet_media.py TRACE [--medium redis|s3] [--requests 6000] [--engines 8]
+                                [--capacity 1638] [--shared-blocks 13107] [--pace X] [--json]
+                                redis: [--samples 5] [--headroom 1] [--follow-clients]
+                                s3: [--sweep-interval 1] [--rewrite]
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ import json
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -42,9 +57,9 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
-from kvtier.fleet import replay_fleet  # noqa: E402
+from kvtier.fleet import FleetResult, replay_fleet  # noqa: E402
 from kvtier.replay import REPLAY_NAMESPACE  # noqa: E402
-from kvtier.servers import RedisServer  # noqa: E402
+from kvtier.servers import RedisServer, SeaweedS3  # noqa: E402
 from kvtier.trace import load_trace  # noqa: E402
 from tiering.config import parse_config, tier_from_config  # noqa: E402
 from tiering.keys import make_key  # noqa: E402
@@ -117,94 +132,192 @@ def watched(port: int, run: Callable[[], T], follow: int | None = None) -> tuple
         sampler.join()
 
 
+class Progress:
+    """A line on stderr every `EVERY` requests done (a run takes minutes)."""
+
+    EVERY = 500
+
+    def __init__(self) -> None:
+        self.next = self.EVERY
+
+    def __call__(self, done: int) -> None:
+        if done >= self.next:
+            self.next = done - done % self.EVERY + self.EVERY
+            print(f"{time.strftime('%H:%M:%S')} {done} requests", file=sys.stderr, flush=True)
+
+
+def figures(result: FleetResult, requests: int) -> dict[str, object]:
+    """What every medium's run reports."""
+    return {
+        "requests": requests,
+        "hit_rate": round(100 * result.hit_rate, 2),
+        "held_blocks": result.store_held_blocks,
+        "objects_at_end": result.store_objects,
+        "store_error": result.store_error,
+        "seconds": round(result.seconds, 1),
+        "pace": result.pace,
+        "lag": round(result.lag, 1),
+        "horizon": None if result.horizon is None else round(result.horizon, 1),
+        "horizon_ticks": result.horizon_ticks and round(result.horizon_ticks),
+    }
+
+
+def on_redis(args: argparse.Namespace, requests: list, work: Path) -> dict[str, object]:
+    """The replay over a redis-server with `allkeys-lru` (module docstring)."""
+    server = RedisServer(work)
+    server.start()
+    try:
+        client = redis.Redis(host="127.0.0.1", port=server.port)
+        cfg = config(server.url)
+        base, one = asyncio.run(sized(cfg, args.engines, args.block_bytes, client))
+        probe = requests[: min(len(requests), PROBE)]
+        _, probed = watched(
+            server.port,
+            lambda: replay_fleet(
+                probe, cfg, args.engines, args.capacity, "random", 0, args.block_bytes
+            ),
+        )
+        client.flushall()
+        clients = probed["mem_clients_normal"]
+        maxmemory = (
+            int(base + args.shared_blocks * one + args.headroom * clients)
+            if args.shared_blocks
+            else 0
+        )
+        client.config_set("maxmemory", maxmemory)
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        client.config_set("maxmemory-samples", args.samples)
+        follow = int(base + args.shared_blocks * one) if args.follow_clients else None
+        result, peak = watched(
+            server.port,
+            lambda: replay_fleet(
+                requests,
+                cfg,
+                args.engines,
+                args.capacity,
+                "random",
+                0,
+                args.block_bytes,
+                Progress(),
+                pace=args.pace,
+            ),
+            follow,
+        )
+        return {
+            "probe_clients": clients,
+            **peak,
+            "per_block": round(one, 1),
+            "baseline": base,
+            "maxmemory": maxmemory,
+            "samples": args.samples,
+            "follow_clients": args.follow_clients,
+            **figures(result, len(requests)),
+            "dbsize": client.dbsize(),
+            "evicted_keys": int(client.info("stats")["evicted_keys"]),
+        }
+    finally:
+        server.stop()
+
+
+def s3_config(server: SeaweedS3, sweep_interval: float, write_once: bool) -> object:
+    return parse_config(
+        {
+            "primary": {"eviction": "lru"},
+            "promotion": {"gate": "always", "deadline": "10s"},
+            "faults": {"timeout": "10s"},
+            "tiers": [
+                {
+                    "name": "shared",
+                    "type": "s3",
+                    "bucket": server.bucket,
+                    "prefix": "fleet/",
+                    "endpoint_url": server.endpoint,
+                    "access_key": server.ACCESS_KEY,
+                    "secret_key": server.SECRET_KEY,
+                    "write": "through",
+                    "sweep_interval": sweep_interval,
+                    "write_once": write_once,
+                }
+            ],
+        }
+    )
+
+
+SWEEP_COUNTERS = ("sweeps", "sweeps_write_order", "sweeps_by_use", "sweep_errors")
+
+
+def on_s3(args: argparse.Namespace, requests: list, work: Path) -> dict[str, object]:
+    """The replay over SeaweedFS's S3 gateway, its prefix swept to `--shared-blocks` blocks
+    (module docstring)."""
+    server = SeaweedS3(work / "seaweedfs")
+    server.start()
+    try:
+        cfg = s3_config(server, args.sweep_interval, not args.rewrite)
+        result = replay_fleet(
+            requests,
+            cfg,  # type: ignore[arg-type]
+            args.engines,
+            args.capacity,
+            "random",
+            0,
+            args.block_bytes,
+            progress=Progress(),
+            shared_blocks=args.shared_blocks or None,
+            pace=args.pace,
+        )
+        counters = result.store_counters
+        return {
+            "object_bytes": result.object_bytes,
+            "capacity": result.store_capacity,
+            "sweep_interval": args.sweep_interval,
+            "write_once": not args.rewrite,
+            **figures(result, len(requests)),
+            "duplicate_writes": result.fleet.duplicate_writes,
+            "evictions": result.evictions,
+            "sweep_order": result.sweep_order,
+            **{k: counters.get(k, 0) for k in SWEEP_COUNTERS},
+        }
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace", type=Path)
+    parser.add_argument("--medium", choices=("redis", "s3"), default="redis")
     parser.add_argument("--requests", type=int)
     parser.add_argument("--engines", type=int, default=8)
     parser.add_argument("--capacity", type=int, default=1638)
     parser.add_argument("--shared-blocks", type=int, default=13107)
     parser.add_argument("--block-bytes", type=int, default=64)
-    parser.add_argument("--samples", type=int, default=5, help="maxmemory-samples")
+    parser.add_argument("--samples", type=int, default=5, help="redis: maxmemory-samples")
     parser.add_argument(
-        "--headroom", type=float, default=1.0, help="times the clients' peak memory given"
+        "--headroom", type=float, default=1.0, help="redis: times the clients' peak memory given"
     )
     parser.add_argument(
         "--follow-clients",
         action="store_true",
-        help="set maxmemory every 10 ms to the blocks' share plus the clients' memory then",
+        help="redis: set maxmemory every 10 ms to the blocks' share plus the clients' memory then",
+    )
+    parser.add_argument(
+        "--sweep-interval", type=float, default=1.0, help="s3: the sweeper's sweep_interval"
+    )
+    parser.add_argument(
+        "--rewrite", action="store_true", help="s3: write_once false (every write rewrites)"
     )
     parser.add_argument(
         "--pace",
         type=float,
         help="trace seconds replayed per wall-clock second (default: unpaced); Redis's LRU "
-        "clock ticks once a second (kvtier.fleet.recency)",
+        "clock ticks once a second, S3's LastModified has whole seconds "
+        "(kvtier.fleet.recency)",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     requests = load_trace(args.trace).requests[: args.requests]
+    run = on_s3 if args.medium == "s3" else on_redis
     with tempfile.TemporaryDirectory(prefix="kvtier-fleet-media-") as work:
-        server = RedisServer(Path(work))
-        server.start()
-        try:
-            client = redis.Redis(host="127.0.0.1", port=server.port)
-            cfg = config(server.url)
-            base, one = asyncio.run(sized(cfg, args.engines, args.block_bytes, client))
-            probe = requests[: min(len(requests), PROBE)]
-            _, probed = watched(
-                server.port,
-                lambda: replay_fleet(
-                    probe, cfg, args.engines, args.capacity, "random", 0, args.block_bytes
-                ),
-            )
-            client.flushall()
-            clients = probed["mem_clients_normal"]
-            maxmemory = (
-                int(base + args.shared_blocks * one + args.headroom * clients)
-                if args.shared_blocks
-                else 0
-            )
-            client.config_set("maxmemory", maxmemory)
-            client.config_set("maxmemory-policy", "allkeys-lru")
-            client.config_set("maxmemory-samples", args.samples)
-            follow = int(base + args.shared_blocks * one) if args.follow_clients else None
-            result, peak = watched(
-                server.port,
-                lambda: replay_fleet(
-                    requests,
-                    cfg,
-                    args.engines,
-                    args.capacity,
-                    "random",
-                    0,
-                    args.block_bytes,
-                    pace=args.pace,
-                ),
-                follow,
-            )
-            out = {
-                "probe_clients": clients,
-                **peak,
-                "requests": len(requests),
-                "per_block": round(one, 1),
-                "baseline": base,
-                "maxmemory": maxmemory,
-                "samples": args.samples,
-                "follow_clients": args.follow_clients,
-                "hit_rate": round(100 * result.hit_rate, 2),
-                "held_blocks": result.store_held_blocks,
-                "objects_at_end": result.store_objects,
-                "dbsize": client.dbsize(),
-                "store_error": result.store_error,
-                "evicted_keys": int(client.info("stats")["evicted_keys"]),
-                "seconds": round(result.seconds, 1),
-                "pace": args.pace,
-                "lag": round(result.lag, 1),
-                "horizon": None if result.horizon is None else round(result.horizon, 1),
-                "horizon_ticks": result.horizon_ticks and round(result.horizon_ticks),
-            }
-        finally:
-            server.stop()
+        out = {"medium": args.medium, **run(args, requests, Path(work))}
     print(json.dumps(out) if args.json else "\n".join(f"{k}: {v}" for k, v in out.items()))
 
 

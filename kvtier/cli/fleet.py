@@ -99,7 +99,7 @@ def _lines(r: FleetResult) -> list[str]:
     if r.capacity_blocks is not None:
         capacity += f" ({r.capacity_blocks:,} blocks of {r.object_bytes:,} bytes there)"
     share = f" ({100 * r.store_peak_bytes / r.store_capacity:.1f}%)" if r.store_capacity else ""
-    evictions = r.store_counters.get("evictions")
+    evictions = r.evictions
     if r.store_bytes is None or r.store_objects is None:
         held = f"not readable at the end ({r.store_error})"
     else:
@@ -130,6 +130,8 @@ def _lines(r: FleetResult) -> list[str]:
             f"the shared tier's blocks were replaced in {r.horizon:,.1f} s: "
             f"{r.horizon_ticks:,.0f} ticks of its medium's {r.recency_tick:g} s recency clock"
         )
+    if r.sweep_order is not None:
+        notes.append(f"the shared tier's sweeper removed objects {_ORDERS[r.sweep_order]}")
     coarse = coarse_clock_note(r)
     if coarse is not None:
         notes.append(coarse)
@@ -141,6 +143,14 @@ def _lines(r: FleetResult) -> list[str]:
         "duplicates: blocks written while the shared tier held them from another engine",
         *notes,
     ]
+
+
+_ORDERS = {
+    "by use": "by use (live engines' manifests of use)",
+    "write order": "by write order (LastModified, oldest first): no live engine's manifest of "
+    "use named them (engines write one only with primary.warm_start)",
+    "mixed": "by use in some passes, by write order in others (a manifest of use lapsed)",
+}
 
 
 def _aligned(rows: list[tuple[str, ...]]) -> list[str]:

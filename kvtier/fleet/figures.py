@@ -200,6 +200,27 @@ class FleetResult:
         return self.fleet.hit_rate
 
     @property
+    def evictions(self) -> int | None:
+        """Objects the shared tier removed to stay within its capacity, as its instances count
+        them (`evictions`; an S3 prefix's sweeper: `swept`); None: none counted by kvtier (a
+        Redis server evicts by itself)."""
+        for name in ("evictions", "swept"):
+            if name in self.store_counters:
+                return self.store_counters[name]
+        return None
+
+    @property
+    def sweep_order(self) -> str | None:
+        """The order an S3 sweeper followed in the passes that removed objects (`tiers.s3.use`):
+        "by use" (live manifests of use), "write order" (none: LastModified, oldest first), or
+        "mixed"; None: no such pass."""
+        by_use = self.store_counters.get("sweeps_by_use", 0)
+        written = self.store_counters.get("sweeps_write_order", 0)
+        if not by_use and not written:
+            return None
+        return "mixed" if by_use and written else "by use" if by_use else "write order"
+
+    @property
     def breakers_opened(self) -> int:
         """Engines whose breaker of the shared tier opened (their jobs refused for a while:
         misses)."""
@@ -228,6 +249,8 @@ class FleetResult:
                 "horizon_ticks": (
                     None if self.horizon_ticks is None else round(self.horizon_ticks, 1)
                 ),
+                "evictions": self.evictions,
+                "sweep_order": self.sweep_order,
                 "counters": dict(self.store_counters),
                 "error": self.store_error,
             },

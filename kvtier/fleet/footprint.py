@@ -12,7 +12,9 @@ there (`object_footprint`), and reports the capacity both ways.
 `object_footprint` writes one block to a scratch instance of the medium: the memory tier, or a
 `files` directory in a temporary directory with the config's options (what the directory's count
 charges: the file's size). A remote store (Redis, S3) is not written for it: its figure is the
-object's length (the memory tier's), which the store's own per-key overhead adds to.
+object's length (the memory tier's), which the store's own per-key overhead adds to (Redis); an
+S3 sweeper counts exactly that length per single object (`blocks_per_object` 1: a pack is
+counted and removed whole).
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ block found in neither ends the hits. The hit blocks are used in order; then eve
 after the hits that the primary lacks is stored there and written through to the shared tier.
 The primary never evicts a block of the request being served. The shared tier evicts least
 recently used first (`by_use`: a read or a write uses a block) or by write order (a read does
-not). The hit rate is hit tokens over all tokens of the second half of the requests (512 tokens
-a block, the last block the rest of `input_length`).
+not; with `rewrite` false a write of a block it holds does not either: a write-once medium, S3
+with `write_once`, keeps the first write's object and its LastModified). The hit rate is hit
+tokens over all tokens of the second half of the requests (512 tokens a block, the last block
+the rest of `input_length`).
 """
 
 from __future__ import annotations
@@ -50,9 +52,12 @@ def model_hit_rate(
     shared: int,
     *,
     by_use: bool = True,
+    rewrite: bool = True,
     seed: int = 0,
 ) -> float:
-    """The fleet's hit rate (a fraction) under the module's model, routed at random."""
+    """The fleet's hit rate (a fraction) under the module's model, routed at random.
+    `rewrite` false: a write of a block the shared tier holds leaves it where it was (a
+    write-once medium: S3 with `write_once` keeps the first write's object and LastModified)."""
     rng = random.Random(seed)
     primaries: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(engines)]
     tier: OrderedDict[int, None] = OrderedDict()
@@ -73,6 +78,8 @@ def model_hit_rate(
             hits += 1
         for block in ids[hits:]:
             if not _insert(pool, block, primary, ids):
+                continue
+            if block in tier and not rewrite:
                 continue
             tier.pop(block, None)
             tier[block] = None
