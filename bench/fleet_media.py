@@ -24,7 +24,9 @@ S3: the tier's `capacity` is `--shared-blocks` times one block's object (`--shar
 `kvtier replay`: the object's length, which is what the sweeper counts; one object a block,
 `blocks_per_object` 1, so no pack rounds a block's share), swept every `--sweep-interval` by
 the one elected sweeper, oldest `LastModified` first: the replayed engines write no manifests
-of use (no `primary.warm_start`), so the sweeper follows write order (`sweeps_write_order`).
+of use (no `primary.warm_start`), so the sweeper follows write order (`sweeps_write_order`);
+with `--manifests S` each engine (an identity of its own) writes its manifest every S seconds
+of wall-clock time, and the sweeper removes first what no live manifest names.
 `write_once` as configured (default: a block another engine wrote is not written again, and
 keeps its first write's LastModified; `--rewrite`: every write-through rewrites it). The
 prefix holds its capacity plus what was written since the last pass listed it, so `held_blocks`
@@ -34,7 +36,7 @@ span tens of them (`horizon_ticks`), and the sweep interval be small against it.
     python bench/fleet_media.py TRACE [--medium redis|s3] [--requests 6000] [--engines 8]
                                 [--capacity 1638] [--shared-blocks 13107] [--pace X] [--json]
                                 redis: [--samples 5] [--headroom 1] [--follow-clients]
-                                s3: [--sweep-interval 1] [--rewrite]
+                                s3: [--sweep-interval 1] [--rewrite] [--manifests S]
 """
 
 from __future__ import annotations
@@ -219,10 +221,17 @@ def on_redis(args: argparse.Namespace, requests: list, work: Path) -> dict[str, 
         server.stop()
 
 
-def s3_config(server: SeaweedS3, sweep_interval: float, write_once: bool) -> object:
+def s3_config(
+    server: SeaweedS3, sweep_interval: float, write_once: bool, manifests: float | None = None
+) -> object:
+    """`manifests`: the engines write manifests of use every so many seconds (a warm start of
+    one block: the recorder runs with a warm start), which the sweeper orders by."""
+    primary: dict[str, object] = {"eviction": "lru"}
+    if manifests is not None:
+        primary |= {"warm_start": 64, "warm_manifest_interval": manifests}
     return parse_config(
         {
-            "primary": {"eviction": "lru"},
+            "primary": primary,
             "promotion": {"gate": "always", "deadline": "10s"},
             "faults": {"timeout": "10s"},
             "tiers": [
@@ -252,7 +261,7 @@ def on_s3(args: argparse.Namespace, requests: list, work: Path) -> dict[str, obj
     server = SeaweedS3(work / "seaweedfs")
     server.start()
     try:
-        cfg = s3_config(server, args.sweep_interval, not args.rewrite)
+        cfg = s3_config(server, args.sweep_interval, not args.rewrite, args.manifests)
         result = replay_fleet(
             requests,
             cfg,  # type: ignore[arg-type]
@@ -271,6 +280,7 @@ def on_s3(args: argparse.Namespace, requests: list, work: Path) -> dict[str, obj
             "capacity": result.store_capacity,
             "sweep_interval": args.sweep_interval,
             "write_once": not args.rewrite,
+            "manifests": args.manifests,
             **figures(result, len(requests)),
             "duplicate_writes": result.fleet.duplicate_writes,
             "evictions": result.evictions,
@@ -304,6 +314,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--rewrite", action="store_true", help="s3: write_once false (every write rewrites)"
+    )
+    parser.add_argument(
+        "--manifests",
+        type=float,
+        help="s3: the engines write manifests of use every so many seconds (a one-block warm "
+        "start), and the sweeper orders by them (default: none, write order)",
     )
     parser.add_argument(
         "--pace",

@@ -4,6 +4,7 @@ arrival (the `kvtier.fleet` docstring says how)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -42,6 +43,15 @@ class TraceClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def replayed(config: Config, engine: int) -> Config:
+    """`config` for replayed engine `engine`: an identity of its own on the store
+    (`primary.engine_id` `replay-<engine>`), as each engine of a fleet has one, so that where
+    the engines write manifests of use (a warm start) each writes its own, as a fleet's do, not
+    one record all of them overwrite (told as a clash)."""
+    primary = dataclasses.replace(config.primary, engine_id=f"replay-{engine}")
+    return dataclasses.replace(config, primary=primary)
 
 
 class Fleet:
@@ -95,7 +105,7 @@ class Fleet:
                 self.runtimes.append(runtime)
                 self.engines.append(
                     ReplayEngine(
-                        config,
+                        replayed(config, engine),
                         capacity,
                         block_bytes,
                         tiers=[(config.tiers[0], view)],

@@ -512,3 +512,22 @@ def test_a_fleet_with_a_secret_counts_the_store_it_writes(tmp_path: Path) -> Non
         cfg = parse_config(data, {"FLEET_SECRET": secret or ""})
         counted.append(replay_fleet(together, cfg, 3, 64, "sticky", 0, BLOCK).store_objects)
     assert counted[0] == counted[1] == 7, counted
+
+
+def test_replayed_engines_with_a_warm_start_each_write_their_own_manifest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With `primary.warm_start` the replayed engines write manifests of use, as a fleet's
+    engines do: each under an identity of its own (`replay-<n>`), not one record that all of
+    them overwrite and that each start warns of as another live engine's."""
+    together = [TraceRequest((7, 100 + i, 200 + i), 1536, float(i)) for i in range(6)]
+    path = tmp_path / "nvme"
+    cfg = config(
+        {"type": "file", "path": str(path), "min_free": 0},
+        primary={"eviction": "lru", "warm_start": 64 * BLOCK},
+    )
+    with caplog.at_level("WARNING", "tiering.manager.recorder"):
+        replay_fleet(together, cfg, 3, 64, "random", 0, BLOCK)
+    records = sorted(p.name.split(".", 1)[1] for p in (path / ".kvtier" / "records").iterdir())
+    assert records == [f"manifest.replay-{n}" for n in range(3)]
+    assert not [r for r in caplog.records if "engine identity" in r.getMessage()]
