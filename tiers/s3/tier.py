@@ -101,7 +101,9 @@ class S3Options(TierOptions):
         kind="duration",
         low=0.1,
         help="With `capacity`: how often the prefix's one sweeper (elected by a lease object) "
-        "deletes its oldest objects beyond capacity.",
+        "deletes objects beyond capacity: first those no live engine's manifest of use names "
+        "(engines with `primary.warm_start` write one), oldest first, then the least hot named; "
+        "oldest first when no live engine writes one (`kvtier stats` says which order).",
     )
     multipart_threshold: int = option(
         64 << 20, kind="size", help="Objects larger than this go up in parts."
