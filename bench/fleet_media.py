@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import signal
 import sys
 import tempfile
 import threading
@@ -330,6 +331,9 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    # A SIGTERM (a run stopped by hand, a timeout) ends it as an exception would: the server
+    # it started is stopped and its directory removed, not left running.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     requests = load_trace(args.trace).requests[: args.requests]
     run = on_s3 if args.medium == "s3" else on_redis
     with tempfile.TemporaryDirectory(prefix="kvtier-fleet-media-") as work:
