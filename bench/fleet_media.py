@@ -73,15 +73,21 @@ PROBE = 1500
 T = TypeVar("T")
 
 
-def config(url: str) -> object:
+def fleet_config(tier: dict[str, object], primary: dict[str, object] | None = None) -> object:
+    """The replay's config: LRU primaries, `tier` shared and written through, deadlines with
+    room for a loaded machine."""
     return parse_config(
         {
-            "primary": {"eviction": "lru"},
+            "primary": {"eviction": "lru", **(primary or {})},
             "promotion": {"gate": "always", "deadline": "10s"},
             "faults": {"timeout": "10s"},
-            "tiers": [{"name": "shared", "type": "redis", "url": url, "write": "through"}],
+            "tiers": [{"name": "shared", "write": "through", **tier}],
         }
     )
+
+
+def config(url: str) -> object:
+    return fleet_config({"type": "redis", "url": url})
 
 
 async def sized(cfg: object, engines: int, block_bytes: int, client: redis.Redis) -> tuple:
@@ -223,34 +229,34 @@ def on_redis(args: argparse.Namespace, requests: list, work: Path) -> dict[str, 
 
 
 def s3_config(
-    server: SeaweedS3, sweep_interval: float, write_once: bool, manifests: float | None = None
+    server: SeaweedS3,
+    sweep_interval: float,
+    write_once: bool,
+    manifests: float | None = None,
+    block_bytes: int = 64,
 ) -> object:
     """`manifests`: the engines write manifests of use every so many seconds (a warm start of
-    one block: the recorder runs with a warm start), which the sweeper orders by."""
-    primary: dict[str, object] = {"eviction": "lru"}
-    if manifests is not None:
-        primary |= {"warm_start": 64, "warm_manifest_interval": manifests}
-    return parse_config(
-        {
-            "primary": primary,
-            "promotion": {"gate": "always", "deadline": "10s"},
-            "faults": {"timeout": "10s"},
-            "tiers": [
-                {
-                    "name": "shared",
-                    "type": "s3",
-                    "bucket": server.bucket,
-                    "prefix": "fleet/",
-                    "endpoint_url": server.endpoint,
-                    "access_key": server.ACCESS_KEY,
-                    "secret_key": server.SECRET_KEY,
-                    "write": "through",
-                    "sweep_interval": sweep_interval,
-                    "write_once": write_once,
-                }
-            ],
+    one block of `block_bytes`: the recorder runs with a warm start), which the sweeper orders
+    by."""
+    primary = (
+        {}
+        if manifests is None
+        else {
+            "warm_start": block_bytes,
+            "warm_manifest_interval": manifests,
         }
     )
+    tier = {
+        "type": "s3",
+        "bucket": server.bucket,
+        "prefix": "fleet/",
+        "endpoint_url": server.endpoint,
+        "access_key": server.ACCESS_KEY,
+        "secret_key": server.SECRET_KEY,
+        "sweep_interval": sweep_interval,
+        "write_once": write_once,
+    }
+    return fleet_config(tier, primary)
 
 
 SWEEP_COUNTERS = ("sweeps", "sweeps_write_order", "sweeps_by_use", "sweep_errors")
@@ -262,7 +268,9 @@ def on_s3(args: argparse.Namespace, requests: list, work: Path) -> dict[str, obj
     server = SeaweedS3(work / "seaweedfs")
     server.start()
     try:
-        cfg = s3_config(server, args.sweep_interval, not args.rewrite, args.manifests)
+        cfg = s3_config(
+            server, args.sweep_interval, not args.rewrite, args.manifests, args.block_bytes
+        )
         result = replay_fleet(
             requests,
             cfg,  # type: ignore[arg-type]
