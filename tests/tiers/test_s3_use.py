@@ -112,6 +112,29 @@ def test_a_manifest_is_live_for_three_of_its_writers_own_intervals(
     asyncio.run(body())
 
 
+def test_the_sweeper_follows_a_manifest_written_every_two_seconds_within_seconds(
+    s3_server: SeaweedS3,
+) -> None:
+    """An engine writing its manifest every 2 s names blocks 5-9, then, once the sweeper has
+    read that, 0-4 instead; 2.5 s later the next sweep keeps 0-2 (the newest manifest) and
+    removes the newer 5-9. With the ranks kept a fixed minute it followed the first manifest
+    and kept 5-7."""
+    prefix = _prefix()
+
+    async def body() -> None:
+        size = await _fill(s3_server, prefix)
+        async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
+            await _manifest(tier, "gpu-0", [key(i) for i in range(5, 10)], interval=2.0)
+            first = await tier.sweep_order()
+            assert first is not None and first.interval == 2.0
+            await _manifest(tier, "gpu-0", [key(i) for i in range(5)], interval=2.0)
+            await asyncio.sleep(2.5)
+            await _sweep(tier)
+            assert await _present(tier) == [0, 1, 2]
+
+    asyncio.run(body())
+
+
 @pytest.mark.parametrize("stale", ["ended", "old"])
 def test_with_no_live_manifest_it_sweeps_in_write_order_and_stats_says_so(
     s3_server: SeaweedS3, tmp_path: Path, capsys: pytest.CaptureFixture[str], stale: str

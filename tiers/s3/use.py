@@ -31,8 +31,11 @@ its name or another engine, unsealed or sealed with another secret) is counted
 never add to it: the sweeper removes only kvtier's objects under its prefix, and only while
 the prefix is over capacity, named or not.
 
-The ranks are kept `REFRESH` seconds (the manifests' own interval: they change no faster), so
-a sweep every `sweep_interval` does not read every manifest again.
+The ranks are kept as long as the live manifests' shortest writer's interval (they change no
+faster), at least `MIN_REFRESH` seconds and `READ_SHARE` times what reading them took (the
+sweeper spends at most a tenth of its time on them), at most `REFRESH` (a manifest that does
+not say its interval, or none live), so a sweep every `sweep_interval` does not read every
+manifest again, and an order written every few seconds is followed within seconds.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ __all__ = [
     "MAX_MANIFESTS",
     "MAX_MANIFEST_BYTES",
     "MAX_NAMED",
+    "MIN_REFRESH",
+    "READ_SHARE",
     "RECORDS",
     "REFRESH",
     "Named",
@@ -70,7 +75,11 @@ LIVE_FOR = 180.0
 """Seconds a manifest that does not say its writer's interval (or whose writer writes only at
 shutdown) counts as a live engine's: three of `primary.warm_manifest_interval`'s default 60 s."""
 REFRESH = 60.0
-"""Seconds the ranks are kept before the manifests are read again."""
+"""The longest the ranks are kept before the manifests are read again (seconds)."""
+MIN_REFRESH = 1.0
+"""The shortest the ranks are kept (seconds), however often the writers write."""
+READ_SHARE = 10
+"""The ranks are kept at least this many times the wall time of their reading."""
 MAX_MANIFESTS = 128
 """The most manifests one refresh lists and reads (the first the listing meets)."""
 MAX_MANIFEST_BYTES = 8 << 20
@@ -99,6 +108,8 @@ class Named:
     refused: int = 0
     clipped: int = 0
     """Keys beyond a manifest's share, left out."""
+    interval: float | None = None
+    """The shortest interval of the live manifests' writers (None: none says one)."""
 
     @property
     def by_use(self) -> bool:
@@ -158,20 +169,25 @@ class UseOrder:
         self.pack_of = pack_of
         self._named: Named | None = None
         self._read_at = 0.0
+        self.keep = REFRESH
+        """Seconds the last reading is kept (module docstring)."""
 
     @property
     def cached(self) -> Named | None:
-        """What the manifests named when read less than `REFRESH` ago, else None."""
-        if self._named is None or time.monotonic() - self._read_at >= REFRESH:
+        """What the manifests named when read less than `keep` seconds ago, else None."""
+        if self._named is None or time.monotonic() - self._read_at >= self.keep:
             return None
         return self._named
 
     async def named(self, now: float | None = None) -> Named:
-        """What the live manifests name, read again when older than `REFRESH`."""
+        """What the live manifests name, read again when older than `keep` seconds."""
         named = self.cached
         if named is None:
+            began = time.monotonic()
             named = self._named = await self.read(now)
             self._read_at = time.monotonic()
+            took = READ_SHARE * (self._read_at - began)
+            self.keep = min(REFRESH, max(MIN_REFRESH, took, named.interval or REFRESH))
         return named
 
     async def read(self, now: float | None = None) -> Named:
@@ -182,6 +198,7 @@ class UseOrder:
         ranks: dict[bytes, int] = {}
         packs: dict[str, int] = {}
         live = stale = refused = clipped = 0
+        interval: float | None = None
         for namespace, record, name in listed:
             engine = record[len(record_name("")) :]
             try:
@@ -207,6 +224,8 @@ class UseOrder:
                 stale += 1
                 continue
             live += 1
+            if manifest.interval:
+                interval = min(interval or manifest.interval, manifest.interval)
             clipped += max(0, len(manifest.keys) - share)
             for rank, key in enumerate(manifest.keys[:share]):
                 known = _name_key(namespace, key)
@@ -217,7 +236,7 @@ class UseOrder:
                     packs[pack] = rank
         if clipped:
             self.counters["use_keys_clipped"] += clipped
-        return Named(ranks, packs, live, stale, refused, clipped)
+        return Named(ranks, packs, live, stale, refused, clipped, interval)
 
     async def _list(self) -> list[tuple[bytes, str, str]]:
         """(namespace, record name, object name) of the manifests listed, at most
