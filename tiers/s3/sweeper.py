@@ -11,8 +11,8 @@ deletes objects until it is not, in the order of use as far as engines tell it
 highest rank) first, oldest first among equals. With no live manifest that is write order, the
 oldest first, as the bucket alone can tell it. A pack is counted and removed whole. Namespaces
 no engine writes any more are named by none and the oldest, and go first. A pass that finds
-the prefix over capacity without the manifests at hand reads them (kept as `tiers.s3.use` says) and sweeps
-again at once. A pass keeps only the `SWEEP_BATCH` first objects to remove in memory; when
+the prefix over capacity without the manifests at hand reads them (kept as long as
+`tiers.s3.use` says) and sweeps again at once. A pass keeps only the `SWEEP_BATCH` first objects to remove in memory; when
 deleting them all is not enough, the next pass follows at once. It renews the lease as due
 between the pages of its listing, and checks that it still holds it before each delete
 request.
