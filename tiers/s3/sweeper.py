@@ -2,20 +2,19 @@
 first; one background task on the runtime's event loop, sweeping only while this engine holds
 the prefix's lease (`tiers.s3.lease`), so one engine of those sharing the prefix sweeps it.
 
-A pass, every `sweep_interval`, lists every object under the prefix and counts what kvtier
-wrote there, in every namespace (block objects `<32 hex>/<ab>/<key hex>` and packs
-`<32 hex>/packs/<name>`; nothing else is counted or removed): when that is over `capacity`, it
-deletes objects until it is not, in the order of use as far as engines tell it
-(`tiers.s3.use`): first the objects no live engine's manifest of use names, oldest
-(LastModified, the server's clock; ties by name) first, then the named ones, least hot (the
-highest rank) first, oldest first among equals. With no live manifest that is write order, the
-oldest first, as the bucket alone can tell it. A pack is counted and removed whole. Namespaces
-no engine writes any more are named by none and the oldest, and go first. A pass that finds
-the prefix over capacity without the manifests at hand reads them (kept as long as
-`tiers.s3.use` says) and sweeps again at once. A pass keeps only the `SWEEP_BATCH` first objects to remove in memory; when
-deleting them all is not enough, the next pass follows at once. It renews the lease as due
-between the pages of its listing, and checks that it still holds it before each delete
-request.
+A pass, every `sweep_interval`, lists every object under the prefix and counts what kvtier wrote
+there, in every namespace (block objects `<32 hex>/<ab>/<key hex>` and packs `<32
+hex>/packs/<name>`; nothing else is counted or removed): when that is over `capacity`, it
+deletes objects until it is not, in the order of use as far as engines tell it (`tiers.s3.use`):
+first the objects no live engine's manifest of use names, oldest (LastModified, the server's
+clock; ties by name) first, then the named ones, least hot (the highest rank) first, oldest
+first among equals. With no live manifest that is write order, the oldest first, as the bucket
+alone can tell it. A pack is counted and removed whole. Namespaces no engine writes any more are
+named by none and the oldest, and go first. A pass that finds the prefix over capacity without
+the manifests at hand reads them (kept as long as `tiers.s3.use` says) and sweeps again at once.
+A pass keeps only the `SWEEP_BATCH` first objects to remove in memory; when deleting them all is
+not enough, the next pass follows at once. It renews the lease as due between the pages of its
+listing, and checks that it still holds it before each delete request.
 
 The bound: the prefix holds at most `capacity` plus what was written since the listing of the
 sweeper's last pass began (at most `sweep_interval` and a pass ago), and while a dead holder's
