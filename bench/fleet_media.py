@@ -23,10 +23,11 @@ second, so `--pace` must let the tier's eviction horizon span tens of seconds (t
 S3: the tier's `capacity` is `--shared-blocks` times one block's object (`--shared-blocks` of
 `kvtier replay`: the object's length, which is what the sweeper counts; one object a block,
 `blocks_per_object` 1, so no pack rounds a block's share), swept every `--sweep-interval` by
-the one elected sweeper, oldest `LastModified` first: the replayed engines write no manifests
-of use (no `primary.warm_start`), so the sweeper follows write order (`sweeps_write_order`);
-with `--manifests S` each engine (an identity of its own) writes its manifest every S seconds
-of wall-clock time, and the sweeper removes first what no live manifest names.
+the one elected sweeper, least recently used first as far as the engines tell it: each
+engine's tier writes the keys it read (its record of reads, `tiers.s3.reads`) every `--reads`
+seconds (the tier's `reads_interval`; 0: none, then write order, `sweeps_write_order`); with
+`--manifests S` each engine (an identity of its own) also writes its manifest of use every S
+seconds of wall-clock time, and the sweeper removes first what no live manifest names.
 `write_once` as configured (default: a block another engine wrote is not written again, and
 keeps its first write's LastModified; `--rewrite`: every write-through rewrites it). The
 prefix holds its capacity plus what was written since the last pass listed it, so `held_blocks`
@@ -37,6 +38,7 @@ span tens of them (`horizon_ticks`), and the sweep interval be small against it.
                                 [--capacity 1638] [--shared-blocks 13107] [--pace X] [--json]
                                 redis: [--samples 5] [--headroom 1] [--follow-clients]
                                 s3: [--sweep-interval 1] [--rewrite] [--manifests S]
+                                    [--reads S]
 """
 
 from __future__ import annotations
@@ -234,10 +236,11 @@ def s3_config(
     write_once: bool,
     manifests: float | None = None,
     block_bytes: int = 64,
+    reads: float | None = None,
 ) -> object:
     """`manifests`: the engines write manifests of use every so many seconds (a warm start of
     one block of `block_bytes`: the recorder runs with a warm start), which the sweeper orders
-    by."""
+    by; `reads`: the tiers' `reads_interval` (None: the tier's default)."""
     primary = (
         {}
         if manifests is None
@@ -256,10 +259,20 @@ def s3_config(
         "sweep_interval": sweep_interval,
         "write_once": write_once,
     }
+    if reads is not None:
+        tier["reads_interval"] = reads
     return fleet_config(tier, primary)
 
 
-SWEEP_COUNTERS = ("sweeps", "sweeps_write_order", "sweeps_by_use", "sweep_errors")
+SWEEP_COUNTERS = (
+    "sweeps",
+    "sweeps_write_order",
+    "sweeps_by_use",
+    "sweep_errors",
+    "reads_records_written",
+    "reads_record_failures",
+    "use_reads_refused",
+)
 
 
 def on_s3(args: argparse.Namespace, requests: list, work: Path) -> dict[str, object]:
@@ -269,7 +282,12 @@ def on_s3(args: argparse.Namespace, requests: list, work: Path) -> dict[str, obj
     server.start()
     try:
         cfg = s3_config(
-            server, args.sweep_interval, not args.rewrite, args.manifests, args.block_bytes
+            server,
+            args.sweep_interval,
+            not args.rewrite,
+            args.manifests,
+            args.block_bytes,
+            args.reads,
         )
         result = replay_fleet(
             requests,
@@ -290,6 +308,7 @@ def on_s3(args: argparse.Namespace, requests: list, work: Path) -> dict[str, obj
             "sweep_interval": args.sweep_interval,
             "write_once": not args.rewrite,
             "manifests": args.manifests,
+            "reads_interval": args.reads,
             **figures(result, len(requests)),
             "duplicate_writes": result.fleet.duplicate_writes,
             "evictions": result.evictions,
@@ -329,6 +348,12 @@ def main() -> None:
         type=float,
         help="s3: the engines write manifests of use every so many seconds (a one-block warm "
         "start), and the sweeper orders by them (default: none, write order)",
+    )
+    parser.add_argument(
+        "--reads",
+        type=float,
+        help="s3: the tiers' reads_interval, how often each engine writes the keys it read "
+        "(default: the tier's, 30 s; 0: none, so write order unless --manifests)",
     )
     parser.add_argument(
         "--pace",

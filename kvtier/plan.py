@@ -2,17 +2,19 @@
 secondary tier per configured one, for a sweep of sizes (any thread: plain computation).
 
 Semantics as `kvtier.replay` (requests in file order, prefix hits, the first half warms, the
-second is measured), with the hierarchy behind the primary: a block not in the primary is
-looked for in each tier in order, and the prefix goes on while some layer holds the block;
-the layer that served each hit is counted. Blocks found in a tier are promoted into the primary
-(stored there, evicting by its policy, as the manager's promotions do). A tier written
-`through` receives every block the primary stores for the first time; a tier written `back`
-receives the blocks the primary evicts (`selective`: those hit at least `admit_after_hits`
-times while there). A tier evicts its least recently *used* block first
-when its medium can tell use (memory, a files directory: a hit refreshes the file's mtime,
-Redis's `allkeys-lru`), else its oldest *written* (S3, whose sweeper goes by `LastModified`):
-`MEDIUM_ORDER`. A tier holds whole blocks: its capacity in blocks is its bytes over a block's
-KV bytes (`BLOCK_TOKENS` tokens of `token_bytes` each).
+second is measured), with the hierarchy behind the primary: a block not in the primary is looked
+for in each tier in order, and the prefix goes on while some layer holds the block; the layer
+that served each hit is counted. Blocks found in a tier are promoted into the primary (stored
+there, evicting by its policy, as the manager's promotions do). A tier written `through`
+receives every block the primary stores for the first time; a tier written `back` receives the
+blocks the primary evicts (`selective`: those hit at least `admit_after_hits` times while
+there). A tier evicts its least recently *used* block first when its medium can tell use
+(memory, a files directory: a hit refreshes the file's mtime, Redis's `allkeys-lru`, an S3
+prefix's sweeper with the engines' records of reads: a read or a write that finds the block
+refreshes it), else its oldest *written* (an S3 tier configured with `reads_interval: 0`, whose
+sweeper then goes by `LastModified`): `MEDIUM_ORDER`, `Layer.order`. A tier holds whole blocks:
+its capacity in blocks is its bytes over a block's KV bytes (`BLOCK_TOKENS` tokens of
+`token_bytes` each).
 
 A fleet (`plan_fleet`): N engines, each with a primary of its own, over one shared tier, is
 not modelled here but replayed by `kvtier replay --engines`'s code (`kvtier.fleet.replay_fleet`:
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kvtier.trace import BLOCK_TOKENS, TraceRequest, trace_keys
-from tiering.config import Config
+from tiering.config import Config, TierConfig
 from tiering.keys import BlockKey
 from tiering.primary import LookupResult, PrimaryPool
 
@@ -49,14 +51,15 @@ __all__ = [
     "Pricing",
     "TierModel",
     "blocks_of",
+    "order_of",
     "plan",
     "plan_fleet",
     "run_plan",
 ]
 
 PRIMARY: Final = "primary"
-MEDIUM_ORDER: Final = {"memory": "use", "file": "use", "redis": "use", "s3": "write"}
-"""What each medium's eviction goes by (module docstring)."""
+MEDIUM_ORDER: Final = {"memory": "use", "file": "use", "redis": "use", "s3": "use"}
+"""What each medium's eviction goes by (module docstring), unless a layer says (`Layer.order`)."""
 TOKEN_BYTES: Final = 131072
 """KV bytes per token by default: Llama-3-8B in 16 bits (32 layers x 8 KV heads x 128 x 2 (K,
 V) x 2 bytes)."""
@@ -85,10 +88,21 @@ class Layer:
     admit_after_hits: int = 2
     """With `write: selective`: the hits in the primary a block needs before an eviction
     writes it to this tier."""
+    order: str | None = None
+    """"use" or "write" (`order_of`); None: the medium's (`MEDIUM_ORDER`)."""
 
     @property
     def by_use(self) -> bool:
-        return MEDIUM_ORDER.get(self.medium, "use") == "use"
+        return (self.order or MEDIUM_ORDER.get(self.medium, "use")) == "use"
+
+
+def order_of(tier: TierConfig) -> str | None:
+    """What a configured tier's eviction goes by where its options change its medium's: an S3
+    tier with `reads_interval: 0` keeps no record of reads, so its sweeper goes by write
+    order; None: the medium's."""
+    if tier.type == "s3" and tier.options.get("reads_interval", 1) == 0:
+        return "write"
+    return None
 
 
 class TierModel:
@@ -292,7 +306,9 @@ def plan_fleet(
     fleet = result.fleet
     shared = fleet.shared_hit_tokens
     hit_tokens = {PRIMARY: fleet.hit_tokens - shared, tier.name: shared}
-    layer = Layer(tier.name, tier.type, shared_blocks, tier.write, tier.admit_after_hits)
+    layer = Layer(
+        tier.name, tier.type, shared_blocks, tier.write, tier.admit_after_hits, order_of(tier)
+    )
     saved = fleet.hit_tokens / pricing.prefill_rate
     load = hit_tokens[PRIMARY] * pricing.token_bytes / (pricing.gbps(PRIMARY, PRIMARY) * 1e9)
     load += shared * pricing.token_bytes / (pricing.gbps(tier.name, tier.type) * 1e9)

@@ -23,6 +23,7 @@ from kvtier.plan import (
     PlanResult,
     Pricing,
     blocks_of,
+    order_of,
     plan_fleet,
     run_plan,
 )
@@ -173,7 +174,7 @@ def _tiers(args: argparse.Namespace, config: Config | None) -> list[tuple[Layer,
         base = None
         if config is not None and any(t.name == name for t in config.tiers):
             cfg = tier_config(config, name)
-            base = Layer(name, cfg.type, 0, cfg.write, cfg.admit_after_hits)
+            base = Layer(name, cfg.type, 0, cfg.write, cfg.admit_after_hits, order_of(cfg))
         layer = base or Layer(name, "file", 0, "through")
         if medium:
             layer = Layer(name, medium, 0, layer.write, layer.admit_after_hits)
@@ -182,7 +183,7 @@ def _tiers(args: argparse.Namespace, config: Config | None) -> list[tuple[Layer,
                 raise ConfigError(
                     f"--tier {spec!r}: write mode {write!r}, not through/back/selective"
                 )
-            layer = Layer(name, layer.medium, 0, write, layer.admit_after_hits)
+            layer = Layer(name, layer.medium, 0, write, layer.admit_after_hits, layer.order)
         given[name] = (layer, _sizes(sizes, f"--tier {name}", args.token_bytes))
     tiers = []
     for cfg in config.tiers if config is not None else ():
@@ -194,7 +195,7 @@ def _tiers(args: argparse.Namespace, config: Config | None) -> list[tuple[Layer,
                 f"tier {cfg.name!r} has no capacity in the config: give it sizes with "
                 f"--tier {cfg.name}=SIZE[,SIZE...]"
             )
-        layer = Layer(cfg.name, cfg.type, 0, cfg.write, cfg.admit_after_hits)
+        layer = Layer(cfg.name, cfg.type, 0, cfg.write, cfg.admit_after_hits, order_of(cfg))
         tiers.append((layer, [blocks_of(cfg.capacity, args.token_bytes)]))
     return tiers + list(given.values())
 

@@ -212,8 +212,8 @@ class FleetResult:
     @property
     def sweep_order(self) -> str | None:
         """The order an S3 sweeper followed in the passes that removed objects (`tiers.s3.use`):
-        "by use" (live manifests of use), "write order" (none: LastModified, oldest first), or
-        "mixed"; None: no such pass."""
+        "by use" (live manifests of use or records of reads), "write order" (neither:
+        LastModified, oldest first), or "mixed"; None: no such pass."""
         by_use = self.store_counters.get("sweeps_by_use", 0)
         written = self.store_counters.get("sweeps_write_order", 0)
         if not by_use and not written:

@@ -83,8 +83,9 @@ def test_the_replay_lands_within_half_a_point_of_the_by_use_model(
 def test_the_replay_over_s3_lands_within_half_a_point_of_the_write_order_model_at_held_blocks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], s3_server: SeaweedS3
 ) -> None:
-    """S3 (SeaweedFS): the replayed engines write no manifests of use, so the prefix's sweeper
-    removes by write order (LastModified), and says so; a block another engine wrote keeps its
+    """S3 (SeaweedFS): the replayed engines write no manifests of use and, with
+    `reads_interval: 0`, no records of reads, so the prefix's sweeper removes by write order
+    (LastModified), and says so; a block another engine wrote keeps its
     first write (`write_once`), as the model's `rewrite=False`. The prefix holds its capacity
     plus what was written since the last pass listed it: the model is taken at the blocks it
     held (full from about the 120th request on), where its curve is flat (4.97 % from 3,000 to
@@ -102,6 +103,7 @@ def test_the_replay_over_s3_lands_within_half_a_point_of_the_write_order_model_a
         "access_key": s3_server.ACCESS_KEY,
         "secret_key": s3_server.SECRET_KEY,
         "sweep_interval": 0.5,
+        "reads_interval": 0,
     }
     result = replay(tmp_path, capsys, tier, n, primary, shared)
     store = result["shared_tier"]  # type: ignore[index]

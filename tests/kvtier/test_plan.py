@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from kvtier.cli import main
-from kvtier.plan import PRIMARY, Layer, Pricing, plan, run_plan
+from kvtier.plan import PRIMARY, Layer, Pricing, order_of, plan, run_plan
 from kvtier.replay import replay
 from kvtier.trace import TraceRequest, load_trace, trace_keys
+from tiering.config import parse_config
 
 REQUESTS = 1500
 
@@ -65,14 +66,17 @@ def test_without_tiers_the_plan_is_the_pool_replay(requests: list[TraceRequest])
             assert got.rate(PRIMARY) == got.hit_rate
 
 
-@pytest.mark.parametrize("medium", ["file", "s3"])
+@pytest.mark.parametrize(("medium", "order"), [("file", None), ("s3", None), ("s3", "write")])
 def test_a_tier_behind_the_primary_matches_an_independent_model(
-    requests: list[TraceRequest], medium: str
+    requests: list[TraceRequest], medium: str, order: str | None
 ) -> None:
+    """By use for every medium (S3 with its records of reads), by write order for an S3 tier
+    that keeps none (`reads_interval: 0`)."""
     keys = trace_keys(requests)
     for blocks in (256, 2048):
-        got = plan(requests, keys, 64, "lru", [Layer("t", medium, blocks)], Pricing())
-        expected = _independent(requests, blocks, by_use=medium != "s3")
+        layer = Layer("t", medium, blocks, order=order)
+        got = plan(requests, keys, 64, "lru", [layer], Pricing())
+        expected = _independent(requests, blocks, by_use=order != "write")
         assert abs(got.hit_rate - expected) < 0.005, (medium, blocks, got.hit_rate, expected)
 
 
@@ -84,8 +88,19 @@ def test_more_tier_buys_more_and_use_beats_write_order(requests: list[TraceReque
     assert results[0].rate("nvme") == 0
     keys = trace_keys(requests)
     by_use = plan(requests, keys, 64, "lru", [Layer("a", "file", 4096)], Pricing())
-    by_write = plan(requests, keys, 64, "lru", [Layer("a", "s3", 4096)], Pricing())
+    by_write = plan(requests, keys, 64, "lru", [Layer("a", "s3", 4096, order="write")], Pricing())
     assert by_use.hit_rate > by_write.hit_rate + 0.005  # 11.3 % against 10.1 %
+
+
+def test_an_s3_tier_without_records_of_reads_is_planned_by_write_order() -> None:
+    """`reads_interval: 0` in the config: the planner's layer goes by write order; the
+    default (records of reads every 30 s) by use, as `files` and Redis."""
+    base = {"type": "s3", "bucket": "b", "capacity": "1GiB"}
+    off = parse_config({"tiers": [{"name": "o", **base, "reads_interval": 0}]}).tiers[0]
+    on = parse_config({"tiers": [{"name": "o", **base}]}).tiers[0]
+    assert order_of(off) == "write" and order_of(on) is None
+    assert not Layer("o", "s3", 1, order=order_of(off)).by_use
+    assert Layer("o", "s3", 1, order=order_of(on)).by_use
 
 
 def test_a_selective_tier_never_admitted_is_no_tier(requests: list[TraceRequest]) -> None:

@@ -7,6 +7,9 @@ the `go` file, then does its `mode`:
 - `write`: puts blocks `keys` (`key(i)`, `payload(size, i)`), `interval` seconds apart, logging
   `put i t` after each put returns (t: this host's Unix time); then keeps running `linger`
   seconds (its background tasks go on: pack writes, refreshes, the sweeper).
+- `read`: gets blocks `keys` (`get`, each checked against `payload(size, i)`), `rounds` times
+  (1 by default) `interval` seconds apart, logging `got i t` after each hit; then keeps running
+  `linger` seconds (its record of reads is written every `reads_interval` and at close).
 - `watch`: asks `contains` for `keys` every `poll` seconds, logging `seen i t` the first time
   each is found, until all are or `linger` seconds pass.
 
@@ -129,6 +132,14 @@ async def run(spec: dict[str, Any]) -> None:
         for i in range(start, stop):
             await tier.put(key(i), payload(size, i))
             print("put", i, WALL(), file=log)
+            await asyncio.sleep(spec.get("interval", 0.0))
+        await asyncio.sleep(spec.get("linger", 0.0))
+    elif spec["mode"] == "read":
+        out = bytearray(size)
+        for _ in range(spec.get("rounds", 1)):
+            for i in range(start, stop):
+                if await tier.get(key(i), out) and bytes(out) == payload(size, i):
+                    print("got", i, WALL(), file=log)
             await asyncio.sleep(spec.get("interval", 0.0))
         await asyncio.sleep(spec.get("linger", 0.0))
     else:

@@ -5,6 +5,7 @@ lease moves when it dies; engines writing the same keys write each once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -19,7 +20,8 @@ from typing import Any
 import pytest
 
 from kvtier.servers import SeaweedS3
-from tiering.testing import NAMESPACE
+from tests.tiers.s3_tiers import s3_tier
+from tiering.testing import NAMESPACE, key, payload
 from tiers.s3.lease import LEASE_NAME
 from tiers.s3.sweeper import sweepable
 
@@ -431,3 +433,46 @@ def test_with_a_secret_a_peers_lease_is_honoured_and_another_secret_elects_its_o
     assert other.counters().get("sweeps") and other.counters().get("leases_taken") == 1
     for c in counters:
         assert not c.get("leases_forged") and not c.get("lease_lost"), counters
+
+
+def test_engines_reading_at_once_each_write_their_record_and_the_sweeper_keeps_all_they_read(
+    fleet: Fleet,
+) -> None:
+    """Blocks 0-9 written, 0-4 a second before 5-9; two engine processes read at once, one 0
+    and 1, the other 2 and 3, three rounds each, writing their records of reads every 0.3 s.
+    Each writes a record of its own (neither overwrites the other), and a sweeper with room
+    for four and a half objects keeps 0-3 (read last by one or the other), where write order
+    keeps 6-9."""
+
+    async def fill() -> int:
+        async with s3_tier(fleet.server, fleet.prefix) as writer:
+            for i in range(10):
+                if i == 5:
+                    await asyncio.sleep(1.1)
+                await writer.put(key(i), payload(4096, i))
+            return max(size for size, _ in fleet.listing().values())
+
+    size = asyncio.run(fill())
+    time.sleep(1.1)
+    reading = {"capacity": 1 << 30, "reads_interval": 0.3}
+    first = fleet.add("a", mode="read", keys=[0, 2], rounds=3, interval=0.2, options=reading)
+    second = fleet.add("b", mode="read", keys=[2, 4], rounds=3, interval=0.2, options=reading)
+    fleet.start()
+    fleet.wait()
+    assert len(first.events("got")) == len(second.events("got")) == 2
+    for worker in (first, second):
+        assert worker.counters()["reads_records_written"] >= 2, worker.counters()
+
+    async def sweep() -> tuple[list[int], list[str]]:
+        async with s3_tier(fleet.server, fleet.prefix, capacity=size * 9 // 2) as tier:
+            assert tier._sweeper is not None
+            for _ in range(4):
+                if not await tier._sweeper.sweep():
+                    break
+            found = await tier.contains([key(i) for i in range(10)])
+            return [i for i in range(10) if found[i]], await tier.list_records("reads.")
+
+    kept, records = asyncio.run(sweep())
+    assert kept == [0, 1, 2, 3], kept
+    writers = {first.state()["writer"], second.state()["writer"]}
+    assert {name.removeprefix("reads.") for name in records} == writers

@@ -190,12 +190,20 @@ class Tier(OperatorCalls):
         try:
             if self._reads_into and self.codec == "raw":
                 raw = await self._call(cast(ReadsInto, self)._read_into(block, view, limit))
-                return await self._accept_into(block, raw, view)
-            blob = await self._call(self._read(block, limit))
+                found = await self._accept_into(block, raw, view)
+            else:
+                blob = await self._call(self._read(block, limit))
+                found = await self._accept(block, blob, view)
         except CorruptObject as e:
             await self._refuse(block, e)
             return False
-        return await self._accept(block, blob, view)
+        if found:
+            self._served(block)
+        return found
+
+    def _served(self, key: BlockKey) -> None:
+        """`get` served the block of `key` (a verified hit): a backend that keeps what was
+        read (the S3 tier's record of reads, `tiers.s3.reads`) notes it. Nothing here."""
 
     async def get_bytes(self, key: KeyLike, size: int) -> bytes | None:
         """The block of `key` (of `size` bytes) as bytes, or None: `get` for callers without a

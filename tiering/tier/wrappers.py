@@ -57,6 +57,9 @@ class ForwardingTier(Tier):
     def newest(self, n: int) -> list[BlockKey]:
         return self.inner.newest(n)
 
+    def _served(self, key: BlockKey) -> None:
+        self.inner._served(key)
+
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
         return await self.inner._read(key, limit)
 

@@ -6,13 +6,14 @@ A pass, every `sweep_interval`, lists every object under the prefix and counts w
 there, in every namespace (block objects `<32 hex>/<ab>/<key hex>` and packs `<32
 hex>/packs/<name>`; nothing else is counted or removed): when that is over `capacity`, it
 deletes objects until it is not, in the order of use as far as engines tell it (`tiers.s3.use`):
-first the objects no live engine's manifest of use names, oldest (LastModified, the server's
-clock; ties by name) first, then the named ones, least hot (the highest rank) first, oldest
-first among equals. With no live manifest that is write order, the oldest first, as the bucket
-alone can tell it. A pack is counted and removed whole. Namespaces no engine writes any more are
-named by none and the oldest, and go first. A pass that finds the prefix over capacity without
-the manifests at hand reads them (kept as long as `tiers.s3.use` says) and sweeps again at once.
-A pass keeps only the `SWEEP_BATCH` first objects to remove in memory; when deleting them all is
+first the objects no live engine's manifest of use names, least recently used (LastModified, the
+server's clock, or the newest read engines' records of reads give; ties by name) first, then the
+named ones, least hot (the highest rank) first, least recently used first among equals. With no
+live manifest and no record of reads that is write order, the oldest first, as the bucket alone
+can tell it. A pack is counted and removed whole. Namespaces no engine writes any more are named
+by none and the oldest, and go first. A pass that finds the prefix over capacity without the
+manifests at hand reads them (kept as long as `tiers.s3.use` says) and sweeps again at once. A
+pass keeps only the `SWEEP_BATCH` first objects to remove in memory; when deleting them all is
 not enough, the next pass follows at once. It renews the lease as due between the pages of its
 listing, and checks that it still holds it before each delete request.
 
@@ -142,11 +143,13 @@ class Sweeper:
                 if not sweepable(name[len(self.prefix) :]):
                     continue
                 used += size
-                rank = None if named is None else named.rank(self.prefix, name)
+                if named is None:
+                    rank, last = None, modified
+                else:
+                    rank = named.rank(self.prefix, name)
+                    last = named.used(self.prefix, name, modified)
                 first.append(
-                    (0, 0, modified, name, size)
-                    if rank is None
-                    else (1, -rank, modified, name, size)
+                    (0, 0, last, name, size) if rank is None else (1, -rank, last, name, size)
                 )
                 if len(first) >= 2 * SWEEP_BATCH:
                     first = heapq.nsmallest(SWEEP_BATCH, first)
@@ -159,6 +162,8 @@ class Sweeper:
             return False
         if self.use is not None and named is None:
             await self.use.named()  # read once over capacity, then kept: sweep again at once
+            if self.lease.held:
+                await self.use.drop_expired()
             return True
         self.order = named if named is not None else Named()
         self.counters["sweeps_by_use" if self.order.by_use else "sweeps_write_order"] += 1

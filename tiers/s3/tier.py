@@ -33,6 +33,7 @@ from tiers.s3.lease import Lease
 from tiers.s3.packer import Packer
 from tiers.s3.packformat import MAX_PACK_ENTRIES
 from tiers.s3.packs import Packs
+from tiers.s3.reads import ReadLog, reads_name
 from tiers.s3.refresh import Refresher
 from tiers.s3.sweeper import Sweeper
 from tiers.s3.usage import BucketUsage
@@ -102,8 +103,19 @@ class S3Options(TierOptions):
         low=0.1,
         help="With `capacity`: how often the prefix's one sweeper (elected by a lease object) "
         "deletes objects beyond capacity: first those no live engine's manifest of use names "
-        "(engines with `primary.warm_start` write one), oldest first, then the least hot named; "
-        "oldest first when no live engine writes one (`kvtier stats` says which order).",
+        "(engines with `primary.warm_start` write one), least recently used first (written, or "
+        "read as the engines' records of reads say: `reads_interval`), then the least hot "
+        "named; oldest written first when engines write neither (`kvtier stats` says which "
+        "order).",
+    )
+    reads_interval: float = option(
+        30.0,
+        kind="duration",
+        zero=True,
+        help="With `capacity`: how often this engine writes the keys it read from the prefix "
+        "(its record of reads, the newest 65,536 of the last three intervals), so that the "
+        "sweeper removes the least recently used first, as far as engines tell it (0: never; "
+        "the sweeper then knows only writes and the manifests of use).",
     )
     multipart_threshold: int = option(
         64 << 20, kind="size", help="Objects larger than this go up in parts."
@@ -202,7 +214,17 @@ class S3Tier(Tier):
             pack_of=self._pack_of,
         )
         self._sweeper = None
+        self._reads: ReadLog | None = None
         if self.capacity is not None and not self.read_only:
+            self._reads = ReadLog(
+                tier=self.name,
+                namespace=self.namespace,
+                name=reads_name(self.writer),
+                interval=settings.reads_interval,
+                write=self.write_record,
+                counters=self.counters,
+                clock=self._bucket.server_time,
+            )
             self._sweeper = Sweeper(
                 self._bucket,
                 self.prefix,
@@ -323,8 +345,14 @@ class S3Tier(Tier):
                 raise TierFull(self._sweeper.refusal)
             self._sweeper.start()
         if self.blocks_per_object == 1:
-            return await self._bucket.put(self._name(key), b"".join(parts), once=self.writes_once)
+            written = await self._bucket.put(
+                self._name(key), b"".join(parts), once=self.writes_once
+            )
+            if not written:
+                self._served(key)  # there already: the fleet wants it again
+            return written
         if self.writes_once and self._packs.known([key])[0]:
+            self._served(key)
             return False  # packed already (by any engine the index has listed), or held
         # No wait for the packs to load: a block packed before the load ends keeps its new
         # place (the load never overrides a key it finds packed), and puts are not held up.
@@ -432,8 +460,14 @@ class S3Tier(Tier):
         tally = await self._usage_scan.scan()
         return tally.result(self.name)
 
+    def _served(self, key: BlockKey) -> None:
+        if self._reads is not None:
+            self._reads.note(key)
+
     async def _close(self) -> None:
         try:
+            if self._reads is not None:
+                await self._reads.close()
             await self._refresher.stop()
             await self._packer.close()
             if self._sweeper is not None:

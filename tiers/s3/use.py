@@ -25,21 +25,34 @@ of keys takes no more than its share. The tier's own packs (`blocks_per_object` 
 best rank of the blocks its index knows they hold (`pack_of`); other namespaces' packs are
 named by none.
 
-What refuses a manifest (damaged, larger than `MAX_MANIFEST_BYTES`, of another namespace than
-its name or another engine, unsealed or sealed with another secret) is counted
-(`use_manifests_refused`) and ignored; a manifest may only reorder what the sweeper removes,
-never add to it: the sweeper removes only kvtier's objects under its prefix, and only while
-the prefix is over capacity, named or not.
+What refuses a manifest or a record of reads (damaged, larger than `MAX_MANIFEST_BYTES`, of
+another namespace than its name or another engine, unsealed or sealed with another secret) is
+counted (`use_manifests_refused`, `use_reads_refused`) and ignored; either may only reorder what
+the sweeper removes, never add to it: the sweeper removes only kvtier's objects under its
+prefix, and only while the prefix is over capacity, named or not.
 
-The ranks are kept as long as the live manifests' shortest writer's interval (they change no
-faster), at least `MIN_REFRESH` seconds and `READ_SHARE` times what reading them took (the
-sweeper spends at most a tenth of its time on them), at most `REFRESH` (a manifest that does
-not say its interval, or none live), so a sweep every `sweep_interval` does not read every
-manifest again, and an order written every few seconds is followed within seconds.
+Engines also write what they read from the prefix (`tiers.s3.reads`: each S3 tier with a
+`capacity` writes record `reads.<writer id>` every `reads_interval`, the keys it read in the
+last three intervals with their times). `named` reads those too (the newest `MAX_READERS` by
+LastModified, each at most `MAX_READS_BYTES`, opened and decoded as manifests are; one listed
+with the LastModified and size it had at the last reading is not read again), and keeps each
+key's newest read across readings (at most `MAX_NAMED` keys, the newest kept): an object's last
+use (`Named.used`) is its LastModified or its newest read, whichever is later; a read dated
+after the server's now counts as now. A record of reads not written for `READS_EXPIRE` (its
+writer gone, or reading nothing for a day) is removed by the sweeper (`drop_expired`, while it
+holds the lease), so a fleet's restarts leave no litter.
+
+The ranks are kept as long as the shortest interval of the live writers of manifests and of
+records of reads (they change no faster), at least `MIN_REFRESH` seconds and `READ_SHARE` times
+what reading them took (the sweeper spends at most a tenth of its time on them), at most
+`REFRESH` (a manifest that does not say its interval, or none live), so a sweep every
+`sweep_interval` does not read every manifest again, and an order written every few seconds is
+followed within seconds.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from collections import Counter
@@ -47,19 +60,29 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tiering.errors import CorruptObject, TierError, TierTimeout, TierUnavailable
-from tiering.keys import BlockKey
-from tiering.manager.manifest import ManifestRefused, decode, is_live, record_name
+from tiering.keys import NAMESPACE_BYTES, BlockKey
+from tiering.manager.manifest import (
+    LIVE_INTERVALS,
+    ManifestRefused,
+    decode,
+    is_live,
+    record_name,
+)
 from tiering.tier.envelope import Envelope
 from tiering.tier.records import RECORD_NAME, RECORD_PAGE, record_key
 from tiering.tier.usage import namespace_of
-from tiers.s3.client import Bucket
+from tiers.s3.client import DELETE_BATCH, Bucket
+from tiers.s3.reads import MAX_READS_BYTES, ReadsRefused
+from tiers.s3.reads import decode as decode_reads
 
 __all__ = [
     "LIVE_FOR",
     "MAX_MANIFESTS",
     "MAX_MANIFEST_BYTES",
     "MAX_NAMED",
+    "MAX_READERS",
     "MIN_REFRESH",
+    "READS_EXPIRE",
     "READ_SHARE",
     "RECORDS",
     "REFRESH",
@@ -87,6 +110,17 @@ MAX_MANIFEST_BYTES = 8 << 20
 blocks); a larger one is refused."""
 MAX_NAMED = 500_000
 """The most keys the ranks hold (~65 MB), shared among the manifests listed."""
+MAX_LISTED_PAGES = 64
+"""The most pages of records one reading lists (64,000 records)."""
+MAX_READERS = 128
+"""The most records of reads one reading reads (the newest written)."""
+READS_EXPIRE = 86_400.0
+"""Seconds after its last write a record of reads is removed by the sweeper."""
+READS_PREFIX = "reads."
+
+
+Listed = tuple[bytes, str, str, tuple[float, int]]
+"""A record of reads listed: namespace, record name, object name, (LastModified, size)."""
 
 
 def _name_key(namespace: bytes, key: BlockKey) -> bytes:
@@ -109,28 +143,51 @@ class Named:
     clipped: int = 0
     """Keys beyond a manifest's share, left out."""
     interval: float | None = None
-    """The shortest interval of the live manifests' writers (None: none says one)."""
+    """The shortest interval of the live manifests' and the records of reads' writers (None:
+    none says one)."""
+    reads: Mapping[bytes, float] = field(default_factory=dict)
+    """Namespace + key -> its newest read (Unix seconds, the server's clock)."""
+    pack_reads: Mapping[str, float] = field(default_factory=dict)
+    """A pack's object name -> the newest read of its blocks."""
+    readers: int = 0
+    """Records of reads followed."""
+    refused_reads: int = 0
 
     @property
     def by_use(self) -> bool:
-        return self.live > 0
+        return self.live > 0 or bool(self.reads)
+
+    def _known(self, prefix: str, name: str) -> bytes | None:
+        relative = name[len(prefix) :]
+        try:
+            return bytes.fromhex(relative[:32]) + bytes.fromhex(relative[36:])
+        except ValueError:
+            return None
 
     def rank(self, prefix: str, name: str) -> int | None:
         """The rank of object `name` (a sweepable name under `prefix`), None: named by none."""
         if "/packs/" in name:
             return self.packs.get(name)
-        relative = name[len(prefix) :]
-        try:
-            return self.ranks.get(bytes.fromhex(relative[:32]) + bytes.fromhex(relative[36:]))
-        except ValueError:
-            return None
+        known = self._known(prefix, name)
+        return None if known is None else self.ranks.get(known)
+
+    def used(self, prefix: str, name: str, modified: float) -> float:
+        """The last use of object `name` written at `modified`: that, or its newest read."""
+        if "/packs/" in name:
+            read = self.pack_reads.get(name)
+        else:
+            known = self._known(prefix, name) if self.reads else None
+            read = None if known is None else self.reads.get(known)
+        return modified if read is None or read < modified else read
 
     def line(self) -> str:
         """The order a sweep follows, as `kvtier stats` shows it."""
+        reads = f"{self.readers} records of reads, {len(self.reads):,} keys read"
         if self.by_use:
-            return f"by use: {self.live} live manifests, {len(self.ranks):,} keys named"
+            named = f"{self.live} live manifests, {len(self.ranks):,} keys named"
+            return f"by use: {named}" + (f"; {reads}" if self.reads else "")
         why = f"{self.stale} stale or ended" if self.stale else "none"
-        return f"write order: no live manifest ({why})"
+        return f"write order: no live manifest ({why}), no read recorded ({reads})"
 
     def fields(self) -> dict[str, object]:
         return {
@@ -139,6 +196,9 @@ class Named:
             "named_keys": len(self.ranks),
             "stale_manifests": self.stale,
             "refused_manifests": self.refused,
+            "read_records": self.readers,
+            "read_keys": len(self.reads),
+            "refused_read_records": self.refused_reads,
         }
 
 
@@ -169,6 +229,12 @@ class UseOrder:
         self.pack_of = pack_of
         self._named: Named | None = None
         self._read_at = 0.0
+        self._reads: dict[bytes, float] = {}
+        """Every key's newest read the records have given (module docstring)."""
+        self._expired: list[str] = []
+        self._seen: dict[str, tuple[tuple[float, int], float, float]] = {}
+        """A record of reads' name -> (its LastModified and size, its writer's interval
+        (negative: refused), its time) at the last reading."""
         self.keep = REFRESH
         """Seconds the last reading is kept (module docstring)."""
 
@@ -193,7 +259,7 @@ class UseOrder:
     async def read(self, now: float | None = None) -> Named:
         """Read every listed manifest now (module docstring)."""
         now = time.time() if now is None else now
-        listed = await self._list()
+        listed, readers = await self._list()
         share = MAX_NAMED // max(1, len(listed))
         ranks: dict[bytes, int] = {}
         packs: dict[str, int] = {}
@@ -236,26 +302,123 @@ class UseOrder:
                     packs[pack] = rank
         if clipped:
             self.counters["use_keys_clipped"] += clipped
-        return Named(ranks, packs, live, stale, refused, clipped, interval)
+        followed, refused_reads, every = await self._read_reads(readers)
+        if every is not None:
+            interval = min(interval or every, every)
+        pack_reads: dict[str, float] = {}
+        if followed:
+            for known, at in self._reads.items():
+                pack = self.pack_of(known[:NAMESPACE_BYTES], BlockKey(known[NAMESPACE_BYTES:]))
+                if pack is not None and at > pack_reads.get(pack, at - 1):
+                    pack_reads[pack] = at
+        return Named(
+            ranks,
+            packs,
+            live,
+            stale,
+            refused,
+            clipped,
+            interval,
+            dict(self._reads),
+            pack_reads,
+            followed,
+            refused_reads,
+        )
 
-    async def _list(self) -> list[tuple[bytes, str, str]]:
+    async def _read_reads(self, listed: list[Listed]) -> tuple[int, int, float | None]:
+        """Merge the records of reads `listed` into `_reads`: (followed, refused, the shortest
+        interval of the writers that wrote within three of theirs). A record listed with the
+        LastModified and size it had at the last reading is not read again (merged then)."""
+        server_now = self.bucket.server_time()
+        followed = refused = 0
+        every: float | None = None
+        seen: dict[str, tuple[tuple[float, int], float, float]] = {}
+        for namespace, record, name, version in listed:
+            before = self._seen.get(name)
+            if before is not None and before[0] == version:
+                seen[name] = before
+                _, interval, at = before
+                if interval < 0:
+                    refused += 1
+                    continue
+                followed += 1
+                if interval and server_now - at <= LIVE_INTERVALS * interval:
+                    every = min(every or interval, interval)
+                continue
+            try:
+                blob = await self.bucket.get(name, MAX_READS_BYTES + self.room)
+                if blob is None:
+                    continue
+                data = self.envelope(namespace).open(record_key(record), blob)[1]
+                found = decode_reads(bytes(data), namespace)
+            except (TierUnavailable, TierTimeout):
+                raise
+            except (CorruptObject, ReadsRefused, TierError) as e:
+                refused += 1
+                seen[name] = (version, -1.0, 0.0)
+                self.counters["use_reads_refused"] += 1
+                log.log(
+                    logging.WARNING if refused == 1 else logging.DEBUG,
+                    "tier %r: the sweeper ignores the record of reads %s (%s)",
+                    self.tier,
+                    name,
+                    e,
+                )
+                continue
+            followed += 1
+            at = min(found.written_at, server_now)
+            seen[name] = (version, found.interval, at)
+            if found.interval and server_now - at <= LIVE_INTERVALS * found.interval:
+                every = min(every or found.interval, found.interval)
+            for key, age in zip(found.keys, found.ages, strict=True):
+                known = _name_key(namespace, key)
+                when = at - age
+                if when > self._reads.get(known, when - 1):
+                    self._reads[known] = when
+        if len(self._reads) > MAX_NAMED:
+            newest = heapq.nlargest(MAX_NAMED, self._reads.items(), key=lambda item: item[1])
+            self._reads = dict(newest)
+        self._seen = seen
+        return followed, refused, every
+
+    async def drop_expired(self) -> int:
+        """Remove the records of reads the last reading found unwritten for `READS_EXPIRE`
+        (the sweeper, holding the lease): how many."""
+        names, self._expired = self._expired, []
+        if not names:
+            return 0
+        removed = len(names) - await self.bucket.delete_names(names)
+        self.counters["reads_records_expired"] += removed
+        return removed
+
+    async def _list(self) -> tuple[list[tuple[bytes, str, str]], list[Listed]]:
         """(namespace, record name, object name) of the manifests listed, at most
-        `MAX_MANIFESTS`; names that are no manifest's are left out."""
+        `MAX_MANIFESTS`, and of the newest `MAX_READERS` records of reads; names that are
+        neither's are left out. Records of reads unwritten for `READS_EXPIRE` are set aside
+        for `drop_expired`."""
         found: list[tuple[bytes, str, str]] = []
+        reads: list[tuple[float, bytes, str, str, int]] = []
+        expired: list[str] = []
         token: str | None = None
-        while len(found) < MAX_MANIFESTS:
+        now = self.bucket.server_time()
+        pages = 0
+        while pages < MAX_LISTED_PAGES:
             page, token = await self.bucket.list_page(self.base, token, RECORD_PAGE)
-            for name, _, _ in page:
+            pages += 1
+            for name, size, modified in page:
                 text, dot, record = name[len(self.base) :].partition(".")
                 namespace = namespace_of(text)
-                if (
-                    namespace is None
-                    or not dot
-                    or not record.startswith(record_name(""))
-                    or not RECORD_NAME.match(record)
-                ):
+                if namespace is None or not dot or not RECORD_NAME.match(record):
                     continue
-                found.append((namespace, record, name))
+                if record.startswith(READS_PREFIX):
+                    if now - modified > READS_EXPIRE:
+                        expired.append(name)
+                    else:
+                        reads.append((modified, namespace, record, name, size))
+                elif record.startswith(record_name("")) and len(found) < MAX_MANIFESTS:
+                    found.append((namespace, record, name))
             if token is None:
                 break
-        return found[:MAX_MANIFESTS]
+        self._expired = expired[:DELETE_BATCH]
+        newest = heapq.nlargest(MAX_READERS, reads, key=lambda item: item[0])
+        return found, [(ns, record, name, (at, size)) for at, ns, record, name, size in newest]
