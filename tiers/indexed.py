@@ -34,9 +34,8 @@ class IndexedTier(Tier):
     def _bytes_used(self) -> int:
         """Bytes the tier's objects take, as capacity counts them."""
 
-    def knows(self, key: BlockKey) -> bool | None:
-        """From the index; no for a key refused moments ago (`refused_now`)."""
-        return key in self._index and not self.refused_now(key)
+    def _knows(self, key: BlockKey) -> bool | None:
+        return key in self._index
 
     def newest(self, n: int) -> list[BlockKey]:
         return list(itertools.islice(reversed(self._index), max(0, n)))

@@ -122,7 +122,7 @@ class EngineTier(ForwardingTier):
             known = (await self.inner._contains([key]))[0]
         return bool(known)
 
-    def knows(self, key: BlockKey) -> bool | None:
+    def _knows(self, key: BlockKey) -> bool | None:
         return None if self._lock is not None else self.inner.knows(key)
 
     def newest(self, n: int) -> list[BlockKey]:

@@ -128,7 +128,7 @@ class UnindexedMemoryTier(MemoryTier):
 
     indexed = False
 
-    def knows(self, key: BlockKey) -> None:
+    def _knows(self, key: BlockKey) -> None:
         return None
 
 

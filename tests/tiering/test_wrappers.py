@@ -168,3 +168,52 @@ def test_a_wrapper_takes_every_capability_and_writes_at_its_alignment() -> None:
     asyncio.run(wrapper.put(key(1), payload(100)))
     blob = stored(inner, key(1))
     assert blob is not None and int.from_bytes(blob[14:18], "little") == 4096
+
+
+class _DictTier(Tier):
+    """A library user's indexed backend: it answers `_knows` from its dict and nothing of
+    refusals."""
+
+    type_name = "dict-test"
+    indexed = True
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.objects: dict[BlockKey, bytes] = {}
+
+    def _knows(self, key: BlockKey) -> bool | None:
+        return key in self.objects
+
+    async def _read(self, key: BlockKey, limit: int) -> bytes | None:
+        return self.objects.get(key)
+
+    async def _write(self, key: BlockKey, parts: Any) -> bool:
+        self.objects[key] = b"".join(parts)
+        return True
+
+    async def _delete(self, key: BlockKey) -> bool:
+        return self.objects.pop(key, None) is not None
+
+    async def _contains(self, keys: Any) -> list[bool]:
+        return [k in self.objects for k in keys]
+
+    async def _stat(self) -> Any:
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_every_indexed_tier_says_no_for_a_key_it_refused_moments_ago(wrapped: bool) -> None:
+    """A backend that answers only `_knows` (and a wrapper over it) says no for a key refused
+    and left in place moments ago, from the base alone: the manager then promotes the block
+    from another tier rather than read the refused object again."""
+
+    async def body() -> None:
+        inner = _DictTier(namespace=NAMESPACE, read_only=True)
+        tier: Tier = ForwardingTier(inner) if wrapped else inner
+        inner.objects[key(1)] = b"not a kvtier object"
+        inner.objects[key(2)] = b"not one either"
+        assert tier.knows(key(1)) is True
+        assert not await tier.get(key(1), bytearray(64))  # refused, left (read-only)
+        assert tier.knows(key(1)) is False and tier.knows(key(2)) is True
+
+    asyncio.run(body())

@@ -491,6 +491,15 @@ class Tier(OperatorCalls):
         if not removed:  # the store holds other bytes than were read: damaged on the way here
             self.refused.note(key)  # (or rewritten since): not read again for a while
 
+    def knows(self, key: BlockKey) -> bool | None:
+        """Whether an `indexed` tier holds `key`, from its index (`_knows`): no I/O, callable
+        from any thread. No for a key refused moments ago (`refused_now`: the manager then
+        promotes it from another tier); None when the tier cannot say without asking its store
+        (not `indexed`, or a key its index lacks while other processes write its store): use
+        `contains`."""
+        known = self._knows(key)
+        return False if known and self.refused_now(key) else known
+
     def refused_now(self, key: BlockKey) -> bool:
         """Whether `key` was refused and left in place moments ago (any thread: an index's
         `knows` answers no for it, so the manager promotes it from another tier)."""

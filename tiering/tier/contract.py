@@ -23,7 +23,7 @@ Optional, with defaults here: `_read_head(key, n)` (a ranged read), `_read_recor
 `_write_record`, `_delete_record`, `_list_records` (small named objects beside the blocks,
 `tiering.tier.records`), `_list()` and
 `_entries()` (with `supports_listing = True`), `_namespaces()`, `_usage()`, `_delete_refused(key,
-seen)`, `_close()`, `knows(key)` and `newest(n)` (with `indexed = True`: an in-process index of
+seen)`, `_close()`, `_knows(key)` and `newest(n)` (with `indexed = True`: an in-process index of
 every object). Optional fast paths the base looks for are `Protocol`s: `ReadsInto` (the payload
 read straight into the caller's buffer), `tiering.tier.batching.ReadsMany` and `WritesMany` (a
 batch in one request, answered raw).
@@ -378,11 +378,11 @@ class TierContract(ABC):
         implementation must: first write out any object it still holds only in memory (the S3
         tier's blocks waiting for a pack)."""
 
-    def knows(self, key: BlockKey) -> bool | None:
-        """Whether an `indexed` tier holds `key`, from its index: no I/O, callable from any
-        thread (one dict lookup, atomic under the GIL). None when the tier cannot say without
-        asking its store (not `indexed`, or a key its index lacks while other processes write
-        its store): use `contains`."""
+    def _knows(self, key: BlockKey) -> bool | None:
+        """Whether an `indexed` tier's index holds `key` (no I/O, any thread: one dict lookup,
+        atomic under the GIL); None when it cannot say without asking its store (not
+        `indexed`, or a key its index lacks while other processes write its store). The base's
+        `knows` answers this, and no for a key refused moments ago."""
         return None
 
     def newest(self, n: int) -> list[BlockKey]:

@@ -35,10 +35,10 @@ class RotatingTier(ForwardingTier):
         super().__init__(inner)
         self.previous = tuple(previous)
 
-    def knows(self, key: BlockKey) -> bool | None:
+    def _knows(self, key: BlockKey) -> bool | None:
         answers = [self.inner.knows(key)] + [old.knows(key) for old in self.previous]
         if any(answers):
-            return not self.refused_now(key)
+            return True
         return None if None in answers else False
 
     async def get(self, key: KeyLike, into: memoryview | bytearray) -> bool:

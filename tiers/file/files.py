@@ -175,11 +175,11 @@ class BlockFileTier(FileTier, layout="files"):
     def _path(self, key: BlockKey) -> Path:
         return self.root / (key_path(key) + _SUFFIX)
 
-    def knows(self, key: BlockKey) -> bool | None:
+    def _knows(self, key: BlockKey) -> bool | None:
         """From the index; None for a key it lacks while other processes write the directory
         (ask `contains`)."""
         if key in self._index:
-            return not self.refused_now(key)
+            return True
         return False if self._shared.alone else None
 
     async def _read(self, key: BlockKey, limit: int) -> Buffer | None:
