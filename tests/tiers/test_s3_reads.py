@@ -319,3 +319,23 @@ def test_a_record_unchanged_since_the_last_reading_is_not_read_again(
             assert sum(".reads." in name for name in fetched) == 2
 
     asyncio.run(body())
+
+
+def test_a_pack_lives_as_long_as_its_most_recently_read_block(s3_server: SeaweedS3) -> None:
+    """Packs of five blocks: 0-4 in the older pack, 5-9 in the newer. An engine reads block 0;
+    with room for one and a half packs the sweeper removes the newer pack whole and keeps the
+    one whose block was read last (write order removes the older)."""
+    prefix = _prefix()
+    packed = {"blocks_per_object": 5, "pack_after": 0.05}
+
+    async def body() -> None:
+        size = await _fill(s3_server, prefix, **packed)
+        await asyncio.sleep(1.1)
+        await _read(s3_server, prefix, [0], **packed)
+        async with s3_tier(s3_server, prefix, capacity=size * 3 // 2, **packed) as tier:
+            await tier.contains([key(0)])  # the index of packs loads: it says what each holds
+            await _sweep(tier)
+            assert await _present(tier) == [0, 1, 2, 3, 4]
+            assert tier.counters["sweeps_by_use"] == 1
+
+    asyncio.run(body())
