@@ -19,3 +19,17 @@ def s3_tier(server: SeaweedS3, prefix: str, **options: Any) -> S3Tier:
         secret_key=server.SECRET_KEY,
         **{"namespace": NAMESPACE, **options},
     )
+
+
+def s3_tier_entry(server: SeaweedS3, prefix: str, **options: Any) -> dict[str, Any]:
+    """A config's entry of the same tier (named `objects`), for `kvtier` commands."""
+    return {
+        "name": "objects",
+        "type": "s3",
+        "bucket": server.bucket,
+        "prefix": prefix,
+        "endpoint_url": server.endpoint,
+        "access_key": server.ACCESS_KEY,
+        "secret_key": server.SECRET_KEY,
+        **options,
+    }

@@ -22,7 +22,7 @@ import tiers.s3.reads
 import tiers.s3.use
 from kvtier.cli import main
 from kvtier.servers import SeaweedS3
-from tests.tiers.s3_tiers import s3_tier
+from tests.tiers.s3_tiers import s3_tier, s3_tier_entry
 from tests.tiers.test_s3_use import SECRET, _fill, _prefix, _present, _sweep
 from tiering.errors import TierUnavailable
 from tiering.testing import NAMESPACE, key, payload
@@ -272,16 +272,7 @@ def test_stats_says_the_sweeper_follows_the_records_of_reads(
         return size
 
     size = asyncio.run(body())
-    tier = {
-        "name": "objects",
-        "type": "s3",
-        "bucket": s3_server.bucket,
-        "prefix": prefix,
-        "endpoint_url": s3_server.endpoint,
-        "access_key": s3_server.ACCESS_KEY,
-        "secret_key": s3_server.SECRET_KEY,
-        "capacity": size * 11 // 2,
-    }
+    tier = s3_tier_entry(s3_server, prefix, capacity=size * 11 // 2)
     config = tmp_path / "kvtier.yaml"
     config.write_text(json.dumps({"tiers": [tier]}))
     assert main(["stats", "--config", str(config), "--json"]) == 0

@@ -18,7 +18,7 @@ import pytest
 
 from kvtier.cli import main
 from kvtier.servers import SeaweedS3
-from tests.tiers.s3_tiers import s3_tier
+from tests.tiers.s3_tiers import s3_tier, s3_tier_entry
 from tiering.keys import BlockKey
 from tiering.manager.manifest import Manifest, encode, record_name
 from tiering.testing import NAMESPACE, key, payload
@@ -156,16 +156,7 @@ def test_with_no_live_manifest_it_sweeps_in_write_order_and_stats_says_so(
 
     size = asyncio.run(body())
     config = tmp_path / "kvtier.yaml"
-    tier = {
-        "name": "objects",
-        "type": "s3",
-        "bucket": s3_server.bucket,
-        "prefix": prefix,
-        "endpoint_url": s3_server.endpoint,
-        "access_key": s3_server.ACCESS_KEY,
-        "secret_key": s3_server.SECRET_KEY,
-        "capacity": size * 11 // 2,
-    }
+    tier = s3_tier_entry(s3_server, prefix, capacity=size * 11 // 2)
     config.write_text(json.dumps({"tiers": [tier]}))
     assert main(["stats", "--config", str(config), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

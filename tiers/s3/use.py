@@ -268,23 +268,15 @@ class UseOrder:
         for namespace, record, name in listed:
             engine = record[len(record_name("")) :]
             try:
-                blob = await self.bucket.get(name, MAX_MANIFEST_BYTES + self.room)
-                if blob is None:
+                data = await self._fetch(namespace, record, name, MAX_MANIFEST_BYTES)
+                if data is None:
                     continue  # removed since the listing
-                data = self.envelope(namespace).open(record_key(record), blob)[1]
-                manifest = decode(bytes(data), namespace, engine)
+                manifest = decode(data, namespace, engine)
             except (TierUnavailable, TierTimeout):
                 raise
             except (CorruptObject, ManifestRefused, TierError) as e:
                 refused += 1
-                self.counters["use_manifests_refused"] += 1
-                log.log(
-                    logging.WARNING if refused == 1 else logging.DEBUG,
-                    "tier %r: the sweeper ignores the manifest %s (%s)",
-                    self.tier,
-                    name,
-                    e,
-                )
+                self._ignored("manifest", name, e, first=refused == 1)
                 continue
             if not is_live(manifest, now, LIVE_FOR):
                 stale += 1
@@ -346,24 +338,16 @@ class UseOrder:
                     every = min(every or interval, interval)
                 continue
             try:
-                blob = await self.bucket.get(name, MAX_READS_BYTES + self.room)
-                if blob is None:
+                data = await self._fetch(namespace, record, name, MAX_READS_BYTES)
+                if data is None:
                     continue
-                data = self.envelope(namespace).open(record_key(record), blob)[1]
-                found = decode_reads(bytes(data), namespace)
+                found = decode_reads(data, namespace)
             except (TierUnavailable, TierTimeout):
                 raise
             except (CorruptObject, ReadsRefused, TierError) as e:
                 refused += 1
                 seen[name] = (version, -1.0, 0.0)
-                self.counters["use_reads_refused"] += 1
-                log.log(
-                    logging.WARNING if refused == 1 else logging.DEBUG,
-                    "tier %r: the sweeper ignores the record of reads %s (%s)",
-                    self.tier,
-                    name,
-                    e,
-                )
+                self._ignored("record of reads", name, e, first=refused == 1)
                 continue
             followed += 1
             at = min(found.written_at, server_now)
@@ -380,6 +364,21 @@ class UseOrder:
             self._reads = dict(newest)
         self._seen = seen
         return followed, refused, every
+
+    async def _fetch(self, namespace: bytes, record: str, name: str, limit: int) -> bytes | None:
+        """The data of record object `name` (at most `limit` bytes), opened by the envelope of
+        its namespace; None when it is gone since the listing. `CorruptObject` when refused."""
+        blob = await self.bucket.get(name, limit + self.room)
+        if blob is None:
+            return None
+        return bytes(self.envelope(namespace).open(record_key(record), blob)[1])
+
+    def _ignored(self, what: str, name: str, e: Exception, *, first: bool) -> None:
+        """Count (`use_manifests_refused`, `use_reads_refused`) and log a record refused: the
+        first of a reading as a warning."""
+        self.counters["use_manifests_refused" if what == "manifest" else "use_reads_refused"] += 1
+        level = logging.WARNING if first else logging.DEBUG
+        log.log(level, "tier %r: the sweeper ignores the %s %s (%s)", self.tier, what, name, e)
 
     async def drop_expired(self) -> int:
         """Remove the records of reads the last reading found unwritten for `READS_EXPIRE`
