@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,18 @@ import redis
 from kvtier.certs import LocalCA
 from kvtier.cli import main
 from kvtier.servers import RedisServer
+from tests.helpers.tls import refused_at_open
 from tests.tiers.redis_hooks import RedisHooks, flush
 from tiering.errors import ConfigError, TierUnavailable, TlsError
 from tiering.testing import NAMESPACE, key
 from tiering.testing.tier import MakeTier
 from tiering.tier import Tier
 from tiers.redis import RedisTier
+
+
+def refused(make: Any, seconds: float = 3.0) -> str:
+    return refused_at_open(make, "redis", seconds)
+
 
 pytestmark = pytest.mark.redis
 
@@ -94,18 +99,6 @@ def test_tls_options_on_a_redis_url_speak_tls_and_say_once_the_fast_path_steps_a
     said = [r for r in caplog.records if "fast path" in r.getMessage()]
     assert len(said) == 1, caplog.text
     assert "redis-py" in said[0].getMessage()
-
-
-def refused(make: Any, seconds: float = 3.0) -> str:
-    """The one-line message of the error `make()` raises at open, within `seconds`."""
-    start = time.monotonic()
-    with pytest.raises(TlsError) as caught:
-        make()
-    assert time.monotonic() - start < seconds
-    message = str(caught.value)
-    assert "\n" not in message and "tier 'redis'" in message
-    assert isinstance(caught.value, ConfigError) and isinstance(caught.value, TierUnavailable)
-    return message
 
 
 def test_a_ca_that_did_not_sign_the_server_certificate_is_refused_at_open(

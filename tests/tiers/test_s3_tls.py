@@ -6,7 +6,6 @@ at open in one line, never a fall back to plaintext."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +15,15 @@ import pytest
 
 from kvtier.certs import LocalCA
 from kvtier.servers import SeaweedS3
-from tiering.errors import ConfigError, TierUnavailable, TlsError
+from tests.helpers.tls import refused_at_open
+from tiering.errors import ConfigError, TlsError
 from tiering.testing import NAMESPACE, key, payload
 from tiers.s3 import S3Tier
+
+
+def refused(make: Any, seconds: float = 3.0) -> str:
+    return refused_at_open(make, "s3", seconds)
+
 
 pytestmark = pytest.mark.s3
 
@@ -70,18 +75,6 @@ def test_blocks_go_and_come_back_over_https_verified_by_the_ca_bundle(
             assert [bytes(g) for g in got] == [b for _, b in blocks]
 
     asyncio.run(body())
-
-
-def refused(make: Any, seconds: float = 3.0) -> str:
-    """The one-line message of the `TlsError` `make()` raises at open, within `seconds`."""
-    start = time.monotonic()
-    with pytest.raises(TlsError) as caught:
-        make()
-    assert time.monotonic() - start < seconds
-    message = str(caught.value)
-    assert "\n" not in message and "tier 's3'" in message
-    assert isinstance(caught.value, ConfigError) and isinstance(caught.value, TierUnavailable)
-    return message
 
 
 def test_a_ca_bundle_that_did_not_sign_the_server_certificate_is_refused_at_open(
