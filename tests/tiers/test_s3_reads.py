@@ -22,8 +22,15 @@ import tiers.s3.reads
 import tiers.s3.use
 from kvtier.cli import main
 from kvtier.servers import SeaweedS3
-from tests.tiers.s3_tiers import s3_tier, s3_tier_entry
-from tests.tiers.test_s3_use import SECRET, _fill, _prefix, _present, _sweep
+from tests.tiers.s3_tiers import (
+    SECRET,
+    fill_ten,
+    present_of_ten,
+    s3_tier,
+    s3_tier_entry,
+    sweep_to_capacity,
+    use_prefix,
+)
 from tiering.errors import TierUnavailable
 from tiering.testing import NAMESPACE, key, payload
 from tiers.s3.reads import MAX_READS, ReadLog, Reads, ReadsRefused, decode, encode, reads_name
@@ -117,15 +124,15 @@ def test_blocks_the_fleet_read_lately_outlive_newer_blocks_nobody_read(
     """Blocks 0-4 written first, 5-9 a second later; another engine then reads 0-2. Room for
     three and a half objects: 0, 1 and 2 stay (read last), where write order keeps 7-9, and
     the pass counts as by use."""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         await asyncio.sleep(1.1)
         await _read(s3_server, prefix, [0, 1, 2])
         async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
-            await _sweep(tier)
-            assert await _present(tier) == [0, 1, 2]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [0, 1, 2]
             assert tier.counters["sweeps_by_use"] == 1
             order = await tier.sweep_order()
             assert order is not None and order.readers == 1 and len(order.reads) == 3
@@ -140,18 +147,18 @@ def test_blocks_the_fleet_read_lately_outlive_newer_blocks_nobody_read(
 def test_with_reads_interval_zero_nothing_is_recorded_and_the_sweeper_goes_by_write_order(
     s3_server: SeaweedS3,
 ) -> None:
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         async with s3_tier(s3_server, prefix, capacity=1 << 30, reads_interval=0) as engine:
             out = bytearray(BLOCK)
             for i in range(3):
                 assert await engine.get(key(i), out)
         assert not engine.counters["reads_records_written"]
         async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
-            await _sweep(tier)
-            assert await _present(tier) == [7, 8, 9]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [7, 8, 9]
             assert tier.counters["sweeps_write_order"] == 1
 
     asyncio.run(body())
@@ -161,10 +168,10 @@ def test_a_write_that_finds_the_block_there_counts_as_a_use(s3_server: SeaweedS3
     """With `write_once`, an engine putting blocks 0-2 again writes nothing, but the fleet
     wanted them: they are recorded and kept before the newer 5-9. (The engine's puts start its
     sweeper, which may leave the lease to lapse: the sweeping tier waits for it, bounded.)"""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         await asyncio.sleep(1.1)
         async with s3_tier(s3_server, prefix, capacity=1 << 30) as engine:
             for i in range(3):
@@ -175,8 +182,8 @@ def test_a_write_that_finds_the_block_there_counts_as_a_use(s3_server: SeaweedS3
             while not await tier._sweeper.lease.keep():
                 assert time.monotonic() < deadline, "the lease never lapsed"
                 await asyncio.sleep(0.5)
-            await _sweep(tier)
-            assert await _present(tier) == [0, 1, 2]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [0, 1, 2]
 
     asyncio.run(body())
 
@@ -188,10 +195,10 @@ def test_crafted_records_reorder_at_most_and_are_refused_unsealed_or_too_large(
     one dated a day ahead counts as read now, not later than the next real read; one larger
     than the reader takes is refused. The prefix is still swept to capacity."""
     monkeypatch.setattr(tiers.s3.use, "MAX_READS_BYTES", 4096)
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix, secret=SECRET)
+        size = await fill_ten(s3_server, prefix, secret=SECRET)
         async with s3_tier(s3_server, prefix) as stranger:
             unsealed = _record(5, written_at=time.time(), keys=[key(i) for i in range(5, 10)])
             await stranger.write_record(reads_name(b"stranger"), encode(unsealed))
@@ -203,8 +210,8 @@ def test_crafted_records_reorder_at_most_and_are_refused_unsealed_or_too_large(
         await asyncio.sleep(1.1)
         await _read(s3_server, prefix, [0], secret=SECRET)
         async with s3_tier(s3_server, prefix, secret=SECRET, capacity=size * 5 // 2) as tier:
-            await _sweep(tier)
-            assert await _present(tier) == [0, 3]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [0, 3]
             order = await tier._use.read()
             assert order.readers == 2 and order.refused_reads == 2
             assert tier.counters["use_reads_refused"] >= 2
@@ -218,10 +225,10 @@ def test_a_record_that_cannot_be_written_costs_the_data_path_nothing(
 ) -> None:
     """The server refusing every record write: reads go on and hit, the failure is counted
     and the close ends."""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        await _fill(s3_server, prefix)
+        await fill_ten(s3_server, prefix)
         engine = s3_tier(s3_server, prefix, capacity=1 << 30, reads_interval=0.05)
 
         async def down(name: str, blob: bytes) -> bool:
@@ -245,16 +252,16 @@ def test_records_of_writers_gone_a_day_are_removed_by_the_sweeper(
 ) -> None:
     """A record last written longer than `READS_EXPIRE` ago is removed by the lease holder's
     reading; a fresh one stays."""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         await _read(s3_server, prefix, [0])
         await asyncio.sleep(5.1)
         await _read(s3_server, prefix, [1])
         monkeypatch.setattr(tiers.s3.use, "READS_EXPIRE", 4.0)  # LastModified: whole seconds
         async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
-            await _sweep(tier)
+            await sweep_to_capacity(tier)
             names = await tier.list_records("reads.")
             assert len(names) == 1 and tier.counters["reads_records_expired"] == 1
 
@@ -264,10 +271,10 @@ def test_records_of_writers_gone_a_day_are_removed_by_the_sweeper(
 def test_stats_says_the_sweeper_follows_the_records_of_reads(
     s3_server: SeaweedS3, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> int:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         await _read(s3_server, prefix, [0, 1])
         return size
 
@@ -285,10 +292,10 @@ def test_a_record_unchanged_since_the_last_reading_is_not_read_again(
 ) -> None:
     """Many engines' records are read every few seconds: one whose LastModified and size are
     as at the last reading is not fetched again, yet still counts; a new one is read."""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         await _read(s3_server, prefix, [0, 1])
         async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
             fetched: list[str] = []
@@ -316,17 +323,17 @@ def test_a_pack_lives_as_long_as_its_most_recently_read_block(s3_server: Seaweed
     """Packs of five blocks: 0-4 in the older pack, 5-9 in the newer. An engine reads block 0;
     with room for one and a half packs the sweeper removes the newer pack whole and keeps the
     one whose block was read last (write order removes the older)."""
-    prefix = _prefix()
+    prefix = use_prefix()
     packed = {"blocks_per_object": 5, "pack_after": 0.05}
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix, **packed)
+        size = await fill_ten(s3_server, prefix, **packed)
         await asyncio.sleep(1.1)
         await _read(s3_server, prefix, [0], **packed)
         async with s3_tier(s3_server, prefix, capacity=size * 3 // 2, **packed) as tier:
             await tier.contains([key(0)])  # the index of packs loads: it says what each holds
-            await _sweep(tier)
-            assert await _present(tier) == [0, 1, 2, 3, 4]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [0, 1, 2, 3, 4]
             assert tier.counters["sweeps_by_use"] == 1
 
     asyncio.run(body())

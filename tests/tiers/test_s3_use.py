@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,34 +17,21 @@ import pytest
 
 from kvtier.cli import main
 from kvtier.servers import SeaweedS3
-from tests.tiers.s3_tiers import s3_tier, s3_tier_entry
+from tests.tiers.s3_tiers import (
+    SECRET,
+    fill_ten,
+    present_of_ten,
+    s3_tier,
+    s3_tier_entry,
+    sweep_to_capacity,
+    use_prefix,
+)
 from tiering.keys import BlockKey
 from tiering.manager.manifest import Manifest, encode, record_name
-from tiering.testing import NAMESPACE, key, payload
+from tiering.testing import NAMESPACE, key
 from tiers.s3 import S3Tier
 
 pytestmark = pytest.mark.s3
-
-BLOCK = 4000
-SECRET = b"s3-use-test-secret-0123456789abcdef"
-
-
-def _prefix() -> str:
-    return f"use-{uuid.uuid4().hex[:8]}/"
-
-
-async def _fill(server: SeaweedS3, prefix: str, **options: Any) -> int:
-    """Blocks 0-4, then a second later (LastModified has a second's precision) blocks 5-9:
-    0-4 are the oldest written. The size of one object."""
-    async with s3_tier(server, prefix, **options) as writer:
-        for i in range(5):
-            await writer.put(key(i), payload(BLOCK, i))
-        await asyncio.sleep(1.1)
-        for i in range(5, 10):
-            await writer.put(key(i), payload(BLOCK, i))
-        sizes = {size for _, size, _ in await writer._bucket.list_objects_meta(prefix)}
-    (size,) = sizes
-    return size
 
 
 async def _manifest(tier: S3Tier, engine: str, keys: Sequence[BlockKey], **fields: Any) -> None:
@@ -54,34 +40,20 @@ async def _manifest(tier: S3Tier, engine: str, keys: Sequence[BlockKey], **field
     )
 
 
-async def _sweep(tier: S3Tier) -> None:
-    """Sweep passes until one leaves nothing over capacity (bounded)."""
-    assert tier._sweeper is not None
-    for _ in range(4):
-        if not await tier._sweeper.sweep():
-            return
-    raise AssertionError(f"still over capacity: {tier.counters}")
-
-
-async def _present(tier: S3Tier) -> list[int]:
-    found = await tier.contains([key(i) for i in range(10)])
-    return [i for i in range(10) if found[i]]
-
-
 def test_the_objects_no_live_manifest_names_go_first_then_the_least_hot(
     s3_server: SeaweedS3,
 ) -> None:
     """The oldest-written blocks 0-4 are named by a live engine's manifest (0 hottest), the
     newer 5-9 by none; room for three and a half objects: 5-9 go, then the least hot named
     (4, 3); 0-2 stay. Write order would have removed 0-6."""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
             await _manifest(tier, "gpu-0", [key(i) for i in range(5)])
-            await _sweep(tier)
-            assert await _present(tier) == [0, 1, 2]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [0, 1, 2]
             assert tier.counters["sweeps_by_use"] == 1 and not tier.counters["sweeps_write_order"]
             order = await tier.sweep_order()
             assert order is not None and order.line() == "by use: 1 live manifests, 5 keys named"
@@ -99,15 +71,15 @@ def test_a_manifest_is_live_for_three_of_its_writers_own_intervals(
     0-4 are kept before the newer unnamed ones. One writing every 10 s, last a minute ago, is
     not: write order (with the sweeper's old fixed 180 s, the first went by write order and
     the second by use)."""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
             fields = {"written_at": time.time() - ago, "interval": interval}
             await _manifest(tier, "gpu-0", [key(i) for i in range(5)], **fields)
-            await _sweep(tier)
-            assert await _present(tier) == kept
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == kept
 
     asyncio.run(body())
 
@@ -119,18 +91,18 @@ def test_the_sweeper_follows_a_manifest_written_every_two_seconds_within_seconds
     read that, 0-4 instead; 2.5 s later the next sweep keeps 0-2 (the newest manifest) and
     removes the newer 5-9. With the ranks kept a fixed minute it followed the first manifest
     and kept 5-7."""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         async with s3_tier(s3_server, prefix, capacity=size * 7 // 2) as tier:
             await _manifest(tier, "gpu-0", [key(i) for i in range(5, 10)], interval=2.0)
             first = await tier.sweep_order()
             assert first is not None and first.interval == 2.0
             await _manifest(tier, "gpu-0", [key(i) for i in range(5)], interval=2.0)
             await asyncio.sleep(2.5)
-            await _sweep(tier)
-            assert await _present(tier) == [0, 1, 2]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [0, 1, 2]
 
     asyncio.run(body())
 
@@ -142,15 +114,15 @@ def test_with_no_live_manifest_it_sweeps_in_write_order_and_stats_says_so(
     """A manifest written at its engine's shutdown, or ten minutes ago, is no live engine's:
     the oldest written (0-4) go although it names them, counted as a write-order sweep, and
     `kvtier stats` (text and JSON) says write order; a live one then makes it say by use."""
-    prefix = _prefix()
+    prefix = use_prefix()
     fields = {"ended": True} if stale == "ended" else {"written_at": time.time() - 600}
 
     async def body() -> int:
-        size = await _fill(s3_server, prefix)
+        size = await fill_ten(s3_server, prefix)
         async with s3_tier(s3_server, prefix, capacity=size * 11 // 2) as tier:
             await _manifest(tier, "gpu-0", [key(i) for i in range(5)], **fields)
-            await _sweep(tier)
-            assert await _present(tier) == [5, 6, 7, 8, 9]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [5, 6, 7, 8, 9]
             assert tier.counters["sweeps_write_order"] == 1 and not tier.counters["sweeps_by_use"]
         return size
 
@@ -181,15 +153,15 @@ def test_under_a_secret_an_unsealed_manifest_is_ignored_and_counted(
 ) -> None:
     """Under `auth.secret`, a manifest written without it in the tier's names (a stranger's)
     is refused (counted) and not followed: write order."""
-    prefix = _prefix()
+    prefix = use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix, secret=SECRET)
+        size = await fill_ten(s3_server, prefix, secret=SECRET)
         async with s3_tier(s3_server, prefix) as stranger:
             await _manifest(stranger, "gpu-0", [key(i) for i in range(5)])
         async with s3_tier(s3_server, prefix, secret=SECRET, capacity=size * 11 // 2) as tier:
-            await _sweep(tier)
-            assert await _present(tier) == [5, 6, 7, 8, 9]
+            await sweep_to_capacity(tier)
+            assert await present_of_ten(tier) == [5, 6, 7, 8, 9]
             assert tier.counters["use_manifests_refused"] >= 1
             assert tier.counters["sweeps_write_order"] == 1
             await _manifest(tier, "gpu-1", [key(i) for i in range(5, 10)])  # sealed: followed
@@ -199,7 +171,7 @@ def test_under_a_secret_an_unsealed_manifest_is_ignored_and_counted(
     asyncio.run(body())
 
 
-def test_a_manifest_naming_everything_reorders_but_never_stops_the_sweep_or_crosses_the_prefix(
+def test_a_manifest_naming_everything_reorders_but_never_stops_the_sweep_or_crosses_theuse_prefix(
     s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stranger's manifest naming every block (and keys of a neighbouring prefix) plus one too
@@ -210,16 +182,16 @@ def test_a_manifest_naming_everything_reorders_but_never_stops_the_sweep_or_cros
 
     monkeypatch.setattr(tiers.s3.use, "MAX_MANIFEST_BYTES", 64 << 10)
     monkeypatch.setattr(tiers.s3.use, "MAX_NAMED", 8)
-    prefix, neighbour = _prefix(), _prefix()
+    prefix, neighbour = use_prefix(), use_prefix()
 
     async def body() -> None:
-        size = await _fill(s3_server, prefix)
-        await _fill(s3_server, neighbour)
+        size = await fill_ten(s3_server, prefix)
+        await fill_ten(s3_server, neighbour)
         async with s3_tier(s3_server, prefix, capacity=size * 5 // 2) as tier:
             await _manifest(tier, "stranger", [key(i) for i in range(10)])
             await _manifest(tier, "huge", [key(i, 1) for i in range(3000)])  # ~111 KB
-            await _sweep(tier)
-            kept = await _present(tier)
+            await sweep_to_capacity(tier)
+            kept = await present_of_ten(tier)
             assert kept == [0, 1], kept
             listed = await tier._bucket.list_objects_meta(prefix + NAMESPACE.hex())
             assert sum(size for _, size, _ in listed) <= size * 5 // 2
@@ -228,6 +200,6 @@ def test_a_manifest_naming_everything_reorders_but_never_stops_the_sweep_or_cros
             assert len(order.ranks) == 4 and order.clipped == 6
             assert tier.counters["use_keys_clipped"] >= 6
         async with s3_tier(s3_server, neighbour) as other:
-            assert await _present(other) == list(range(10))
+            assert await present_of_ten(other) == list(range(10))
 
     asyncio.run(body())

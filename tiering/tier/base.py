@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-from tiering.errors import ConfigError, CorruptObject, StateError, TierError
+from tiering.errors import ConfigError, CorruptObject, TierError
 from tiering.keys import NAMESPACE_BYTES, BlockKey, owns_namespace
 from tiering.tier.batching import RawRead, RawWrite, ReadsMany, WritesMany, bounded
 from tiering.tier.contract import ReadsInto
@@ -46,7 +46,6 @@ from tiering.tier.envelope import Envelope, seal_threshold, sealing_threads
 from tiering.tier.format import REMOVABLE, Header
 from tiering.tier.operators import OperatorCalls
 from tiering.tier.options import TierOptions
-from tiering.tier.records import MAX_RECORD_BYTES, check_record_name, record_key
 from tiering.tier.refusals import RecentRefusals
 from tiering.tier.values import (
     Buffer,
@@ -239,31 +238,6 @@ class Tier(OperatorCalls):
                 answers = iter(await self.contains(asked))
                 return [False if skip else next(answers) for skip in skipped]
         return await self._call(self._contains(blocks)) if blocks else []
-
-    async def write_record(self, name: str, data: Buffer | bytearray) -> bool:
-        """Store `data` as record `name` (`tiering.tier.records`), sealed like a block under the
-        record's key, replacing any; whether the tier keeps records. `StateError` on a
-        read-only tier."""
-        self._writable("write a record")
-        parts = self.envelope.seal(record_key(name), data)
-        blob = b"".join(parts)
-        self.envelope.written(parts)
-        return await self._call(self._write_record(name, blob))
-
-    async def delete_record(self, name: str) -> bool:
-        """Remove record `name`; whether it was there. `StateError` on a read-only tier."""
-        self._writable("delete a record")
-        return await self._call(self._delete_record(check_record_name(name)))
-
-    async def read_record(self, name: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
-        """Record `name`'s data, opened and verified, or None (none there, or a tier that keeps
-        none); `CorruptObject` when the object is refused (damaged, of another namespace,
-        name or secret, or larger than `limit`): a record is never deleted by its reader."""
-        key = record_key(name)
-        blob = await self._call(self._read_record(name, limit + self.header_room))
-        if blob is None:
-            return None
-        return bytes(self.envelope.open(key, blob)[1])
 
     async def close(self) -> None:
         """Release what the tier holds (`_close`), once; later calls do nothing."""
@@ -504,7 +478,3 @@ class Tier(OperatorCalls):
         """Whether `key` was refused and left in place moments ago (any thread: an index's
         `knows` answers no for it, so the manager promotes it from another tier)."""
         return bool(self.refused) and self.refused.holds(key)
-
-    def _writable(self, what: str) -> None:
-        if self.read_only:
-            raise StateError(f"tier {self.name!r} is read-only: cannot {what}")

@@ -1,5 +1,7 @@
 """The operators' side of a tier: listings, usage, raw objects and their inspection, for
-`kvtier` commands and metrics, never the data path (the event loop thread that owns the tier).
+`kvtier` commands and metrics, never the data path (the event loop thread that owns the tier);
+and its records (`tiering.tier.records`: small named objects beside the blocks, a manifest of
+use, a record of reads), written and read off the data path too.
 
 `OperatorCalls` is a part of `tiering.tier.Tier`, split off along this seam: what it calls is
 the contract's (`tiering.tier.contract`), what it verifies with is the tier's envelope.
@@ -16,7 +18,13 @@ from tiering.tier.contract import TierContract
 from tiering.tier.counters import FOREIGN_NAMES
 from tiering.tier.envelope import Envelope
 from tiering.tier.format import MAX_BLOCK_BYTES, Header
-from tiering.tier.records import MAX_LISTED_RECORDS, RECORD_NAME
+from tiering.tier.records import (
+    MAX_LISTED_RECORDS,
+    MAX_RECORD_BYTES,
+    RECORD_NAME,
+    check_record_name,
+    record_key,
+)
 from tiering.tier.values import Buffer, KeyLike, NamespaceUsage, ObjectInfo, TierStat, as_key
 
 __all__ = ["OperatorCalls"]
@@ -29,6 +37,37 @@ class OperatorCalls(TierContract):
 
     envelope: Envelope
     """How the tier seals and opens its objects (`tiering.tier.envelope`)."""
+    read_only: bool
+    """Set by the tier (its `read_only` option): writes raise `StateError`."""
+
+    async def write_record(self, name: str, data: Buffer | bytearray) -> bool:
+        """Store `data` as record `name` (`tiering.tier.records`), sealed like a block under the
+        record's key, replacing any; whether the tier keeps records. `StateError` on a
+        read-only tier."""
+        self._writable("write a record")
+        parts = self.envelope.seal(record_key(name), data)
+        blob = b"".join(parts)
+        self.envelope.written(parts)
+        return await self._call(self._write_record(name, blob))
+
+    async def delete_record(self, name: str) -> bool:
+        """Remove record `name`; whether it was there. `StateError` on a read-only tier."""
+        self._writable("delete a record")
+        return await self._call(self._delete_record(check_record_name(name)))
+
+    async def read_record(self, name: str, limit: int = MAX_RECORD_BYTES) -> bytes | None:
+        """Record `name`'s data, opened and verified, or None (none there, or a tier that keeps
+        none); `CorruptObject` when the object is refused (damaged, of another namespace,
+        name or secret, or larger than `limit`): a record is never deleted by its reader."""
+        key = record_key(name)
+        blob = await self._call(self._read_record(name, limit + self.header_room))
+        if blob is None:
+            return None
+        return bytes(self.envelope.open(key, blob)[1])
+
+    def _writable(self, what: str) -> None:
+        if self.read_only:
+            raise StateError(f"tier {self.name!r} is read-only: cannot {what}")
 
     def listed_key(self, name: bytes | str) -> BlockKey | None:
         """The key a stored name gives (a key's hex form, as kvtier writes names), or None,
